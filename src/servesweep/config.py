@@ -1,0 +1,503 @@
+"""Typed experiment model: validation, env narrowing, matrix expansion, fingerprints, paths."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+
+from servesweep.errors import ConfigError
+
+# Env variables that set one matrix axis from a comma-separated list (as in seed 000).
+SERVER_AXIS_ENV = {
+    "BACKENDS_CSV": "moe_runner_backend",
+    "CHUNKED_PREFILL_SIZES_CSV": "chunked_prefill_size",
+}
+CLIENT_AXIS_ENV = {"CONCURRENCIES_CSV": "concurrency"}
+# Env variables that set one shared server argument.
+SERVER_ARG_ENV = {"EP_SIZE": "ep_size"}
+
+M = TypeVar("M", bound=BaseModel)
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+
+class Strict(BaseModel):
+    """Base model: unknown keys are errors, instances are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SshOptions(Strict):
+    """How nodes are reached over SSH (paramiko, `~/.ssh/config` aliases)."""
+
+    config_file: str = "~/.ssh/config"
+    accept_new_host_keys: bool = False
+    connect_timeout_s: float = Field(default=15.0, gt=0)
+    command_timeout_s: float = Field(default=600.0, gt=0)
+    keepalive_s: int = Field(default=15, ge=0)
+
+
+class ClusterConfig(Strict):
+    """The nodes a server set runs on; the first node is rank 0 and runs the client."""
+
+    transport: Literal["local", "ssh"] = "local"
+    nodes: list[str] = Field(min_length=1)
+    addresses: dict[str, str] = Field(default_factory=dict)
+    gpus_per_node: int = Field(default=8, ge=1)
+    ssh: SshOptions = SshOptions()
+
+    @model_validator(mode="after")
+    def _check_nodes(self) -> ClusterConfig:
+        dupes = sorted({n for n in self.nodes if self.nodes.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate node(s) {dupes}")
+        unknown = sorted(set(self.addresses) - set(self.nodes))
+        if unknown:
+            raise ValueError(f"addresses given for nodes not in cluster.nodes: {unknown}")
+        return self
+
+    def address(self, node: str) -> str:
+        """The IP/host other nodes and the client use to reach `node`."""
+        if node in self.addresses:
+            return self.addresses[node]
+        return "127.0.0.1" if self.transport == "local" else node
+
+
+class RuntimeConfig(Strict):
+    """How a server process lives on a node: a local process group or a docker container."""
+
+    kind: Literal["process", "docker"] = "process"
+    image: str | None = None
+    sudo: bool = False
+    shm_size: str = "32g"
+    privileged: bool = False
+    devices: list[str] = Field(default_factory=list)
+    ulimits: list[str] = Field(default_factory=list)
+    mounts: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_image(self) -> RuntimeConfig:
+        if self.kind == "docker" and not self.image:
+            raise ValueError("runtime.image is required when runtime.kind is docker")
+        return self
+
+
+class SimFaults(Strict):
+    """Faults the simulated engine injects (for tests and rehearsals)."""
+
+    fail_start: bool = False
+    crash_after: int | None = Field(default=None, ge=0)
+    http_500_at: list[int] = Field(default_factory=list)
+    midstream_error_at: list[int] = Field(default_factory=list)
+    hang_at: list[int] = Field(default_factory=list)
+
+
+class SimConfig(Strict):
+    """Knobs of the simulated engine (engine.kind: sim)."""
+
+    time_scale: float = Field(default=0.02, gt=0)
+    seed: int = 0
+    startup_s: float = Field(default=60.0, ge=0)
+    faults: SimFaults = SimFaults()
+
+
+class EngineConfig(Strict):
+    """Which serving engine runs: SGLang itself or our simulator speaking its API."""
+
+    kind: Literal["sim", "sglang"] = "sim"
+    version: str = "0.5.23"
+    model_path: str
+    served_model_name: str | None = None
+    port: int = Field(default=30000, ge=1, le=65535)
+    dist_init_port: int = Field(default=20000, ge=1, le=65535)
+    ready_timeout_s: float = Field(default=900.0, gt=0)
+    python: str = "python3"
+    sim: SimConfig = SimConfig()
+
+
+class ServerArgs(Strict):
+    """`sglang.launch_server` arguments shared by, or varied across, server configs."""
+
+    tp_size: int = Field(default=1, ge=1)
+    ep_size: int = Field(default=1, ge=1)
+    dp_size: int = Field(default=1, ge=1)
+    pp_size: int = Field(default=1, ge=1)
+    moe_runner_backend: str | None = None
+    chunked_prefill_size: int | None = None
+    page_size: int | None = Field(default=None, ge=1)
+    kv_cache_dtype: str | None = None
+    disable_radix_cache: bool = False
+    mem_fraction_static: float | None = Field(default=None, gt=0, le=1)
+    max_running_requests: int | None = Field(default=None, ge=1)
+    trust_remote_code: bool = True
+    extra_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_parallel(self) -> ServerArgs:
+        if self.tp_size % self.ep_size:
+            raise ValueError(f"ep_size {self.ep_size} does not divide tp_size {self.tp_size}")
+        if self.chunked_prefill_size is not None and (
+            self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1
+        ):
+            raise ValueError("chunked_prefill_size must be positive or -1 (disabled)")
+        return self
+
+
+class Workload(Strict):
+    """What the client sends: varies without a server restart."""
+
+    dataset: Literal["random-ids"] = "random-ids"
+    input_len: int = Field(ge=1)
+    output_len: int = Field(ge=1)
+    num_requests: int = Field(ge=1)
+    concurrency: int = Field(default=1, ge=1)
+    stream: bool = True
+    request_rate: float = Field(default=math.inf, gt=0)
+    warmup_requests: int = Field(default=0, ge=0)
+    seed: int = 1
+    request_timeout_s: float = Field(default=3600.0, gt=0)
+
+
+class ClientConfig(Strict):
+    """Which load generator runs: ours (builtin) or SGLang's bench_serving in the image."""
+
+    kind: Literal["builtin", "bench_serving"] = "builtin"
+    tokenizer: str | None = None
+
+
+class Matrix(Strict):
+    """Axes: lists of values for server arguments (restart) and workload fields (no restart)."""
+
+    server: dict[str, list[Any]] = Field(default_factory=dict)
+    client: dict[str, list[Any]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_axes(self) -> Matrix:
+        for side, model, axes in (
+            ("server", ServerArgs, self.server),
+            ("client", Workload, self.client),
+        ):
+            for name, values in axes.items():
+                if name not in model.model_fields or name in ("extra_args", "env"):
+                    raise ValueError(f"matrix.{side}.{name}: not a {model.__name__} field")
+                if not values:
+                    raise ValueError(f"matrix.{side}.{name}: empty axis")
+                if len({json.dumps(v) for v in values}) != len(values):
+                    raise ValueError(f"matrix.{side}.{name}: duplicate values {values}")
+        return self
+
+
+class Experiment(Strict):
+    """One experiment: cluster, runtime, engine, server args, matrix, workload, repeats."""
+
+    run_id: str = Field(pattern=NAME_PATTERN)
+    cluster: ClusterConfig
+    runtime: RuntimeConfig = RuntimeConfig()
+    engine: EngineConfig
+    client: ClientConfig = ClientConfig()
+    server: ServerArgs = ServerArgs()
+    matrix: Matrix = Matrix()
+    workload: Workload
+    repeats: int = Field(default=1, ge=1)
+    baseline: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> Experiment:
+        world = len(self.cluster.nodes) * self.cluster.gpus_per_node
+        for axes in _combinations(self.matrix.server):
+            args = _validated(ServerArgs, self.server, axes, "matrix.server")
+            if args.tp_size * args.pp_size != world:
+                raise ValueError(
+                    f"server.tp_size*pp_size = {args.tp_size}*{args.pp_size} must equal "
+                    f"nodes*gpus_per_node = {world}"
+                )
+        for axes in _combinations(self.matrix.client):
+            _validated(Workload, self.workload, axes, "matrix.client")
+        if len(self.baseline) > 1:
+            raise ValueError("baseline: name exactly one axis and its value")
+        for axis, value in self.baseline.items():
+            values = self.matrix.server.get(axis, self.matrix.client.get(axis))
+            if values is None:
+                raise ValueError(f"baseline.{axis}: not a matrix axis")
+            if value not in values:
+                raise ValueError(f"baseline.{axis}: {value!r} is not in the matrix {values}")
+        return self
+
+
+def _combinations(axes: Mapping[str, list[Any]]) -> list[dict[str, Any]]:
+    names = list(axes)
+    return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*axes.values())]
+
+
+def _validated(model: type[M], base: M, axes: dict[str, Any], where: str) -> M:
+    try:
+        return model.model_validate({**base.model_dump(), **axes})
+    except ValidationError as exc:
+        raise ValueError(f"{where} {axes}: {_first_error(exc)}") from None
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    key = ".".join(str(p) for p in err["loc"])
+    return f"{key}: {err['msg']}" if key else err["msg"]
+
+
+def _format_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    key = ".".join(str(p) for p in err["loc"]) or "<top level>"
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    return f"config key '{key}': {msg}"
+
+
+def _csv(value: str, name: str) -> list[str]:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if not items:
+        raise ConfigError(f"env {name}: empty list")
+    return items
+
+
+def apply_env(raw: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    """Return a copy of the raw config with RUN_ID, EP_SIZE and the *_CSV axes applied."""
+    data = json.loads(json.dumps(dict(raw), default=str))
+    if env.get("RUN_ID"):
+        data["run_id"] = env["RUN_ID"]
+    for var, arg in SERVER_ARG_ENV.items():
+        if env.get(var):
+            data.setdefault("server", {})[arg] = env[var]
+    matrix = data.setdefault("matrix", {})
+    for side, table in (("server", SERVER_AXIS_ENV), ("client", CLIENT_AXIS_ENV)):
+        for var, axis in table.items():
+            if env.get(var):
+                matrix.setdefault(side, {})[axis] = _csv(env[var], var)
+    return data
+
+
+def _coerce_axes(data: dict[str, Any]) -> None:
+    """Coerce axis values to their field types so '8192' from an env CSV equals 8192."""
+    matrix = data.get("matrix") or {}
+    for side, model in (("server", ServerArgs), ("client", Workload)):
+        for name, values in (matrix.get(side) or {}).items():
+            field = model.model_fields.get(name)
+            if field is None or not isinstance(values, list):
+                continue
+            adapter = TypeAdapter(field.annotation)
+            try:
+                matrix[side][name] = [adapter.validate_python(v) for v in values]
+            except ValidationError as exc:
+                raise ConfigError(
+                    f"config key 'matrix.{side}.{name}': {_first_error(exc)}"
+                ) from None
+
+
+def load_experiment(raw: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Experiment:
+    """Validate a raw config (e.g. Snakemake's `config`) after env narrowing.
+
+    The baseline must be in the configured matrix; after narrowing it may be absent (then no
+    deltas are computed for the missing side).
+    """
+    env = env or {}
+    try:
+        Experiment.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_format_error(exc)) from None
+    data = apply_env(raw, env)
+    _coerce_axes(data)
+    baseline = data.pop("baseline", {}) or {}
+    try:
+        exp = Experiment.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_error(exc) + " (after env narrowing)") from None
+    kept = {
+        k: v
+        for k, v in baseline.items()
+        if v in exp.matrix.server.get(k, exp.matrix.client.get(k, []))
+    }
+    return exp.model_copy(update={"baseline": kept})
+
+
+def load_experiment_file(path: str | Path, env: Mapping[str, str] | None = None) -> Experiment:
+    """Read a YAML experiment file and validate it (see `load_experiment`)."""
+    with open(path) as fh:
+        raw = yaml.safe_load(fh) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    return load_experiment(raw, env)
+
+
+# ---------------------------------------------------------------- matrix expansion
+
+
+def _segment(axes: Mapping[str, Any], empty: str) -> str:
+    if not axes:
+        return empty
+    return ",".join(f"{k}~{_fmt(v)}" for k, v in axes.items())
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """One server config: the args that need a restart, and their fingerprint."""
+
+    id: str
+    axes: dict[str, Any]
+    args: ServerArgs
+    fingerprint: str
+    priority: int
+
+
+@dataclass(frozen=True)
+class ClientSpec:
+    """One client config: the workload sent to a running server."""
+
+    id: str
+    axes: dict[str, Any]
+    workload: Workload
+
+
+@dataclass(frozen=True)
+class CellRepeat:
+    """The unit of work and of files: server config x client config x repeat."""
+
+    server: ServerSpec
+    client: ClientSpec
+    repeat: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.server.id}/{self.client.id}/r{self.repeat}"
+
+
+def fingerprint(exp: Experiment, args: ServerArgs) -> str:
+    """Short hash of exactly what needs a (re)started server."""
+    payload = {
+        "engine": exp.engine.model_dump(exclude={"ready_timeout_s"}),
+        "runtime": exp.runtime.model_dump(),
+        "cluster": {
+            "nodes": exp.cluster.nodes,
+            "addresses": {n: exp.cluster.address(n) for n in exp.cluster.nodes},
+            "gpus_per_node": exp.cluster.gpus_per_node,
+        },
+        "server": args.model_dump(),
+    }
+    blob = json.dumps(payload, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def server_specs(exp: Experiment) -> list[ServerSpec]:
+    """Every server config in matrix order; earlier configs get higher priority."""
+    combos = _combinations(exp.matrix.server)
+    specs = []
+    for i, axes in enumerate(combos):
+        args = ServerArgs.model_validate({**exp.server.model_dump(), **axes})
+        specs.append(
+            ServerSpec(
+                id=_segment(axes, "default"),
+                axes={k: getattr(args, k) for k in axes},
+                args=args,
+                fingerprint=fingerprint(exp, args),
+                priority=len(combos) - i,
+            )
+        )
+    return specs
+
+
+def client_specs(exp: Experiment) -> list[ClientSpec]:
+    """Every client config in matrix order."""
+    specs = []
+    for axes in _combinations(exp.matrix.client):
+        workload = Workload.model_validate({**exp.workload.model_dump(), **axes})
+        specs.append(
+            ClientSpec(
+                id=_segment(axes, "default"),
+                axes={k: getattr(workload, k) for k in axes},
+                workload=workload,
+            )
+        )
+    return specs
+
+
+def cell_repeats(exp: Experiment) -> list[CellRepeat]:
+    """Every cell-repeat, grouped by server config (the order servers are started in)."""
+    return [
+        CellRepeat(server=s, client=c, repeat=r)
+        for s in server_specs(exp)
+        for c in client_specs(exp)
+        for r in range(1, exp.repeats + 1)
+    ]
+
+
+def find_cell(exp: Experiment, *, server: str, client: str, repeat: int | str) -> CellRepeat:
+    """Look up one cell-repeat by its path segments."""
+    for cell in cell_repeats(exp):
+        if cell.server.id == server and cell.client.id == client and cell.repeat == int(repeat):
+            return cell
+    raise ConfigError(f"no cell {server}/{client}/r{repeat} in the matrix of run {exp.run_id}")
+
+
+# ---------------------------------------------------------------- paths
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Where every file of one run lives (DESIGN.md section 3)."""
+
+    root: Path
+
+    @classmethod
+    def for_run(cls, exp: Experiment, results_dir: str | Path = "results") -> RunPaths:
+        return cls(Path(results_dir) / exp.run_id)
+
+    def raw(self, cell: CellRepeat) -> Path:
+        return self.root / "raw" / cell.server.id / cell.client.id / f"r{cell.repeat}.jsonl"
+
+    def bench_log(self, cell: CellRepeat) -> Path:
+        return self.root / "bench" / cell.server.id / cell.client.id / f"r{cell.repeat}.log"
+
+    def gpu(self, cell: CellRepeat) -> Path:
+        return self.root / "gpu" / cell.server.id / cell.client.id / f"r{cell.repeat}.csv"
+
+    def service(self, server_id: str) -> Path:
+        return self.root / "service" / server_id
+
+    @property
+    def current_server(self) -> Path:
+        return self.root / "service" / "current.json"
+
+    @property
+    def orchestrator_log(self) -> Path:
+        return self.root / "orchestrator.log"
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / "manifest.json"
+
+    @property
+    def results_csv(self) -> Path:
+        return self.root / "results.csv"
+
+    @property
+    def summary_json(self) -> Path:
+        return self.root / "summary.json"
+
+    @property
+    def plots(self) -> Path:
+        return self.root / "plots"

@@ -1,0 +1,37 @@
+"""One exception type per failure kind; messages name the cell, node and log file."""
+
+
+class ServesweepError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class ConfigError(ServesweepError):
+    """The experiment configuration is invalid (the message names the key)."""
+
+
+class TransportError(ServesweepError):
+    """A node could not be reached or a command on it failed."""
+
+
+class ServerStartError(ServesweepError):
+    """A server did not start or did not become ready."""
+
+
+class ServerDied(ServesweepError):
+    """A running server stopped answering or logged a fatal pattern."""
+
+
+class ClientError(ServesweepError):
+    """The load generator failed to produce a record."""
+
+
+class CellFailed(ServesweepError):
+    """A cell-repeat's record failed validation (failed requests, wrong lengths, ...)."""
+
+
+class SmokeFailed(ServesweepError):
+    """An image capability smoke test failed."""
+
+
+class SecretError(ServesweepError):
+    """The sudo password is missing or its file is unsafe."""

@@ -1,0 +1,94 @@
+"""The bench record: SGLang bench_serving's JSONL schema, shared by both clients."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from servesweep.files import write_text_atomic
+
+# bench_serving 0.5.23 record keys, in order (SGLANG.md 1.6); older versions have a subset.
+RECORD_KEYS = (
+    "tag backend dataset_name request_rate max_concurrency sharegpt_output_len random_input_len "
+    "random_output_len random_range_ratio server_info duration completed total_input_tokens "
+    "total_input_text_tokens total_input_vision_tokens total_output_tokens "
+    "total_output_tokens_retokenized request_throughput input_throughput output_throughput "
+    "total_throughput mean_e2e_latency_ms median_e2e_latency_ms std_e2e_latency_ms "
+    "p90_e2e_latency_ms p95_e2e_latency_ms p99_e2e_latency_ms mean_ttft_ms median_ttft_ms "
+    "std_ttft_ms p90_ttft_ms p95_ttft_ms p99_ttft_ms mean_tpot_ms median_tpot_ms std_tpot_ms "
+    "p90_tpot_ms p95_tpot_ms p99_tpot_ms mean_itl_ms median_itl_ms std_itl_ms p90_itl_ms "
+    "p95_itl_ms p99_itl_ms concurrency accept_length max_output_tokens_per_s "
+    "max_concurrent_requests"
+).split()
+DETAIL_KEYS = ("input_lens", "output_lens", "ttfts", "itls", "generated_texts", "errors")
+
+
+class BenchRecord(BaseModel):
+    """One bench_serving-compatible record; unknown keys are kept, absent ones are None."""
+
+    model_config = ConfigDict(extra="allow")
+
+    tag: str | None = None
+    backend: str | None = None
+    dataset_name: str | None = None
+    request_rate: float | None = None
+    max_concurrency: int | None = None
+    random_input_len: int | None = None
+    random_output_len: int | None = None
+    duration: float | None = None
+    completed: int | None = None
+    total_input_tokens: int | None = None
+    total_output_tokens: int | None = None
+    total_output_tokens_retokenized: int | None = None
+    request_throughput: float | None = None
+    input_throughput: float | None = None
+    output_throughput: float | None = None
+    mean_e2e_latency_ms: float | None = None
+    median_e2e_latency_ms: float | None = None
+    p99_e2e_latency_ms: float | None = None
+    mean_ttft_ms: float | None = None
+    median_ttft_ms: float | None = None
+    p95_ttft_ms: float | None = None
+    p99_ttft_ms: float | None = None
+    median_tpot_ms: float | None = None
+    p95_tpot_ms: float | None = None
+    median_itl_ms: float | None = None
+    concurrency: float | None = None
+    input_lens: list[int] | None = None
+    output_lens: list[int] | None = None
+    ttfts: list[float] | None = None
+    itls: list[list[float]] | None = None
+    generated_texts: list[str] | None = None
+    errors: list[str] | None = None
+
+    def to_json_line(self) -> str:
+        """One JSONL line, as bench_serving writes it (json.dumps, Infinity allowed)."""
+        return json.dumps(self.model_dump(exclude_none=False)) + "\n"
+
+
+def parse_record_line(line: str) -> BenchRecord:
+    """Parse one JSONL line (Python's json accepts bench_serving's `Infinity`)."""
+    return BenchRecord.model_validate(json.loads(line))
+
+
+def read_records(path: str | Path) -> list[BenchRecord]:
+    """All records of a JSONL file (bench_serving appends one line per invocation)."""
+    lines = Path(path).read_text().splitlines()
+    return [parse_record_line(line) for line in lines if line.strip()]
+
+
+def read_record(path: str | Path) -> BenchRecord:
+    """The single record of a raw cell-repeat file; more or fewer lines is an error."""
+    records = read_records(path)
+    if len(records) != 1:
+        raise ValueError(f"{path}: expected exactly one record, found {len(records)}")
+    return records[0]
+
+
+def write_record(path: str | Path, record: BenchRecord | dict[str, Any]) -> None:
+    """Write one record as a one-line JSONL file, atomically."""
+    rec = record if isinstance(record, BenchRecord) else BenchRecord.model_validate(record)
+    write_text_atomic(path, rec.to_json_line())

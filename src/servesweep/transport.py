@@ -1,0 +1,104 @@
+"""Run a command or copy a file on a node: Local (subprocess); Ssh (paramiko) for clusters."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from servesweep.errors import TransportError
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What one shell command on one node returned."""
+
+    node: str
+    command: str
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def check(self, what: str) -> CommandResult:
+        """Raise TransportError naming the node if the command failed."""
+        if not self.ok:
+            tail = (self.stderr or self.stdout).strip().splitlines()[-3:]
+            raise TransportError(
+                f"{what} failed on node {self.node} (exit {self.returncode}): {' | '.join(tail)}"
+            )
+        return self
+
+
+class Transport(Protocol):
+    """Runs shell commands and moves files on cluster nodes."""
+
+    def run(
+        self, node: str, command: str, *, timeout: float, stdin: str | None = None
+    ) -> CommandResult:
+        """Run `command` with a POSIX shell on `node`; `stdin` is fed and never logged."""
+        ...
+
+    def put(self, node: str, local: Path, remote: str) -> None:
+        """Copy a local file to `remote` on `node`."""
+        ...
+
+    def get(self, node: str, remote: str, local: Path) -> None:
+        """Copy `remote` on `node` to a local file."""
+        ...
+
+    def close(self) -> None:
+        """Release connections."""
+        ...
+
+
+def run_all(
+    transport: Transport, nodes: Iterable[str], command: str, *, timeout: float
+) -> dict[str, CommandResult]:
+    """Run the same command on every node in parallel; results keyed by node, in order."""
+    nodes = list(nodes)
+    with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
+        futures = {n: pool.submit(transport.run, n, command, timeout=timeout) for n in nodes}
+        return {n: f.result() for n, f in futures.items()}
+
+
+class LocalTransport:
+    """Every node is this machine: commands run through /bin/sh."""
+
+    def run(
+        self, node: str, command: str, *, timeout: float, stdin: str | None = None
+    ) -> CommandResult:
+        try:
+            proc = subprocess.run(
+                ["/bin/sh", "-c", command],
+                input=stdin,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise TransportError(
+                f"command timed out after {timeout:.0f}s on node {node}: {command[:120]}"
+            ) from None
+        return CommandResult(node, command, proc.returncode, proc.stdout, proc.stderr)
+
+    def put(self, node: str, local: Path, remote: str) -> None:
+        Path(remote).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(local, remote)
+
+    def get(self, node: str, remote: str, local: Path) -> None:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            shutil.copyfile(remote, local)
+        except FileNotFoundError:
+            raise TransportError(f"no file {remote} on node {node}") from None
+
+    def close(self) -> None:
+        return None
