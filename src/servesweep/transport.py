@@ -83,7 +83,7 @@ class LocalTransport:
                 text=True,
                 timeout=timeout,
             )
-        except subprocess.TimeoutExpired as exc:
+        except subprocess.TimeoutExpired:
             raise TransportError(
                 f"command timed out after {timeout:.0f}s on node {node}: {command[:120]}"
             ) from None
