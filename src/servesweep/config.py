@@ -77,6 +77,7 @@ class RuntimeConfig(Strict):
     kind: Literal["process", "docker"] = "process"
     image: str | None = None
     sudo: bool = False
+    gpus: str | None = "all"
     shm_size: str = "32g"
     privileged: bool = False
     devices: list[str] = Field(default_factory=list)

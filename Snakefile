@@ -1,0 +1,28 @@
+# servesweep: LLM-serving benchmark matrices as file targets. Table of contents only;
+# logic lives in src/servesweep/ (see ../shared/DESIGN.md, config/README.md).
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+include: "rules/common.smk"
+include: "rules/cells.smk"
+include: "rules/analysis.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        raw=all_raw(),
+        results=PATHS.results_csv,
+        summary=PATHS.summary_json,
+        plots=all_plots(),
+        manifest=PATHS.manifest,
+
+
+onsuccess:
+    stop_servers("workflow finished")
+
+
+onerror:
+    stop_servers("workflow failed")

@@ -1,0 +1,98 @@
+# Tables, summary, plots and manifest from the raw cell-repeat files.
+
+
+rule collect_results:
+    input:
+        raw=all_raw(),
+        gpu=all_gpu(),
+    output:
+        csv=report(
+            f"{RUN_DIR}/results.csv",
+            caption="../report/results.rst",
+            category="Tables",
+        ),
+    log:
+        f"{RUN_DIR}/logs/collect_results.log",
+    message:
+        "results.csv from {len(input.raw)} cell-repeats"
+    script:
+        "../scripts/collect_results.py"
+
+
+rule summarize:
+    input:
+        csv=PATHS.results_csv,
+    output:
+        json=report(
+            f"{RUN_DIR}/summary.json",
+            caption="../report/summary.rst",
+            category="Tables",
+        ),
+    log:
+        f"{RUN_DIR}/logs/summarize.log",
+    message:
+        "summary.json: medians over repeats and deltas vs the baseline"
+    script:
+        "../scripts/summarize.py"
+
+
+rule plot_deltas:
+    input:
+        json=PATHS.summary_json,
+    output:
+        png=report(
+            f"{RUN_DIR}/plots/delta_{{metric}}.png",
+            caption="../report/deltas.rst",
+            category="Deltas vs baseline",
+        ),
+    log:
+        f"{RUN_DIR}/logs/plot_deltas_{{metric}}.log",
+    message:
+        "delta plot of {wildcards.metric}"
+    script:
+        "../scripts/plot_deltas.py"
+
+
+rule plot_metric_vs:
+    input:
+        csv=PATHS.results_csv,
+    output:
+        png=report(
+            f"{RUN_DIR}/plots/{{metric}}_vs_{{x}}.png",
+            caption="../report/metric_vs.rst",
+            category="Metrics vs client axis",
+        ),
+    log:
+        f"{RUN_DIR}/logs/plot_{{metric}}_vs_{{x}}.log",
+    message:
+        "{wildcards.metric} vs {wildcards.x}"
+    script:
+        "../scripts/plot_metric_vs.py"
+
+
+rule write_manifest:
+    input:
+        raw=all_raw(),
+    output:
+        json=report(
+            f"{RUN_DIR}/manifest.json",
+            caption="../report/manifest.rst",
+            category="Tables",
+        ),
+    log:
+        f"{RUN_DIR}/logs/write_manifest.log",
+    params:
+        config=EXP.model_dump_json(),
+    message:
+        "manifest.json: resolved config, fingerprints, versions"
+    script:
+        "../scripts/write_manifest.py"
+
+
+rule down:
+    log:
+        f"{RUN_DIR}/logs/down.log",
+    message:
+        "stop every server of run {EXP.run_id}"
+    script:
+        "../scripts/down.py"

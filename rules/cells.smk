@@ -1,0 +1,19 @@
+# One job per cell-repeat; servers are started lazily inside run_cell (DESIGN.md section 5).
+
+
+rule run_cell:
+    output:
+        raw=f"{RUN_DIR}/raw/{{server}}/{{client}}/r{{repeat}}.jsonl",
+        gpu=f"{RUN_DIR}/gpu/{{server}}/{{client}}/r{{repeat}}.csv",
+    log:
+        bench=f"{RUN_DIR}/bench/{{server}}/{{client}}/r{{repeat}}.log",
+    priority: cell_priority
+    resources:
+        gpu_server=1,
+    params:
+        fingerprint=cell_fingerprint,
+        workload=cell_workload,
+    message:
+        "cell {wildcards.server}/{wildcards.client} repeat {wildcards.repeat}"
+    script:
+        "../scripts/run_cell.py"

@@ -1,0 +1,71 @@
+# Load + validate config, apply env narrowing, expand the matrix, constrain wildcards, helpers.
+import os
+import sys
+
+from servesweep.config import cell_repeats, load_experiment, RunPaths, server_specs
+from servesweep.engines import check_experiment
+from servesweep.errors import ConfigError
+from servesweep.servers import shutdown
+
+if not workflow.overwrite_configfiles:
+    workflow.configfile("config/config.yaml")
+
+try:
+    EXP = load_experiment(config, os.environ)
+    check_experiment(EXP, server_specs(EXP))
+except ConfigError as exc:
+    sys.exit(f"servesweep: ConfigError: {exc}")
+
+if workflow.global_resources.get("gpu_server") != 1:
+    sys.exit(
+        "servesweep: resources gpu_server=1 is missing (did --resources replace the "
+        "workflow profile's list?); add gpu_server=1 to --resources"
+    )
+
+PATHS = RunPaths.for_run(EXP)
+RUN_DIR = str(PATHS.root)
+CELLS = {cell.key: cell for cell in cell_repeats(EXP)}
+PLOT_METRICS = ["ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "input_tps"]
+PLOT_X = next(iter(EXP.matrix.client), None)
+
+
+wildcard_constraints:
+    server=r"[^/]+",
+    client=r"[^/]+",
+    repeat=r"\d+",
+    metric=r"[a-z0-9_]+",
+
+
+def cell_of(wildcards):
+    return CELLS[f"{wildcards.server}/{wildcards.client}/r{wildcards.repeat}"]
+
+
+def cell_fingerprint(wildcards):
+    return cell_of(wildcards).server.fingerprint
+
+
+def cell_workload(wildcards):
+    return cell_of(wildcards).client.workload.model_dump_json()
+
+
+def cell_priority(wildcards):
+    return cell_of(wildcards).server.priority
+
+
+def all_raw():
+    return [str(PATHS.raw(cell)) for cell in CELLS.values()]
+
+
+def all_gpu():
+    return [str(PATHS.gpu(cell)) for cell in CELLS.values()]
+
+
+def all_plots():
+    plots = [f"{RUN_DIR}/plots/delta_{m}.png" for m in PLOT_METRICS]
+    if PLOT_X is not None:
+        plots += [f"{RUN_DIR}/plots/{m}_vs_{PLOT_X}.png" for m in PLOT_METRICS]
+    return plots
+
+
+def stop_servers(reason):
+    shutdown(EXP, PATHS, reason=reason)

@@ -1,0 +1,129 @@
+"""One cell-repeat: ensure its server, snapshot GPUs, run the client, validate, write files."""
+
+from __future__ import annotations
+
+import logging
+import math
+import shlex
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from servesweep import loadgen, telemetry, validation
+from servesweep.config import CellRepeat, Experiment, RunPaths
+from servesweep.errors import ClientError, ServesweepError
+from servesweep.records import BenchRecord, read_record, write_record
+from servesweep.servers import ServerManager, ServerState
+
+logger = logging.getLogger(__name__)
+
+SNAPSHOT_TIMEOUT_S = 60.0
+CLIENT_SLACK_S = 600.0
+
+
+def client_timeout(cell: CellRepeat) -> float:
+    """Upper bound for one client invocation (requests run in waves of `concurrency`)."""
+    w = cell.client.workload
+    waves = math.ceil(w.num_requests / w.concurrency) + w.warmup_requests
+    return waves * w.request_timeout_s + CLIENT_SLACK_S
+
+
+def run_client(
+    *,
+    exp: Experiment,
+    cell: CellRepeat,
+    manager: ServerManager,
+    state: ServerState,
+    bench_log: Path,
+) -> BenchRecord:
+    """Run the configured client on the client node; return its single record."""
+    node = exp.cluster.nodes[0]
+    local_out = bench_log.with_name(f".{bench_log.stem}.client.jsonl")
+    local_out.unlink(missing_ok=True)
+    if exp.cluster.transport == "local":
+        node_out, node_log = str(local_out.resolve()), str(bench_log.resolve())
+    else:
+        base = f"/tmp/servesweep/{exp.run_id}/client/{cell.key.replace('/', '__')}"
+        node_out, node_log = f"{base}.jsonl", f"{base}.log"
+    argv = loadgen.client_argv(
+        exp.client.kind,
+        workload=cell.client.workload,
+        base_url=state.base_url,
+        output_file=node_out,
+        tag=cell.key,
+        tokenizer=exp.client.tokenizer or exp.engine.model_path,
+        python=exp.engine.python,
+    )
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in loadgen.client_env(exp.client.kind).items())
+    command = (
+        f"mkdir -p $(dirname {shlex.quote(node_out)}) && rm -f {shlex.quote(node_out)} && "
+        f"env {env} {shlex.join(argv)} > {shlex.quote(node_log)} 2>&1"
+    )
+    bench_log.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        result = manager.transport.run(node, command, timeout=client_timeout(cell))
+        if exp.cluster.transport != "local":
+            manager.transport.get(node, node_log, bench_log)
+        if not result.ok:
+            raise ClientError(
+                f"cell {cell.key}: client exited {result.returncode} on node {node}; "
+                f"bench log {bench_log}"
+            )
+        if exp.cluster.transport != "local":
+            manager.transport.get(node, node_out, local_out)
+        if not local_out.exists():
+            raise ClientError(f"cell {cell.key}: client wrote no record; bench log {bench_log}")
+        return read_record(local_out)
+    finally:
+        local_out.unlink(missing_ok=True)
+
+
+def run_cell(
+    *,
+    exp: Experiment,
+    cell: CellRepeat,
+    paths: RunPaths,
+    manager: ServerManager,
+    raw_out: Path,
+    gpu_out: Path,
+    bench_log: Path,
+) -> None:
+    """Run one cell-repeat end to end; files appear only if everything passed."""
+    events = manager.events
+    started = time.monotonic()
+    events.emit("cell-start", cell=cell.key, fp=cell.server.fingerprint)
+    try:
+        state = manager.ensure(cell.server)
+        client_started = time.monotonic()
+        nodes = exp.cluster.nodes
+        before = telemetry.take_snapshot(
+            transport=manager.transport, nodes=nodes, phase="before", timeout=SNAPSHOT_TIMEOUT_S
+        )
+        record = run_client(exp=exp, cell=cell, manager=manager, state=state, bench_log=bench_log)
+        after = telemetry.take_snapshot(
+            transport=manager.transport, nodes=nodes, phase="after", timeout=SNAPSHOT_TIMEOUT_S
+        )
+        client_seconds = time.monotonic() - client_started
+        manager.check_alive(state)
+        server_logs = [str(manager.local_log_path(cell.server.id, n)) for n in nodes]
+        validation.check_record(
+            record, cell.client.workload, cell=cell.key, logs=[str(bench_log), *server_logs]
+        )
+        telemetry.write_snapshot(gpu_out, pd.concat([before, after], ignore_index=True))
+        write_record(raw_out, record)
+    except ServesweepError as exc:
+        events.emit(
+            "cell-failed",
+            cell=cell.key,
+            fp=cell.server.fingerprint,
+            error=str(exc).splitlines()[0][:300],
+        )
+        raise
+    events.emit(
+        "cell-done",
+        cell=cell.key,
+        fp=cell.server.fingerprint,
+        seconds=f"{time.monotonic() - started:.2f}",
+        client_seconds=f"{client_seconds:.2f}",
+    )

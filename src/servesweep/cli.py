@@ -1,0 +1,75 @@
+"""`servesweep` command line: down, status, commands (nothing here starts a benchmark)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from servesweep.config import RunPaths, load_experiment_file, server_specs
+from servesweep.errors import ServesweepError
+from servesweep.servers import ServerManager, connect, open_runtime, shutdown
+from servesweep.transport import LocalTransport
+
+DEFAULT_CONFIG = "config/config.yaml"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="servesweep", description=__doc__)
+    parser.add_argument(
+        "--configfile",
+        default=DEFAULT_CONFIG,
+        help=f"experiment YAML (default {DEFAULT_CONFIG}); env narrowing applies",
+    )
+    parser.add_argument("--results", default="results", help="results directory")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("down", help="stop every server of the run (current and stale by label)")
+    sub.add_parser("status", help="per node and rank: handle, running, health")
+    sub.add_parser("commands", help="print every server launch command per node; touches no node")
+    return parser
+
+
+def cmd_commands(args: argparse.Namespace) -> None:
+    exp = load_experiment_file(args.configfile, os.environ)
+    paths = RunPaths.for_run(exp, args.results)
+    # Command lines only: a local transport is never used to reach a node here.
+    transport = LocalTransport()
+    manager = ServerManager(
+        exp, paths, transport=transport, runtime=open_runtime(exp, transport, for_commands=True)
+    )
+    for spec in server_specs(exp):
+        print(f"# server {spec.id} fingerprint {spec.fingerprint}")
+        for launch in manager.launches(spec):
+            print(f"# node {launch.node} rank {launch.labels['rank']}")
+            print(manager.runtime.command_line(launch))
+
+
+def cmd_status(args: argparse.Namespace) -> None:
+    exp = load_experiment_file(args.configfile, os.environ)
+    with connect(exp, RunPaths.for_run(exp, args.results)) as manager:
+        rows = manager.status()
+    if not rows:
+        print(f"run {exp.run_id}: no server running")
+    for row in rows:
+        print("  ".join(f"{k}={v}" for k, v in row.items()))
+
+
+def cmd_down(args: argparse.Namespace) -> None:
+    exp = load_experiment_file(args.configfile, os.environ)
+    shutdown(exp, RunPaths.for_run(exp, args.results), reason="servesweep down")
+    print(f"run {exp.run_id}: every server stopped")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    handlers = {"down": cmd_down, "status": cmd_status, "commands": cmd_commands}
+    try:
+        handlers[args.command](args)
+    except ServesweepError as exc:
+        print(f"servesweep: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

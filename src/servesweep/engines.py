@@ -1,0 +1,143 @@
+"""Command builders: `sglang.launch_server` per node and rank, and the simulator (same flags)."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+from servesweep.config import Experiment, ServerArgs, ServerSpec
+from servesweep.errors import ConfigError
+
+# MoE runner choices of `--moe-runner-backend` per SGLang version (SGLANG.md section 3).
+MOE_RUNNERS_0_5_9 = (
+    "auto deep_gemm triton triton_kernel flashinfer_trtllm flashinfer_cutlass flashinfer_mxfp4 "
+    "flashinfer_cutedsl cutlass"
+).split()
+MOE_RUNNERS_0_5_23 = (
+    MOE_RUNNERS_0_5_9
+    + (
+        "experimental_sgl_trtllm flashinfer_trtllm_routed flashinfer_megamoe aiter marlin humming "
+        "experimental_sgl_marlin lora_cutedsl lora_triton lora_marlin hpc_ops megamoe intel_xpu"
+    ).split()
+)
+MARLIN_SINCE = (0, 5, 12)
+
+
+def parse_version(version: str) -> tuple[int, ...]:
+    """'0.5.10.post1' -> (0, 5, 10)."""
+    parts = []
+    for piece in version.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def moe_runners(version: str) -> list[str]:
+    """The `--moe-runner-backend` choices of a pinned SGLang version."""
+    if parse_version(version) >= MARLIN_SINCE:
+        return MOE_RUNNERS_0_5_23
+    return MOE_RUNNERS_0_5_9
+
+
+def check_supported(exp: Experiment, args: ServerArgs) -> None:
+    """Refuse arguments the pinned SGLang version would reject at launch."""
+    runner = args.moe_runner_backend
+    if runner is not None and runner not in moe_runners(exp.engine.version):
+        raise ConfigError(
+            f"config key 'moe_runner_backend': {runner!r} is not a MoE runner of SGLang "
+            f"{exp.engine.version} (choices: {', '.join(moe_runners(exp.engine.version))})"
+        )
+
+
+@dataclass(frozen=True)
+class RankCommand:
+    """The launch command of one rank of a server config on one node."""
+
+    node: str
+    rank: int
+    argv: list[str]
+    env: dict[str, str]
+
+
+def server_host(exp: Experiment) -> str:
+    """Interface rank 0 listens on: loopback locally, every interface on a cluster."""
+    return "127.0.0.1" if exp.cluster.transport == "local" else "0.0.0.0"
+
+
+def base_url(exp: Experiment) -> str:
+    """URL clients and health checks use for rank 0."""
+    node0 = exp.cluster.nodes[0]
+    return f"http://{exp.cluster.address(node0)}:{exp.engine.port}"
+
+
+def _server_flags(exp: Experiment, args: ServerArgs, rank: int) -> list[str]:
+    nodes = exp.cluster.nodes
+    flags = ["--model-path", exp.engine.model_path]
+    if exp.engine.served_model_name:
+        flags += ["--served-model-name", exp.engine.served_model_name]
+    flags += ["--host", server_host(exp), "--port", str(exp.engine.port)]
+    flags += ["--tp-size", str(args.tp_size), "--ep-size", str(args.ep_size)]
+    flags += ["--dp-size", str(args.dp_size), "--pp-size", str(args.pp_size)]
+    if len(nodes) > 1:
+        addr = f"{exp.cluster.address(nodes[0])}:{exp.engine.dist_init_port}"
+        flags += ["--nnodes", str(len(nodes)), "--node-rank", str(rank)]
+        flags += ["--dist-init-addr", addr]
+    optional = {
+        "--moe-runner-backend": args.moe_runner_backend,
+        "--chunked-prefill-size": args.chunked_prefill_size,
+        "--page-size": args.page_size,
+        "--kv-cache-dtype": args.kv_cache_dtype,
+        "--mem-fraction-static": args.mem_fraction_static,
+        "--max-running-requests": args.max_running_requests,
+    }
+    for flag, value in optional.items():
+        if value is not None:
+            flags += [flag, str(value)]
+    if args.disable_radix_cache:
+        flags.append("--disable-radix-cache")
+    if args.trust_remote_code:
+        flags.append("--trust-remote-code")
+    return flags + list(args.extra_args)
+
+
+def _sim_flags(exp: Experiment, spec: ServerSpec) -> list[str]:
+    sim = exp.engine.sim
+    # Each server config gets its own noise stream; the same config reproduces it.
+    seed = (sim.seed + zlib.crc32(spec.fingerprint.encode())) % 2**31
+    flags = ["--sim-time-scale", str(sim.time_scale), "--sim-seed", str(seed)]
+    flags += ["--sim-startup-s", str(sim.startup_s)]
+    faults = sim.faults
+    if faults.fail_start:
+        flags.append("--sim-fail-start")
+    if faults.crash_after is not None:
+        flags += ["--sim-crash-after", str(faults.crash_after)]
+    for flag, indices in (
+        ("--sim-http-500-at", faults.http_500_at),
+        ("--sim-midstream-error-at", faults.midstream_error_at),
+        ("--sim-hang-at", faults.hang_at),
+    ):
+        if indices:
+            flags += [flag, ",".join(str(i) for i in indices)]
+    return flags
+
+
+def rank_commands(exp: Experiment, spec: ServerSpec) -> list[RankCommand]:
+    """One launch command per node of the cluster, rank 0 first."""
+    check_supported(exp, spec.args)
+    if exp.engine.kind == "sglang":
+        module = ["-m", "sglang.launch_server"]
+    else:
+        module = ["-m", "servesweep.sim"]
+    commands = []
+    for rank, node in enumerate(exp.cluster.nodes):
+        argv = [exp.engine.python, *module, *_server_flags(exp, spec.args, rank)]
+        if exp.engine.kind == "sim":
+            argv += _sim_flags(exp, spec)
+        commands.append(RankCommand(node=node, rank=rank, argv=argv, env=dict(spec.args.env)))
+    return commands
+
+
+def check_experiment(exp: Experiment, specs: list[ServerSpec]) -> None:
+    """Check every server config against the pinned engine version (before anything starts)."""
+    for spec in specs:
+        check_supported(exp, spec.args)

@@ -1,0 +1,74 @@
+"""manifest.json: resolved config, fingerprints, git SHA, package/engine/image versions."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.metadata
+import json
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from servesweep.config import Experiment, RunPaths, server_specs
+
+PACKAGES = ("servesweep", "snakemake", "pydantic", "pandas", "aiohttp", "paramiko", "seaborn")
+
+
+def git_sha(repo: Path) -> str:
+    """HEAD of the workflow's git checkout, '+dirty' if it has changes; 'unknown' outside git."""
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return sha + ("+dirty" if dirty.strip() else "")
+
+
+def package_versions() -> dict[str, str]:
+    """Installed versions of the packages that shape results."""
+    out = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def build_manifest(*, exp: Experiment, paths: RunPaths, repo: Path) -> dict[str, Any]:
+    """Everything needed to know what ran: config, servers, versions, engine reports."""
+    servers = []
+    for spec in server_specs(exp):
+        info_path = paths.service(spec.id) / "server_info.json"
+        info = json.loads(info_path.read_text()) if info_path.exists() else {}
+        servers.append(
+            {
+                "id": spec.id,
+                "fingerprint": spec.fingerprint,
+                "axes": spec.axes,
+                "args": spec.args.model_dump(),
+                "engine_version_reported": info.get("version"),
+            }
+        )
+    return {
+        "run_id": exp.run_id,
+        "written_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "git_sha": git_sha(repo),
+        "versions": package_versions(),
+        "engine": {
+            "kind": exp.engine.kind,
+            "version_pinned": exp.engine.version,
+            "image": exp.runtime.image,
+        },
+        "servers": servers,
+        "config": exp.model_dump(mode="json"),
+    }

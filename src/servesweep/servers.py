@@ -1,0 +1,369 @@
+"""Server lifecycle: lazy, fingerprinted, one server set at a time (DESIGN.md section 5)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from servesweep import logscan
+from servesweep.config import Experiment, RunPaths, ServerSpec
+from servesweep.engines import base_url, rank_commands
+from servesweep.errors import ServerDied, ServerStartError
+from servesweep.events import EventLog
+from servesweep.files import write_json_atomic, write_text_atomic
+from servesweep.runtime import Launch, ProcessRuntime, Runtime
+from servesweep.transport import LocalTransport, Transport
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 0.2
+FATAL_SCAN_EVERY_S = 2.0
+
+
+@dataclass
+class RankState:
+    """One running rank: where it runs and how to find it again."""
+
+    node: str
+    rank: int
+    handle: str
+    log_path: str
+
+
+@dataclass
+class ServerState:
+    """The server set currently running for a run (persisted in service/current.json)."""
+
+    fingerprint: str
+    server_id: str
+    base_url: str
+    ranks: list[RankState] = field(default_factory=list)
+    started_at: float = 0.0
+    ready_at: float | None = None
+
+    @classmethod
+    def load(cls, path: Path) -> ServerState | None:
+        if not path.exists():
+            return None
+        data = json.loads(path.read_text())
+        data["ranks"] = [RankState(**r) for r in data["ranks"]]
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def http_status(url: str, timeout: float = 2.0) -> int | None:
+    """HTTP status of a GET, or None when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, OSError, TimeoutError):
+        return None
+
+
+def http_json(url: str, timeout: float = 5.0) -> Any:
+    """GET a JSON document (None on any failure)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return json.loads(resp.read())
+    except (urllib.error.URLError, OSError, TimeoutError, ValueError):
+        return None
+
+
+class ServerManager:
+    """Ensures the right server set runs for a cell; stops it on exit."""
+
+    def __init__(
+        self,
+        exp: Experiment,
+        paths: RunPaths,
+        *,
+        transport: Transport,
+        runtime: Runtime,
+        events: EventLog | None = None,
+    ) -> None:
+        self.exp = exp
+        self.paths = paths
+        self.transport = transport
+        self.runtime = runtime
+        self.events = events or EventLog(paths.orchestrator_log)
+
+    # ------------------------------------------------------------ naming
+    def labels(self, spec: ServerSpec | None = None) -> dict[str, str]:
+        labels = {"run": self.exp.run_id}
+        if spec is not None:
+            labels |= {"fingerprint": spec.fingerprint}
+        return labels
+
+    def node_log_path(self, server_id: str, node: str) -> str:
+        """Where a rank writes its log on its node."""
+        if self.exp.cluster.transport == "local":
+            return str((self.paths.service(server_id) / f"{node}.log").resolve())
+        return f"/tmp/servesweep/{self.exp.run_id}/{server_id}/{node}.log"
+
+    def local_log_path(self, server_id: str, node: str) -> Path:
+        return self.paths.service(server_id) / f"{node}.log"
+
+    def launches(self, spec: ServerSpec) -> list[Launch]:
+        """The launches of every rank of a server config (rank 0 first)."""
+        out = []
+        for cmd in rank_commands(self.exp, spec):
+            labels = self.labels(spec) | {"server": spec.id, "rank": str(cmd.rank)}
+            out.append(
+                Launch(
+                    name=f"servesweep-{self.exp.run_id}-{spec.fingerprint}-r{cmd.rank}",
+                    node=cmd.node,
+                    argv=cmd.argv,
+                    log_path=self.node_log_path(spec.id, cmd.node),
+                    env=cmd.env,
+                    labels=labels,
+                )
+            )
+        return out
+
+    def commands_script(self, spec: ServerSpec) -> str:
+        """service/<server>/commands.sh: the exact command run on each node."""
+        lines = ["#!/bin/sh", f"# server {spec.id} fingerprint {spec.fingerprint}"]
+        for launch in self.launches(spec):
+            lines.append(f"# node {launch.node}")
+            lines.append(self.runtime.command_line(launch))
+        return "\n".join(lines) + "\n"
+
+    # ------------------------------------------------------------ lifecycle
+    def current(self) -> ServerState | None:
+        return ServerState.load(self.paths.current_server)
+
+    def ensure(self, spec: ServerSpec) -> ServerState:
+        """Reuse the running server if it has `spec`'s fingerprint and is healthy, else restart."""
+        state = self.current()
+        if state is not None and state.fingerprint == spec.fingerprint:
+            if self._healthy(state):
+                self.events.emit("reuse", fp=spec.fingerprint, server=spec.id)
+                return state
+            self.events.emit("unhealthy", fp=state.fingerprint, server=state.server_id)
+        if state is not None:
+            self.stop(
+                state,
+                reason="fingerprint change"
+                if state.fingerprint != spec.fingerprint
+                else "unhealthy",
+            )
+        self._remove_stale()
+        return self.start(spec)
+
+    def start(self, spec: ServerSpec) -> ServerState:
+        """Start every rank, then wait for readiness; on failure stop what started."""
+        service = self.paths.service(spec.id)
+        service.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(service / "commands.sh", self.commands_script(spec))
+        state = ServerState(
+            fingerprint=spec.fingerprint,
+            server_id=spec.id,
+            base_url=base_url(self.exp),
+            started_at=time.time(),
+        )
+        self.events.emit(
+            "start", fp=spec.fingerprint, server=spec.id, nodes=",".join(self.exp.cluster.nodes)
+        )
+        try:
+            for launch in self.launches(spec):
+                handle = self.runtime.start(launch)
+                state.ranks.append(
+                    RankState(launch.node, len(state.ranks), handle, launch.log_path)
+                )
+                write_json_atomic(self.paths.current_server, state.to_dict())
+            self._wait_ready(state, spec)
+        except BaseException as exc:
+            self.events.emit(
+                "start-failed",
+                fp=spec.fingerprint,
+                server=spec.id,
+                error=str(exc).splitlines()[0][:200],
+            )
+            self.stop(state, reason="start failed")
+            raise
+        state.ready_at = time.time()
+        write_json_atomic(self.paths.current_server, state.to_dict())
+        write_json_atomic(service / "server.json", state.to_dict())
+        info = http_json(f"{state.base_url}/server_info")
+        if info is not None:
+            write_json_atomic(service / "server_info.json", info)
+        self.events.emit(
+            "ready",
+            fp=spec.fingerprint,
+            server=spec.id,
+            seconds=f"{state.ready_at - state.started_at:.2f}",
+        )
+        return state
+
+    def _wait_ready(self, state: ServerState, spec: ServerSpec) -> None:
+        deadline = time.monotonic() + self.exp.engine.ready_timeout_s
+        next_scan = 0.0
+        while True:
+            if http_status(f"{state.base_url}/health") == 200:
+                rank0 = state.ranks[0]
+                log = self.runtime.logs(rank0.node, rank0.handle, rank0.log_path)
+                if logscan.READY_LINE in log:
+                    self.check_alive(state)
+                    return
+            now = time.monotonic()
+            if now >= next_scan:
+                self._check_ranks(state, starting=True)
+                next_scan = now + FATAL_SCAN_EVERY_S
+            if now > deadline:
+                raise ServerStartError(
+                    f"server {spec.id} (fp {spec.fingerprint}) not ready after "
+                    f"{self.exp.engine.ready_timeout_s:.0f}s: no /health 200 + ready line on "
+                    f"node {state.ranks[0].node}; log "
+                    f"{self.local_log_path(spec.id, state.ranks[0].node)}"
+                )
+            time.sleep(POLL_S)
+
+    def _check_ranks(self, state: ServerState, *, starting: bool) -> None:
+        """Raise naming the node and log if a rank died or logged a fatal pattern."""
+        error = ServerStartError if starting else ServerDied
+        for rank in state.ranks:
+            local_log = self.local_log_path(state.server_id, rank.node)
+            text = self.runtime.logs(rank.node, rank.handle, rank.log_path)
+            findings = logscan.scan_text(text)
+            if findings:
+                self._save_log(state.server_id, rank, text)
+                first = findings[0]
+                raise error(
+                    f"server {state.server_id} (fp {state.fingerprint}) rank {rank.rank} on "
+                    f"node {rank.node}: fatal pattern '{first.name}' at line {first.line_no}: "
+                    f"{first.line.strip()[:160]}; log {local_log}"
+                )
+            if not self.runtime.is_running(rank.node, rank.handle):
+                self._save_log(state.server_id, rank, text)
+                raise error(
+                    f"server {state.server_id} (fp {state.fingerprint}) rank {rank.rank} on "
+                    f"node {rank.node} exited; log {local_log}"
+                )
+
+    def check_alive(self, state: ServerState) -> None:
+        """After a cell: every rank running, no fatal pattern, rank 0 healthy."""
+        self._check_ranks(state, starting=False)
+        if http_status(f"{state.base_url}/health", timeout=30.0) != 200:
+            raise ServerDied(
+                f"server {state.server_id} (fp {state.fingerprint}) on node "
+                f"{state.ranks[0].node} is unhealthy (/health not 200); log "
+                f"{self.local_log_path(state.server_id, state.ranks[0].node)}"
+            )
+
+    def _healthy(self, state: ServerState) -> bool:
+        try:
+            self.check_alive(state)
+        except (ServerDied, ServerStartError):
+            return False
+        return True
+
+    def _save_log(self, server_id: str, rank: RankState, text: str) -> None:
+        target = self.local_log_path(server_id, rank.node)
+        if str(target.resolve()) != rank.log_path:
+            write_text_atomic(target, text)
+
+    def stop(self, state: ServerState, *, reason: str) -> None:
+        """Collect every rank's log, stop every rank (in parallel), forget the state."""
+
+        def _stop(rank: RankState) -> None:
+            try:
+                text = self.runtime.logs(rank.node, rank.handle, rank.log_path)
+                self._save_log(state.server_id, rank, text)
+            finally:
+                self.runtime.stop(rank.node, rank.handle)
+
+        with ThreadPoolExecutor(max_workers=max(1, len(state.ranks))) as pool:
+            list(pool.map(_stop, state.ranks))
+        current = self.current()
+        if current is not None and current.fingerprint == state.fingerprint:
+            self.paths.current_server.unlink(missing_ok=True)
+        self.events.emit("stop", fp=state.fingerprint, server=state.server_id, reason=reason)
+
+    def _remove_stale(self) -> None:
+        """Remove processes/containers of this run found by label (after a hard kill)."""
+        labels = self.labels()
+        for node in self.exp.cluster.nodes:
+            for handle in self.runtime.find(node, labels):
+                self.events.emit("stale", node=node, handle=handle, run=self.exp.run_id)
+                self.runtime.stop(node, handle)
+
+    def stop_all(self, *, reason: str) -> None:
+        """Stop the current server set and any stale one of this run."""
+        state = self.current()
+        if state is not None:
+            self.stop(state, reason=reason)
+        self._remove_stale()
+
+    def status(self) -> list[dict[str, str]]:
+        """Per node and rank: handle, running, health (rank 0)."""
+        state = self.current()
+        if state is None:
+            return []
+        rows = []
+        for rank in state.ranks:
+            running = self.runtime.is_running(rank.node, rank.handle)
+            health = ""
+            if rank.rank == 0:
+                health = str(http_status(f"{state.base_url}/health") or "no answer")
+            rows.append(
+                {
+                    "server": state.server_id,
+                    "fp": state.fingerprint,
+                    "node": rank.node,
+                    "rank": str(rank.rank),
+                    "handle": rank.handle,
+                    "running": str(running),
+                    "health": health,
+                }
+            )
+        return rows
+
+
+def open_transport(exp: Experiment) -> Transport:
+    """The transport the experiment's cluster is reached with."""
+    if exp.cluster.transport == "local":
+        return LocalTransport()
+    from servesweep.transport import SshTransport
+
+    return SshTransport(exp.cluster.ssh, nodes=exp.cluster.nodes)
+
+
+def open_runtime(exp: Experiment, transport: Transport, *, for_commands: bool = False) -> Runtime:
+    """The runtime servers live in on each node (`for_commands`: no password is read)."""
+    if exp.runtime.kind == "process":
+        return ProcessRuntime(transport)
+    from servesweep.runtime import DockerRuntime
+    from servesweep.secrets import sudo_password
+
+    password = sudo_password(os.environ) if exp.runtime.sudo and not for_commands else None
+    return DockerRuntime(transport, exp.runtime, sudo_password=password, gpus=exp.runtime.gpus)
+
+
+@contextlib.contextmanager
+def connect(exp: Experiment, paths: RunPaths) -> Iterator[ServerManager]:
+    """A ServerManager over a fresh transport, closed on exit."""
+    transport = open_transport(exp)
+    try:
+        yield ServerManager(exp, paths, transport=transport, runtime=open_runtime(exp, transport))
+    finally:
+        transport.close()
+
+
+def shutdown(exp: Experiment, paths: RunPaths, *, reason: str) -> None:
+    """Stop every server of the run (workflow onsuccess/onerror, `servesweep down`)."""
+    with connect(exp, paths) as manager:
+        manager.stop_all(reason=reason)

@@ -1,0 +1,141 @@
+"""Tests of servesweep.config: validation, env narrowing, matrix expansion, fingerprints."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from servesweep.config import (
+    RunPaths,
+    cell_repeats,
+    client_specs,
+    find_cell,
+    load_experiment,
+    load_experiment_file,
+    server_specs,
+)
+from servesweep.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT = ROOT / "config" / "config.yaml"
+
+
+@pytest.fixture()
+def raw() -> dict:
+    return yaml.safe_load(DEFAULT.read_text())
+
+
+def test_default_matrix_is_seed_000(raw: dict) -> None:
+    exp = load_experiment(raw, {})
+    cells = cell_repeats(exp)
+    assert len(cells) == 2 * 2 * 2 * 3
+    assert len(server_specs(exp)) == 4
+    assert [c.id for c in client_specs(exp)] == ["concurrency~8", "concurrency~16"]
+    w = cells[0].client.workload
+    assert (w.input_len, w.output_len, w.num_requests, w.dataset) == (16384, 1, 40, "random-ids")
+    assert exp.baseline == {"moe_runner_backend": "marlin"}
+    assert exp.server.disable_radix_cache
+
+
+def test_cells_are_grouped_by_server_with_one_priority_each(raw: dict) -> None:
+    cells = cell_repeats(load_experiment(raw, {}))
+    seen: list[str] = []
+    for cell in cells:
+        if not seen or seen[-1] != cell.server.id:
+            assert cell.server.id not in seen, "cells of one server config must be contiguous"
+            seen.append(cell.server.id)
+    priorities = {c.server.id: c.server.priority for c in cells}
+    assert len(set(priorities.values())) == len(priorities) == 4
+
+
+def test_paths_are_self_describing(raw: dict) -> None:
+    exp = load_experiment(raw, {})
+    cell = cell_repeats(exp)[0]
+    paths = RunPaths.for_run(exp)
+    assert str(paths.raw(cell)) == (
+        "results/moe-prefill-sim/raw/moe_runner_backend~marlin,chunked_prefill_size~8192/"
+        "concurrency~8/r1.jsonl"
+    )
+    assert find_cell(exp, server=cell.server.id, client=cell.client.id, repeat="1") == cell
+
+
+def test_env_narrowing_sets_axes_and_coerces_types(raw: dict) -> None:
+    env = {
+        "BACKENDS_CSV": "flashinfer_mxfp4",
+        "CONCURRENCIES_CSV": "16",
+        "CHUNKED_PREFILL_SIZES_CSV": "8192, 16384",
+        "RUN_ID": "probe-1",
+        "EP_SIZE": "4",
+    }
+    exp = load_experiment(raw, env)
+    cells = cell_repeats(exp)
+    assert len(cells) == 6
+    assert exp.run_id == "probe-1"
+    assert exp.server.ep_size == 4
+    assert exp.matrix.server["chunked_prefill_size"] == [8192, 16384]
+    assert exp.matrix.client["concurrency"] == [16]
+    # The baseline is not in the narrowed matrix: no deltas, no error.
+    assert exp.baseline == {}
+
+
+def test_fingerprint_changes_with_server_args_only(raw: dict) -> None:
+    base = {s.id: s.fingerprint for s in server_specs(load_experiment(raw, {}))}
+    assert len(set(base.values())) == 4
+    more_requests = copy.deepcopy(raw)
+    more_requests["workload"]["num_requests"] = 80
+    assert {s.id: s.fingerprint for s in server_specs(load_experiment(more_requests, {}))} == base
+    page = copy.deepcopy(raw)
+    page["server"]["page_size"] = 32
+    changed = {s.id: s.fingerprint for s in server_specs(load_experiment(page, {}))}
+    assert not set(changed.values()) & set(base.values())
+
+
+def test_fingerprint_is_independent_of_run_id(raw: dict) -> None:
+    a = server_specs(load_experiment(raw, {}))
+    b = server_specs(load_experiment(raw, {"RUN_ID": "other"}))
+    assert [s.fingerprint for s in a] == [s.fingerprint for s in b]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "key"),
+    [
+        (lambda r: r.update(foo=1), "'foo': unknown key"),
+        (lambda r: r["workload"].update(num_requests="many"), "'workload.num_requests'"),
+        (lambda r: r["matrix"]["client"].update(concurrency=[]), "empty axis"),
+        (lambda r: r["matrix"]["server"].update(page_sz=[1]), "matrix.server.page_sz"),
+        (lambda r: r.update(baseline={"moe_runner_backend": "triton"}), "baseline.moe_runner"),
+        (lambda r: r["cluster"].update(nodes=["a", "a"]), "duplicate node"),
+        (lambda r: r["server"].update(tp_size=6, ep_size=6), "tp_size*pp_size"),
+        (lambda r: r["server"].update(ep_size=3), "ep_size 3 does not divide"),
+        (lambda r: r["matrix"]["client"].update(concurrency=[8, 8]), "duplicate values"),
+        (lambda r: r.update(run_id="a/b"), "'run_id'"),
+        (lambda r: r["runtime"].update(kind="docker"), "runtime.image is required"),
+        (lambda r: r.update(repeats=0), "'repeats'"),
+    ],
+)
+def test_bad_config_is_one_line_naming_the_key(raw: dict, mutate, key: str) -> None:
+    mutate(raw)
+    with pytest.raises(ConfigError) as info:
+        load_experiment(raw, {})
+    message = str(info.value)
+    assert key in message
+    assert "\n" not in message
+
+
+def test_bad_env_value_names_the_axis(raw: dict) -> None:
+    with pytest.raises(ConfigError, match="chunked_prefill_size"):
+        load_experiment(raw, {"CHUNKED_PREFILL_SIZES_CSV": "big"})
+    with pytest.raises(ConfigError, match="CONCURRENCIES_CSV: empty list"):
+        load_experiment(raw, {"CONCURRENCIES_CSV": " , "})
+
+
+def test_load_experiment_file(tmp_path: Path) -> None:
+    exp = load_experiment_file(DEFAULT)
+    assert exp.run_id == "moe-prefill-sim"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_experiment_file(bad)

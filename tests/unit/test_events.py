@@ -1,0 +1,20 @@
+"""Tests of servesweep.events: orchestrator.log lines round-trip."""
+
+from pathlib import Path
+
+from servesweep.events import EventLog, read_events
+
+
+def test_emit_and_read_back(tmp_path: Path) -> None:
+    log = EventLog(tmp_path / "orchestrator.log")
+    log.emit("start", fp="abc123", server="moe~marlin", nodes="a,b")
+    log.emit("stop", fp="abc123", reason="workflow finished")
+    events = read_events(log.path)
+    assert [e[1] for e in events] == ["start", "stop"]
+    assert events[0][2] == {"fp": "abc123", "server": "moe~marlin", "nodes": "a,b"}
+    assert events[1][2]["reason"] == "workflow finished"
+    assert events[0][0].endswith("Z")
+
+
+def test_missing_log_is_empty(tmp_path: Path) -> None:
+    assert read_events(tmp_path / "nope.log") == []
