@@ -14,7 +14,7 @@ rule collect_results:
     log:
         f"{RUN_DIR}/logs/collect_results.log",
     message:
-        "results.csv from {len(input.raw)} cell-repeats"
+        "results.csv: one row per cell-repeat"
     script:
         "../scripts/collect_results.py"
 

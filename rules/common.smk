@@ -8,7 +8,7 @@ from servesweep.errors import ConfigError
 from servesweep.servers import shutdown
 
 if not workflow.overwrite_configfiles:
-    workflow.configfile("config/config.yaml")
+    workflow.configfile(os.path.join(workflow.basedir, "config", "config.yaml"))
 
 try:
     EXP = load_experiment(config, os.environ)

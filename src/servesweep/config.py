@@ -71,6 +71,23 @@ class ClusterConfig(Strict):
         return "127.0.0.1" if self.transport == "local" else node
 
 
+class ImageBuild(Strict):
+    """How `build_image` gets the image onto every node (paths are on the nodes)."""
+
+    dockerfile: str | None = None
+    context: str | None = None
+    build_args: dict[str, str] = Field(default_factory=dict)
+    pull: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> ImageBuild:
+        if self.dockerfile and self.pull:
+            raise ValueError("give either dockerfile (+ context) or pull: true, not both")
+        if self.dockerfile and not self.context:
+            raise ValueError("runtime.build.context is required with a dockerfile")
+        return self
+
+
 class RuntimeConfig(Strict):
     """How a server process lives on a node: a local process group or a docker container."""
 
@@ -84,6 +101,8 @@ class RuntimeConfig(Strict):
     ulimits: list[str] = Field(default_factory=list)
     mounts: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
+    build: ImageBuild | None = None
+    smoke: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _check_image(self) -> RuntimeConfig:

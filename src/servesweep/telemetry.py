@@ -1,0 +1,260 @@
+"""GPU snapshots per node: nvidia-smi query, parsers, snapshot files and per-cell figures."""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from servesweep.files import atomic_open
+from servesweep.transport import CommandResult, Transport, run_all
+
+log = logging.getLogger(__name__)
+
+# nvidia-smi --query-gpu fields, in the order the command asks for them (and noheader prints).
+QUERY_FIELDS: tuple[str, ...] = (
+    "timestamp",
+    "index",
+    "uuid",
+    "name",
+    "pci.bus_id",
+    "driver_version",
+    "memory.total",
+    "memory.used",
+    "memory.free",
+    "utilization.gpu",
+    "utilization.memory",
+    "temperature.gpu",
+    "power.draw",
+    "power.limit",
+    "clocks.sm",
+    "clocks.mem",
+    "pstate",
+)
+# Query field -> DataFrame/CSV column (units in the name, as nvidia-smi's `nounits` drops them).
+COLUMNS: dict[str, str] = {
+    "timestamp": "timestamp",
+    "index": "index",
+    "uuid": "uuid",
+    "name": "name",
+    "pci.bus_id": "pci_bus_id",
+    "driver_version": "driver_version",
+    "memory.total": "memory_total_mib",
+    "memory.used": "memory_used_mib",
+    "memory.free": "memory_free_mib",
+    "utilization.gpu": "utilization_gpu_pct",
+    "utilization.memory": "utilization_memory_pct",
+    "temperature.gpu": "temperature_gpu_c",
+    "power.draw": "power_draw_w",
+    "power.limit": "power_limit_w",
+    "clocks.sm": "clocks_sm_mhz",
+    "clocks.mem": "clocks_mem_mhz",
+    "pstate": "pstate",
+}
+STRING_FIELDS = frozenset({"timestamp", "uuid", "name", "pci.bus_id", "driver_version", "pstate"})
+# Header names nvidia-smi prints for some query names (seen in the recorded `--format=csv`).
+HEADER_ALIASES = {
+    "clocks.current.sm": "clocks.sm",
+    "clocks.current.memory": "clocks.mem",
+    "clocks.current.graphics": "clocks.gr",
+}
+META_COLUMNS = ("node", "phase", "status", "detail")
+SNAPSHOT_COLUMNS = (*META_COLUMNS, *COLUMNS.values())
+PHASES = ("before", "after")
+STATUS_OK = "ok"
+STATUS_UNAVAILABLE = "unavailable"
+STATUS_PARTIAL = "partial"
+GPU_FIGURES = (
+    "gpu_count",
+    "gpu_mem_used_peak_mib",
+    "gpu_power_peak_w",
+    "gpu_util_mean_pct",
+    "gpu_status",
+)
+# Exit codes of `sh -c` when the command is missing (127) or not executable (126).
+NOT_FOUND_CODES = (126, 127)
+
+
+def snapshot_command() -> str:
+    """The nvidia-smi command one snapshot runs on every node."""
+    return f"nvidia-smi --query-gpu={','.join(QUERY_FIELDS)} --format=csv,noheader,nounits"
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def _number(field: str, text: str) -> float:
+    """One numeric value, with or without its unit; `[N/A]`-style values are NaN."""
+    value = text.strip()
+    if not value or value.strip("[]") in ("N/A", "Not Supported", "Unknown Error", "Unknown"):
+        return math.nan
+    if value.startswith("[") and value.endswith("]"):
+        return math.nan
+    try:
+        return float(value.split()[0])
+    except ValueError:
+        raise ValueError(f"field {field}: not a number: {text!r}") from None
+
+
+def _value(field: str, text: str) -> Any:
+    if field in STRING_FIELDS or field not in COLUMNS:  # text, or a field we do not type
+        return text.strip()
+    return _number(field, text)
+
+
+def _rows(lines: Iterable[list[str]], fields: Sequence[str]) -> list[dict[str, Any]]:
+    rows = []
+    for n, cells in enumerate(lines, start=1):  # n: data row number, for messages
+        if not cells or all(not c.strip() for c in cells):
+            continue
+        if len(cells) != len(fields):
+            raise ValueError(
+                f"row {n}: {len(cells)} values for {len(fields)} fields: {', '.join(cells)}"
+            )
+        rows.append({COLUMNS.get(f, f): _value(f, c) for f, c in zip(fields, cells, strict=True)})
+    return rows
+
+
+def _reader(text: str) -> Iterator[list[str]]:
+    return csv.reader(io.StringIO(text), skipinitialspace=True)
+
+
+def _header_field(name: str) -> str:
+    """`memory.used [MiB]` -> `memory.used`; `clocks.current.sm [MHz]` -> `clocks.sm`."""
+    bare = name.split(" [", 1)[0].strip()
+    return HEADER_ALIASES.get(bare, bare)
+
+
+def parse_noheader(text: str, *, fields: Sequence[str] = QUERY_FIELDS) -> pd.DataFrame:
+    """Parse `--format=csv,noheader,nounits` output (one line per GPU) for `fields`."""
+    return _typed(pd.DataFrame(_rows(_reader(text), fields)))
+
+
+def parse_with_header(text: str) -> pd.DataFrame:
+    """Parse `--format=csv` output (header line, values with units), any subset of fields."""
+    lines = list(_reader(text))
+    if not lines:
+        raise ValueError("empty nvidia-smi output (expected a header line)")
+    fields = [_header_field(h) for h in lines[0]]
+    return _typed(pd.DataFrame(_rows(lines[1:], fields)))
+
+
+def _typed(df: pd.DataFrame) -> pd.DataFrame:
+    """Column types of a snapshot frame: numbers float (index Int64), text nullable strings."""
+    out = df.copy()
+    for field, col in COLUMNS.items():
+        if col not in out.columns:
+            continue
+        if field in STRING_FIELDS:
+            out[col] = out[col].astype("string")
+        elif field == "index":
+            out[col] = pd.to_numeric(out[col]).astype("Int64")
+        else:
+            out[col] = pd.to_numeric(out[col]).astype("float64")
+    for col in META_COLUMNS:
+        if col in out.columns:
+            out[col] = out[col].astype("string")
+    if "detail" in out.columns:
+        out["detail"] = out["detail"].fillna("")
+    return out
+
+
+# ---------------------------------------------------------------- snapshots
+
+
+def _unavailable(node: str, phase: str, detail: str) -> list[dict[str, Any]]:
+    log.warning("GPU snapshot %s: %s", phase, detail)
+    return [{"node": node, "phase": phase, "status": STATUS_UNAVAILABLE, "detail": detail}]
+
+
+def node_rows(result: CommandResult, *, phase: str) -> list[dict[str, Any]]:
+    """Snapshot rows of one node from its nvidia-smi result; failures give one honest row."""
+    node = result.node
+    if result.returncode in NOT_FOUND_CODES:
+        return _unavailable(node, phase, f"nvidia-smi not found on node {node}")
+    if not result.ok:
+        tail = " | ".join((result.stderr or result.stdout).strip().splitlines()[-2:])
+        return _unavailable(
+            node, phase, f"nvidia-smi failed on node {node} (exit {result.returncode}): {tail}"
+        )
+    try:
+        gpus = _rows(_reader(result.stdout), QUERY_FIELDS)
+    except ValueError as exc:
+        return _unavailable(node, phase, f"nvidia-smi output on node {node} not parsed: {exc}")
+    if not gpus:
+        return _unavailable(node, phase, f"nvidia-smi listed no GPUs on node {node}")
+    meta = {"node": node, "phase": phase, "status": STATUS_OK, "detail": ""}
+    return [{**meta, **gpu} for gpu in gpus]
+
+
+def snapshot_frame(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
+    """A typed snapshot frame with every column of SNAPSHOT_COLUMNS, from row dicts."""
+    return _typed(pd.DataFrame(list(rows), columns=list(SNAPSHOT_COLUMNS)))
+
+
+def take_snapshot(
+    *, transport: Transport, nodes: Sequence[str], phase: str, timeout: float = 30.0
+) -> pd.DataFrame:
+    """Query every node's GPUs in parallel; one row per GPU, or one `unavailable` row per node.
+
+    Transport failures (unreachable node, timeout) raise TransportError: they are not
+    telemetry gaps but a broken cluster.
+    """
+    if phase not in PHASES:
+        raise ValueError(f"phase must be one of {PHASES}, not {phase!r}")
+    results = run_all(transport, nodes, snapshot_command(), timeout=timeout)
+    return snapshot_frame(row for res in results.values() for row in node_rows(res, phase=phase))
+
+
+def write_snapshot(path: str | Path, df: pd.DataFrame) -> None:
+    """Write a snapshot frame (e.g. before and after concatenated) as CSV, atomically."""
+    with atomic_open(path) as fh:
+        df.reindex(columns=list(SNAPSHOT_COLUMNS)).to_csv(fh, index=False)
+
+
+def read_snapshot(path: str | Path) -> pd.DataFrame:
+    """Read a snapshot CSV written by `write_snapshot`, with its column types."""
+    text_cols = [COLUMNS[f] for f in STRING_FIELDS] + list(META_COLUMNS)
+    df = pd.read_csv(
+        path, dtype={c: "string" for c in text_cols}, keep_default_na=False, na_values=[""]
+    )
+    return _typed(df.reindex(columns=list(SNAPSHOT_COLUMNS)))
+
+
+# ---------------------------------------------------------------- figures
+
+
+def _num(value: Any) -> float:
+    return math.nan if pd.isna(value) else float(value)
+
+
+def gpu_figures(df: pd.DataFrame) -> dict[str, Any]:
+    """Per-cell GPU figures for results.csv; NaN (never guessed) where no GPU was read.
+
+    `gpu_status` is `ok` when every node answered, `unavailable` when none did, and `partial`
+    when some did (figures then cover the GPUs that answered).
+    """
+    status = df["status"].fillna("") if "status" in df.columns else pd.Series([], dtype="string")
+    ok = df[status == STATUS_OK]
+    if ok.empty:
+        return {
+            "gpu_count": math.nan,
+            "gpu_mem_used_peak_mib": math.nan,
+            "gpu_power_peak_w": math.nan,
+            "gpu_util_mean_pct": math.nan,
+            "gpu_status": STATUS_UNAVAILABLE,
+        }
+    after = ok[ok["phase"] == "after"]
+    return {
+        "gpu_count": int(len(ok[["node", "index"]].drop_duplicates())),
+        "gpu_mem_used_peak_mib": _num(ok["memory_used_mib"].max()),
+        "gpu_power_peak_w": _num(ok["power_draw_w"].max()),
+        "gpu_util_mean_pct": _num(after["utilization_gpu_pct"].mean()),
+        "gpu_status": STATUS_OK if (status == STATUS_OK).all() else STATUS_PARTIAL,
+    }

@@ -1,0 +1,158 @@
+"""Tests of servesweep.logscan with SGLang-like server log snippets."""
+
+from __future__ import annotations
+
+import pytest
+
+from servesweep import logscan
+
+# A healthy SGLang 0.5.x start (rank 0), including lines that mention NCCL, CUDA, memory,
+# watchdog and page size without being failures.
+READY_LOG = """\
+[2026-11-29 16:40:02] server_args=ServerArgs(model_path='/models/Kimi-K3', tp_size=8, \
+ep_size=8, moe_runner_backend='marlin', chunked_prefill_size=8192, page_size=64, \
+mem_fraction_static=0.85, kv_cache_dtype='auto', watchdog_timeout=300, \
+disaggregation_mode='null', enable_nccl_nvls=False, disable_radix_cache=True)
+[2026-11-29 16:40:09 TP0] Init torch distributed begin.
+[2026-11-29 16:40:11 TP0] sglang is using nccl==2.27.3
+[2026-11-29 16:40:14 TP0] Init torch distributed ends. mem usage=1.21 GB
+[2026-11-29 16:40:15 TP0] Load weight begin. avail mem=137.85 GB
+Loading safetensors checkpoint shards: 100% Completed | 64/64 [01:02<00:00,  1.02it/s]
+[2026-11-29 16:41:18 TP0] Load weight end. type=DeepseekV3ForCausalLM, dtype=torch.bfloat16, \
+avail mem=62.40 GB, mem usage=75.45 GB.
+[2026-11-29 16:41:19 TP0] KV Cache is allocated. #tokens: 1048576, KV size: 34.31 GB
+[2026-11-29 16:41:19 TP0] Memory pool end. avail mem=27.21 GB
+[2026-11-29 16:41:20 TP0] Capture cuda graph begin. This can take up to several minutes. \
+avail mem=27.01 GB
+Capturing batches (bs=1 avail_mem=25.95 GB): 100%|██████████| 36/36 [00:12<00:00,  2.90it/s]
+[2026-11-29 16:41:33 TP0] Capture cuda graph end. Time elapsed: 13.02 s. mem usage=1.06 GB.
+[2026-11-29 16:41:35] INFO:     Started server process [4242]
+[2026-11-29 16:41:35] INFO:     Waiting for application startup.
+[2026-11-29 16:41:35] INFO:     Application startup complete.
+[2026-11-29 16:41:35] INFO:     Uvicorn running on http://0.0.0.0:30000 (Press CTRL+C to quit)
+[2026-11-29 16:41:36] INFO:     127.0.0.1:51234 - "GET /model_info HTTP/1.1" 200 OK
+[2026-11-29 16:41:36 TP0] Prefill batch. #new-seq: 1, #new-token: 6, #cached-token: 0, \
+token usage: 0.00, #running-req: 0, #queue-req: 0, cuda graph: False
+[2026-11-29 16:41:37] INFO:     127.0.0.1:51240 - "POST /generate HTTP/1.1" 200 OK
+[2026-11-29 16:41:37] The server is fired up and ready to roll!
+[2026-11-29 16:41:40] INFO:     127.0.0.1:51250 - "GET /health HTTP/1.1" 200 OK
+"""
+
+# One realistic line per fatal pattern (name -> line); every pattern must have one.
+EXAMPLES = {
+    "scheduler_exception": "[2026-11-29 17:02:11 TP3] Scheduler hit an exception: Traceback "
+    "(most recent call last):",
+    "tokenizer_manager_exception": "[2026-11-29 17:02:11] TokenizerManager hit an exception: "
+    "Traceback (most recent call last):",
+    "detokenizer_manager_exception": "[2026-11-29 17:02:11] DetokenizerManager hit an "
+    "exception: Traceback (most recent call last):",
+    "dp_controller_exception": "[2026-11-29 17:02:11] DataParallelController hit an exception: "
+    "Traceback (most recent call last):",
+    "sigquit": "[2026-11-29 17:02:12] SIGQUIT received. signum=None, frame=None. It usually "
+    "means one child failed.",
+    "subprocess_crashed": "[2026-11-29 17:02:12] Subprocess scheduler_0 (pid=3417555) crashed "
+    "with exit code -3. Triggering SIGQUIT for cleanup...",
+    "watchdog_timeout": "[2026-11-29 17:07:16 TP0] Scheduler watchdog timeout "
+    "(self.watchdog_timeout=300, self.soft=False)",
+    "warmup_failed": "[2026-11-29 16:41:37] Initialization failed. warmup error: Traceback "
+    "(most recent call last):",
+    "health_check_failed": "[2026-11-29 17:10:00] Health check failed. Server couldn't get a "
+    "response from detokenizer for last 20 seconds. tic start time: 17:09:40. last_heartbeat "
+    "time: 17:09:39",
+    "not_enough_memory": "RuntimeError: Not enough memory. Please try to increase "
+    "--mem-fraction-static. Current value: mem_fraction_static=0.85",
+    "traceback": "Traceback (most recent call last):",
+    "cuda_oom": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 10.62 GiB. GPU 3 "
+    "has a total capacity of 139.81 GiB of which 2.06 GiB is free.",
+    "cuda_error": "torch.AcceleratorError: CUDA error: an illegal memory access was encountered",
+    "nccl_error": "torch.distributed.DistBackendError: NCCL error in: "
+    "/pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:77, unhandled system error, NCCL "
+    "version 2.27.3",
+    "nccl_timeout": "[rank1]:[E1129 17:20:01.123456 ProcessGroupNCCL.cpp:632] [Rank 1] "
+    "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=42, OpType=ALLREDUCE, "
+    "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600011 milliseconds before timing out.",
+    "address_in_use": "[2026-11-29 16:41:35] ERROR:    [Errno 98] error while attempting to "
+    "bind on address ('0.0.0.0', 30000): address already in use",
+    "page_size_mismatch": "RuntimeError: Page size mismatch: prefill server has page_size=64, "
+    "but decode server has page_size=32. Both servers must use the same --page-size value.",
+    "kv_cache_dtype_mismatch": "RuntimeError: KV cache dtype mismatch: prefill server has "
+    "kv_cache_dtype=fp8_e4m3, but decode server has kv_cache_dtype=auto.",
+    "prefill_parallel_info": "[2026-11-29 17:30:02 TP0] Could not fetch prefill parallel info "
+    "from bootstrap_addr: 10.0.0.2:8998",
+    "prefill_server_info": "[2026-11-29 17:30:02 TP0] Failed to get prefill server info: "
+    "HTTPConnectionPool(host='10.0.0.2', port=8998): Max retries exceeded",
+    "prefill_kvcache": "[2026-11-29 17:30:09 TP0] Failed to get kvcache from prefill instance, "
+    "it might be dead",
+}
+
+
+def test_ready_log_has_no_findings():
+    assert logscan.scan_text(READY_LOG) == []
+    assert logscan.is_ready(READY_LOG)
+    assert logscan.READY_LINE == "The server is fired up and ready to roll!"
+    assert not logscan.is_ready(READY_LOG.replace("ready to roll", "warming up"))
+
+
+def test_every_pattern_has_an_example():
+    names = [p.name for p in logscan.FATAL_PATTERNS]
+    assert len(names) == len(set(names))
+    assert set(names) == set(EXAMPLES)
+
+
+@pytest.mark.parametrize("name", list(EXAMPLES))
+def test_each_fatal_pattern_is_found(name):
+    lines = READY_LOG.splitlines()
+    lines.insert(10, EXAMPLES[name])
+    findings = logscan.scan_text("\n".join(lines))
+    assert name in {f.name for f in findings}
+    hit = next(f for f in findings if f.name == name)
+    assert hit.line_no == 11
+    assert hit.line == EXAMPLES[name]
+    assert {f.line_no for f in findings} == {11}  # nothing else in the healthy log matched
+
+
+def test_crash_log_findings_in_line_order():
+    crash = (
+        READY_LOG
+        + "[2026-11-29 17:02:11 TP3] Scheduler hit an exception: Traceback (most recent call "
+        "last):\n"
+        '  File "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 3021, in '
+        "run_scheduler_process\n"
+        "    scheduler.event_loop_overlap()\n"
+        "torch.AcceleratorError: CUDA error: an illegal memory access was encountered\n"
+        "\n"
+        "[2026-11-29 17:02:12] SIGQUIT received. signum=None, frame=None. It usually means one "
+        "child failed.\n"
+        "Killed\n"
+    )
+    n = len(READY_LOG.splitlines())
+    findings = logscan.scan_text(crash)
+    assert [(f.name, f.line_no) for f in findings] == [
+        ("scheduler_exception", n + 1),
+        ("traceback", n + 1),
+        ("cuda_error", n + 4),
+        ("sigquit", n + 6),
+    ]
+    assert str(findings[0]).startswith(f"scheduler_exception at line {n + 1}: [2026-11-29")
+
+
+def test_older_watchdog_and_launch_phase_sigquit_lines():
+    text = (
+        "[2026-04-03 20:06:34 DP1 TP0] Watchdog timeout (self.watchdog_timeout=300)\n"
+        "Received sigquit from a child process. It usually means the child failed.\n"
+    )
+    assert [f.name for f in logscan.scan_text(text)] == ["watchdog_timeout", "sigquit"]
+
+
+def test_scan_file_counts_lines_like_grep(tmp_path):
+    path = tmp_path / "rank0.log"
+    body = (
+        READY_LOG.replace("Capturing batches (bs=1", "Capturing\r batches\r (bs=1")
+        + "\x1b[31mTraceback (most recent call last):\x1b[0m\r\n"
+    )
+    path.write_bytes(body.encode() + b"\xff\xfe garbage\n")
+    findings = logscan.scan_file(path)
+    assert [(f.name, f.line_no) for f in findings] == [
+        ("traceback", len(READY_LOG.splitlines()) + 1)
+    ]
+    assert not findings[0].line.endswith("\r")

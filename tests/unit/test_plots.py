@@ -1,0 +1,173 @@
+"""Tests of servesweep.plots on the default 8-cell matrix and on narrowed 1-cell matrices."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.collections import PathCollection
+from matplotlib.figure import Figure
+
+from servesweep import analysis, plots
+from servesweep.config import cell_repeats, load_experiment_file
+
+CONFIG = Path(__file__).resolve().parents[2] / "config" / "config.yaml"
+# flashinfer_mxfp4 helps at chunk 8192 and hurts at 16384; concurrency 16 doubles latency.
+EFFECT = {
+    ("marlin", 8192): 1.0,
+    ("marlin", 16384): 1.0,
+    ("flashinfer_mxfp4", 8192): 0.8,
+    ("flashinfer_mxfp4", 16384): 1.25,
+}
+REPEAT = {1: 1.0, 2: 1.1, 3: 0.95}
+
+
+def results_for(**env: str) -> tuple[object, pd.DataFrame]:
+    """A results table as collect_results builds it, with known effects, no files."""
+    exp = load_experiment_file(CONFIG, env)
+    rows = []
+    for cell in cell_repeats(exp):
+        s = cell.server.axes
+        f = EFFECT[(s["moe_runner_backend"], s["chunked_prefill_size"])] * REPEAT[cell.repeat]
+        f *= 2.0 if cell.client.axes["concurrency"] == 16 else 1.0
+        metrics = {m: np.nan for m in analysis.METRICS}
+        metrics |= {
+            "ttft_p50_ms": 1000 * f,
+            "ttft_p95_ms": 1500 * f,
+            "ttft_p99_ms": 1800 * f,
+            "e2e_p50_ms": 1000 * f,
+            "input_tps": 60000 / f,
+            "completed": 40,
+            "total_output_tokens": 40,
+        }
+        rows.append(analysis.result_row(run_id=exp.run_id, cell=cell, metrics=metrics, gpu={}))
+    return exp, pd.DataFrame(rows)
+
+
+def summary_for(exp, df: pd.DataFrame) -> dict:
+    return analysis.summarize(
+        results=df,
+        baseline=exp.baseline,
+        server_axes=list(exp.matrix.server),
+        client_axes=list(exp.matrix.client),
+    )
+
+
+def bar_widths(fig: Figure) -> list[float]:
+    ax = fig.axes[0]
+    return sorted(p.get_width() for c in ax.containers for p in c if not np.isnan(p.get_width()))
+
+
+def message(fig: Figure) -> str:
+    return "\n".join(t.get_text() for ax in fig.axes for t in ax.texts)
+
+
+def points(ax) -> np.ndarray:
+    offsets = [c.get_offsets() for c in ax.collections if isinstance(c, PathCollection)]
+    return np.concatenate(offsets) if offsets else np.empty((0, 2))
+
+
+@pytest.fixture(scope="module")
+def default():
+    exp, df = results_for()
+    return exp, df, summary_for(exp, df)
+
+
+def test_plot_deltas_default_matrix(default, tmp_path):
+    _, _, summary = default
+    fig = plots.plot_deltas(summary, metric="ttft_p50_ms")
+    assert isinstance(fig, Figure)
+    assert bar_widths(fig) == pytest.approx([-20.0, -20.0, 25.0, 25.0])
+    ax = fig.axes[0]
+    assert "lower is better: negative bars are improvements" in ax.get_xlabel()
+    assert {t.get_text() for t in ax.get_legend().get_texts()} == {"better", "worse"}
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels[0] == "flashinfer_mxfp4\nchunked_prefill_size=8192, concurrency=8"
+    assert any(np.allclose(line.get_xdata(), 0) for line in ax.lines)  # the zero line
+    assert "moe_runner_backend=marlin" in fig.get_suptitle()
+
+    path = tmp_path / "plots" / "delta_ttft_p50_ms.png"
+    plots.save_figure(fig, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in path.parent.iterdir()] == ["delta_ttft_p50_ms.png"]
+
+
+def test_plot_deltas_throughput_sign_convention(default):
+    _, _, summary = default
+    fig = plots.plot_deltas(summary, metric="input_tps")
+    assert bar_widths(fig) == pytest.approx([-20.0, -20.0, 25.0, 25.0])
+    assert "higher is better: positive bars are improvements" in fig.axes[0].get_xlabel()
+
+
+def test_plot_deltas_without_baseline_says_so(tmp_path):
+    exp, df = results_for(BACKENDS_CSV="flashinfer_mxfp4", CONCURRENCIES_CSV="8")
+    fig = plots.plot_deltas(summary_for(exp, df), metric="ttft_p50_ms")
+    assert bar_widths(fig) == []
+    assert "no baseline in this run" in message(fig)
+    plots.save_figure(fig, tmp_path / "empty.png")
+    assert (tmp_path / "empty.png").stat().st_size > 0
+
+
+def test_plot_deltas_one_cell_of_the_baseline():
+    exp, df = results_for(
+        BACKENDS_CSV="marlin", CHUNKED_PREFILL_SIZES_CSV="8192", CONCURRENCIES_CSV="16"
+    )
+    assert len(df) == 3
+    fig = plots.plot_deltas(summary_for(exp, df), metric="ttft_p50_ms")
+    assert "only the baseline moe_runner_backend=marlin ran" in message(fig)
+
+
+def test_plot_deltas_of_a_metric_without_deltas(default):
+    _, _, summary = default
+    fig = plots.plot_deltas(summary, metric="tpot_p50_ms")  # output length 1: no TPOT
+    assert bar_widths(fig) == []
+    assert "no tpot_p50_ms deltas" in message(fig)
+
+
+def test_plot_metric_vs_default_matrix(default, tmp_path):
+    _, df, _ = default
+    fig = plots.plot_metric_vs(
+        df,
+        metric="ttft_p50_ms",
+        x="concurrency",
+        hue="moe_runner_backend",
+        col="chunked_prefill_size",
+    )
+    assert [ax.get_title() for ax in fig.axes[:2]] == [
+        "chunked_prefill_size=8192",
+        "chunked_prefill_size=16384",
+    ]
+    for ax, chunk in zip(fig.axes[:2], (8192, 16384), strict=True):
+        sub = df[df.chunked_prefill_size == chunk]
+        pts = points(ax)
+        assert len(pts) == 12  # 2 backends x 2 concurrencies x 3 repeats
+        assert sorted(pts[:, 1]) == pytest.approx(sorted(sub["ttft_p50_ms"]))
+        medians = sub.groupby(["moe_runner_backend", "concurrency"])["ttft_p50_ms"].median()
+        drawn = sorted(y for line in ax.lines for y in line.get_ydata() if len(line.get_ydata()))
+        assert drawn == pytest.approx(sorted(medians))
+        assert list(ax.get_xticks()) == [8, 16]
+    assert "lower is better" in fig.get_suptitle()
+    plots.save_figure(fig, tmp_path / "ttft_p50_ms_vs_concurrency.png")
+
+
+def test_plot_metric_vs_one_cell_and_no_grouping():
+    exp, df = results_for(
+        BACKENDS_CSV="marlin", CHUNKED_PREFILL_SIZES_CSV="8192", CONCURRENCIES_CSV="16"
+    )
+    fig = plots.plot_metric_vs(
+        df, metric="input_tps", hue="moe_runner_backend", col="chunked_prefill_size"
+    )
+    assert len(points(fig.axes[0])) == 3
+    assert "higher is better" in fig.get_suptitle()
+    plain = plots.plot_metric_vs(df, metric="input_tps")
+    assert len(points(plain.axes[0])) == 3
+
+
+def test_plot_metric_vs_bad_column_and_no_values(default):
+    _, df, _ = default
+    with pytest.raises(ValueError, match="page_size"):
+        plots.plot_metric_vs(df, metric="ttft_p50_ms", col="page_size")
+    fig = plots.plot_metric_vs(df, metric="itl_p50_ms")  # all NaN in this table
+    assert "no itl_p50_ms values" in message(fig)

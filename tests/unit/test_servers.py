@@ -1,0 +1,89 @@
+"""Tests of servesweep.servers on the real sim: reuse, restart, stale removal, start failures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from servesweep.config import RunPaths, load_experiment, server_specs
+from servesweep.errors import ServerStartError
+from servesweep.events import read_events
+from servesweep.runtime import ProcessRuntime
+from servesweep.servers import ServerManager, http_status
+from servesweep.transport import LocalTransport
+from tests.helpers import DEFAULT_CONFIG, deep_update, free_port
+
+
+def _manager(tmp_path: Path, **changes) -> ServerManager:
+    raw = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    raw = deep_update(raw, {"run_id": "unit-servers",
+                            "engine": {"port": free_port(), "dist_init_port": free_port(),
+                                       "ready_timeout_s": 30,
+                                       "sim": {"time_scale": 0.001, "startup_s": 1}}})
+    exp = load_experiment(deep_update(raw, changes), {})
+    transport = LocalTransport()
+    return ServerManager(exp, RunPaths(tmp_path / "results" / exp.run_id),
+                         transport=transport, runtime=ProcessRuntime(transport))
+
+
+@pytest.fixture()
+def manager(tmp_path: Path):
+    m = _manager(tmp_path)
+    yield m
+    m.stop_all(reason="test teardown")
+
+
+def _events(m: ServerManager) -> list[str]:
+    return [e for _, e, _ in read_events(m.paths.orchestrator_log)]
+
+
+def test_ensure_starts_then_reuses_then_restarts_on_new_fingerprint(
+    manager: ServerManager,
+) -> None:
+    first, second = server_specs(manager.exp)[:2]
+    state = manager.ensure(first)
+    assert http_status(f"{state.base_url}/health") == 200
+    assert manager.ensure(first).ranks[0].handle == state.ranks[0].handle
+    commands = (manager.paths.service(first.id) / "commands.sh").read_text()
+    assert "--moe-runner-backend marlin" in commands
+    assert (manager.paths.service(first.id) / "server_info.json").exists()
+    new = manager.ensure(second)
+    assert new.fingerprint == second.fingerprint
+    assert not manager.runtime.is_running("local", state.ranks[0].handle)
+    log = (manager.paths.service(first.id) / "local.log").read_text()
+    assert "The server is fired up and ready to roll!" in log
+    assert _events(manager) == ["start", "ready", "reuse", "stop", "start", "ready"]
+
+
+def test_stale_server_is_found_by_label_and_removed(manager: ServerManager) -> None:
+    spec = server_specs(manager.exp)[0]
+    state = manager.ensure(spec)
+    manager.paths.current_server.unlink()  # as after a SIGKILL of the orchestrator
+    assert manager.runtime.find("local", manager.labels()) == [state.ranks[0].handle]
+    manager.stop_all(reason="down")
+    assert manager.runtime.find("local", manager.labels()) == []
+    assert "stale" in _events(manager)
+
+
+def test_failed_start_names_node_and_log_and_leaves_nothing(tmp_path: Path) -> None:
+    m = _manager(tmp_path, engine={"sim": {"faults": {"fail_start": True}}})
+    spec = server_specs(m.exp)[0]
+    with pytest.raises(ServerStartError) as info:
+        m.ensure(spec)
+    message = str(info.value)
+    assert "node local" in message
+    assert str(m.local_log_path(spec.id, "local")) in message
+    assert m.runtime.find("local", m.labels()) == []
+    assert m.current() is None
+    assert _events(m)[-2:] == ["start-failed", "stop"]
+
+
+def test_ready_timeout(tmp_path: Path) -> None:
+    m = _manager(tmp_path, engine={"ready_timeout_s": 1, "sim": {"startup_s": 600,
+                                                                   "time_scale": 1.0}})
+    spec = server_specs(m.exp)[0]
+    with pytest.raises(ServerStartError, match="not ready after 1s"):
+        m.ensure(spec)
+    assert m.runtime.find("local", m.labels()) == []

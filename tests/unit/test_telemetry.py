@@ -1,0 +1,275 @@
+"""Tests of servesweep.telemetry with recorded nvidia-smi output and fake nvidia-smi scripts."""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from servesweep import telemetry
+from servesweep.transport import CommandResult, LocalTransport
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+RECORDED = DATA / "nvidia-smi"
+EIGHT = DATA / "nvidia-smi-8gpu"
+IDLE_8 = EIGHT / "query-idle-8gpu-noheader-nounits.csv"
+LOAD_8 = EIGHT / "query-load-8gpu-noheader-nounits.csv"
+CAT = shutil.which("cat")
+SLEEP = shutil.which("sleep")
+
+
+def fake_nvidia_smi(bin_dir: Path, output: Path, *, extra: str = "") -> Path:
+    """An `nvidia-smi` that checks it got exactly our query, then prints a recorded file."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    script = bin_dir / "nvidia-smi"
+    query, fmt = telemetry.snapshot_command().split()[1:]
+    script.write_text(
+        "#!/bin/sh\n"
+        f'if [ $# -ne 2 ] || [ "$1" != {shlex.quote(query)} ] || [ "$2" != {shlex.quote(fmt)} ]; '
+        'then echo "unexpected arguments: $*" >&2; exit 2; fi\n'
+        f"{extra}"
+        f"exec {CAT} {shlex.quote(str(output))}\n"
+    )
+    script.chmod(0o755)
+    return script
+
+
+class PerNodePath(LocalTransport):
+    """Local transport where each node sees its own PATH (one fake machine per node)."""
+
+    def __init__(self, paths: dict[str, Path]) -> None:
+        self.paths = paths
+
+    def run(self, node, command, *, timeout, stdin=None):
+        prefix = f"PATH={shlex.quote(str(self.paths[node]))}; export PATH; "
+        res = super().run(node, prefix + command, timeout=timeout, stdin=stdin)
+        return CommandResult(node, command, res.returncode, res.stdout, res.stderr)
+
+
+# ---------------------------------------------------------------- command and parsers
+
+
+def test_query_fields_are_the_recorded_query():
+    readme = (RECORDED / "README.md").read_text()
+    recorded = re.search(r"--query-gpu=([a-z_.,\s]+)", readme).group(1)  # the first query
+    assert list(telemetry.QUERY_FIELDS) == re.sub(r"\s+", "", recorded).split(",")
+    cmd = telemetry.snapshot_command()
+    assert cmd.startswith("nvidia-smi --query-gpu=timestamp,index,uuid,")
+    assert cmd.endswith(",clocks.sm,clocks.mem,pstate --format=csv,noheader,nounits")
+
+
+def test_parse_with_header_load():
+    df = telemetry.parse_with_header((RECORDED / "query-load.csv").read_text())
+    assert len(df) == 1
+    row = df.iloc[0]
+    assert row["index"] == 0
+    assert row["name"] == "NVIDIA H200"
+    assert row["driver_version"] == "580.159.04"
+    assert row["memory_total_mib"] == 143771
+    assert row["memory_used_mib"] == 21491
+    assert row["utilization_gpu_pct"] == 100
+    assert row["power_draw_w"] == pytest.approx(691.43)
+    assert row["clocks_sm_mhz"] == 1515  # header says clocks.current.sm [MHz]
+    assert row["clocks_mem_mhz"] == 3201
+    assert row["pstate"] == "P0"
+    assert df["memory_used_mib"].dtype == "float64"
+    assert str(df["index"].dtype) == "Int64"
+
+
+def test_both_formats_of_the_idle_capture_agree():
+    with_header = telemetry.parse_with_header((RECORDED / "query-idle.csv").read_text())
+    noheader = telemetry.parse_noheader((RECORDED / "query-idle-noheader-nounits.csv").read_text())
+    assert list(with_header.columns) == list(noheader.columns)
+    # Two captures 27 ms apart: everything but the timestamp is identical.
+    cols = [c for c in noheader.columns if c != "timestamp"]
+    pd.testing.assert_frame_equal(with_header[cols], noheader[cols])
+    assert noheader["power_draw_w"].iloc[0] == pytest.approx(127.69)
+    assert noheader["memory_used_mib"].iloc[0] == 0
+
+
+def test_parse_subset_of_fields_from_a_sampling_loop():
+    df = telemetry.parse_with_header((RECORDED / "query-loop-500ms.csv").read_text())
+    assert list(df.columns) == ["index", "power_draw_w", "utilization_gpu_pct", "memory_used_mib"]
+    assert len(df) == 8
+    assert df["power_draw_w"].max() == pytest.approx(692.75)
+    assert set(df["memory_used_mib"]) == {21491}
+
+
+def test_eight_gpu_samples_match_the_recordings():
+    idle = telemetry.parse_noheader(IDLE_8.read_text())
+    load = telemetry.parse_noheader(LOAD_8.read_text())
+    assert list(idle["index"]) == list(range(8)) == list(load["index"])
+    recorded_load = telemetry.parse_with_header((RECORDED / "query-load.csv").read_text())
+    cols = [c for c in load.columns if c != "index"]
+    for i in range(8):
+        assert load[cols].iloc[i].equals(recorded_load[cols].iloc[0])
+
+
+def test_not_available_values_are_nan_and_garbage_is_an_error():
+    line = (RECORDED / "query-idle-noheader-nounits.csv").read_text().strip()
+    values = line.split(", ")
+    values[12] = "[N/A]"  # power.draw
+    values[14] = "[Not Supported]"  # clocks.sm
+    df = telemetry.parse_noheader(", ".join(values))
+    assert math.isnan(df["power_draw_w"].iloc[0])
+    assert math.isnan(df["clocks_sm_mhz"].iloc[0])
+    values[7] = "lots"
+    with pytest.raises(ValueError, match="memory.used"):
+        telemetry.parse_noheader(", ".join(values))
+    with pytest.raises(ValueError, match="16 values for 17 fields"):
+        telemetry.parse_noheader(", ".join(values[:-1]))
+
+
+# ---------------------------------------------------------------- snapshots on nodes
+
+
+def test_snapshot_with_fake_nvidia_smi_on_path(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    fake_nvidia_smi(bin_dir, IDLE_8)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{Path(CAT).parent}")
+    df = telemetry.take_snapshot(
+        transport=LocalTransport(), nodes=["local"], phase="before", timeout=30
+    )
+    assert list(df.columns) == list(telemetry.SNAPSHOT_COLUMNS)
+    assert len(df) == 8
+    assert set(df["node"]) == {"local"}
+    assert set(df["phase"]) == {"before"}
+    assert set(df["status"]) == {"ok"}
+    assert list(df["index"]) == list(range(8))
+    assert df["memory_total_mib"].sum() == 8 * 143771
+    assert df["power_limit_w"].dtype == "float64"
+
+
+def test_snapshot_without_nvidia_smi_is_unavailable_not_invented(tmp_path, monkeypatch):
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    df = telemetry.take_snapshot(
+        transport=LocalTransport(), nodes=["local"], phase="after", timeout=30
+    )
+    assert len(df) == 1
+    row = df.iloc[0]
+    assert row["status"] == "unavailable"
+    assert row["detail"] == "nvidia-smi not found on node local"
+    numeric = [telemetry.COLUMNS[f] for f in telemetry.QUERY_FIELDS]
+    assert df[numeric].isna().all(axis=None)
+
+
+def test_failing_nvidia_smi_is_unavailable_with_its_message(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "nvidia-smi"
+    script.write_text(
+        "#!/bin/sh\necho \"NVIDIA-SMI has failed because it couldn't communicate with the "
+        'NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running."\n'
+        "exit 9\n"
+    )
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    df = telemetry.take_snapshot(
+        transport=LocalTransport(), nodes=["gpu-a"], phase="before", timeout=30
+    )
+    assert df["status"].tolist() == ["unavailable"]
+    detail = df["detail"].iloc[0]
+    assert detail.startswith("nvidia-smi failed on node gpu-a (exit 9): NVIDIA-SMI has failed")
+
+
+def test_snapshot_runs_nodes_in_parallel(tmp_path):
+    # Each fake nvidia-smi waits (bounded) until all three nodes have started it; run one
+    # after the other, the first would give up and its node would be `unavailable`.
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    wait = (
+        f': > {shlex.quote(str(barrier))}/"$$"\n'
+        "i=0\n"
+        f"while set -- {shlex.quote(str(barrier))}/*; [ $# -lt 3 ]; do\n"
+        '  i=$((i+1)); if [ $i -gt 600 ]; then echo "barrier: only $# of 3" >&2; exit 3; fi\n'
+        f"  {SLEEP} 0.05\n"
+        "done\n"
+    )
+    nodes = ["n1", "n2", "n3"]
+    paths = {}
+    for node in nodes:
+        fake_nvidia_smi(tmp_path / node, IDLE_8, extra=wait)
+        paths[node] = tmp_path / node
+    df = telemetry.take_snapshot(
+        transport=PerNodePath(paths), nodes=nodes, phase="before", timeout=60
+    )
+    assert set(df["status"]) == {"ok"}, df["detail"].tolist()
+    assert df.groupby("node").size().to_dict() == {"n1": 8, "n2": 8, "n3": 8}
+    assert list(dict.fromkeys(df["node"])) == nodes
+
+
+def test_mixed_nodes_and_round_trip(tmp_path):
+    fake_nvidia_smi(tmp_path / "gpu", IDLE_8)
+    (tmp_path / "nogpu").mkdir()
+    transport = PerNodePath({"a": tmp_path / "gpu", "b": tmp_path / "nogpu"})
+    before = telemetry.take_snapshot(transport=transport, nodes=["a", "b"], phase="before")
+    fake_nvidia_smi(tmp_path / "gpu", LOAD_8)
+    after = telemetry.take_snapshot(transport=transport, nodes=["a", "b"], phase="after")
+    both = pd.concat([before, after], ignore_index=True)
+    path = tmp_path / "gpu" / "cell" / "r1.csv"
+    telemetry.write_snapshot(path, both)
+    assert [p.name for p in path.parent.iterdir()] == ["r1.csv"]  # no temp file left
+    lines = path.read_text().splitlines()
+    assert lines[0] == ",".join(telemetry.SNAPSHOT_COLUMNS)
+    # The node without nvidia-smi: status and reason, every value empty.
+    b_line = next(line for line in lines if line.startswith("b,before,"))
+    assert b_line == "b,before,unavailable,nvidia-smi not found on node b" + "," * 17
+    back = telemetry.read_snapshot(path)
+    pd.testing.assert_frame_equal(back, both)
+
+    figures = telemetry.gpu_figures(back)
+    assert figures["gpu_status"] == "partial"
+    assert figures["gpu_count"] == 8
+
+
+def test_gpu_figures_over_before_and_after():
+    idle = telemetry.parse_noheader(IDLE_8.read_text()).assign(
+        node="a", phase="before", status="ok"
+    )
+    load = telemetry.parse_noheader(LOAD_8.read_text()).assign(node="a", phase="after", status="ok")
+    figures = telemetry.gpu_figures(pd.concat([idle, load], ignore_index=True))
+    assert figures == {
+        "gpu_count": 8,
+        "gpu_mem_used_peak_mib": 21491.0,
+        "gpu_power_peak_w": pytest.approx(691.43),
+        "gpu_util_mean_pct": 100.0,
+        "gpu_status": "ok",
+    }
+    # The utilisation figure is of the after phase only.
+    idle_only = telemetry.gpu_figures(idle)
+    assert idle_only["gpu_mem_used_peak_mib"] == 0
+    assert math.isnan(idle_only["gpu_util_mean_pct"])
+    assert list(figures) == list(telemetry.GPU_FIGURES)
+
+
+def test_gpu_figures_unavailable_are_nan():
+    rows = telemetry.node_rows(
+        CommandResult("local", "nvidia-smi", 127, "", "sh: 1: nvidia-smi: not found"),
+        phase="before",
+    )
+    figures = telemetry.gpu_figures(telemetry.snapshot_frame(rows))
+    assert figures["gpu_status"] == "unavailable"
+    assert all(math.isnan(figures[k]) for k in telemetry.GPU_FIGURES if k != "gpu_status")
+    assert telemetry.gpu_figures(telemetry.snapshot_frame([]))["gpu_status"] == "unavailable"
+
+
+def test_node_rows_empty_or_unparsable_output():
+    empty = telemetry.node_rows(CommandResult("x", "c", 0, "\n", ""), phase="after")
+    assert empty[0]["detail"] == "nvidia-smi listed no GPUs on node x"
+    junk = telemetry.node_rows(
+        CommandResult("x", "c", 0, "No devices were found\n", ""), phase="after"
+    )
+    assert junk[0]["status"] == "unavailable"
+    assert junk[0]["detail"].startswith("nvidia-smi output on node x not parsed: row 1: 1 values")
+
+
+def test_unknown_phase_is_refused():
+    with pytest.raises(ValueError, match="phase"):
+        telemetry.take_snapshot(transport=LocalTransport(), nodes=["a"], phase="during")

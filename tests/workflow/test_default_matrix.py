@@ -1,0 +1,95 @@
+"""The default matrix end to end with real snakemake on the sim: files, starts, reruns."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from servesweep.events import read_events
+from tests.helpers import experiment_file, run_snakemake
+
+pytestmark = pytest.mark.workflow
+RUN = "wf-default"
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    workdir = tmp_path_factory.mktemp("default")
+    cfg = experiment_file(workdir, {"run_id": RUN})
+    proc = run_snakemake(workdir, "--cores", "1", "all", "--configfile", str(cfg))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return workdir / "results" / RUN
+
+
+def _starts(run_dir: Path) -> list[dict[str, str]]:
+    return [f for _, event, f in read_events(run_dir / "orchestrator.log") if event == "start"]
+
+
+def _jobs(run_dir: Path, *args: str, env: dict[str, str] | None = None):
+    workdir = run_dir.parents[1]
+    return run_snakemake(workdir, *args, "--configfile", str(workdir / "exp.yaml"), env=env)
+
+
+def test_every_cell_repeat_has_its_files(run_dir: Path) -> None:
+    raws = sorted(run_dir.glob("raw/*/*/r*.jsonl"))
+    assert len(raws) == 24
+    assert len(list(run_dir.glob("gpu/*/*/r*.csv"))) == 24
+    assert len(list(run_dir.glob("bench/*/*/r*.log"))) == 24
+    gpu = pd.read_csv(next(iter(run_dir.glob("gpu/*/*/r*.csv"))))
+    assert set(gpu["status"]) == {"unavailable"}, "this machine has no nvidia-smi"
+    for name in ("results.csv", "summary.json", "manifest.json"):
+        assert (run_dir / name).stat().st_size > 0
+    assert len(list(run_dir.glob("plots/*.png"))) == 8
+
+
+def test_full_matrix_starts_each_server_config_once(run_dir: Path) -> None:
+    starts = _starts(run_dir)
+    assert len(starts) == 4
+    assert len({s["fp"] for s in starts}) == 4
+    events = [e for _, e, _ in read_events(run_dir / "orchestrator.log")]
+    assert events.count("ready") == 4
+    assert events.count("stop") == 4
+    assert events.count("cell-done") == 24
+
+
+def test_results_and_summary(run_dir: Path) -> None:
+    df = pd.read_csv(run_dir / "results.csv")
+    assert len(df) == 24
+    assert set(df["moe_runner_backend"]) == {"marlin", "flashinfer_mxfp4"}
+    assert set(df["chunked_prefill_size"]) == {8192, 16384}
+    assert set(df["concurrency"]) == {8, 16}
+    assert (df["completed"] == 40).all()
+    assert (df["total_input_tokens"] == 40 * 16384).all()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert len(summary["cells"]) == 8
+    assert summary["deltas"], "flashinfer_mxfp4 vs marlin deltas"
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert {s["fingerprint"] for s in manifest["servers"]} == set(df["fingerprint"])
+    assert manifest["git_sha"]
+
+
+def test_second_run_has_nothing_to_do(run_dir: Path) -> None:
+    before = len(_starts(run_dir))
+    proc = _jobs(run_dir, "--cores", "1", "all")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Nothing to be done" in proc.stdout + proc.stderr
+    assert len(_starts(run_dir)) == before
+
+
+def test_deleted_raw_file_reruns_exactly_that_cell_with_one_start(run_dir: Path) -> None:
+    victim = sorted(run_dir.glob("raw/*/*/r2.jsonl"))[-1]
+    victim.unlink()
+    before = len(_starts(run_dir))
+    done_before = sum(e == "cell-done" for _, e, _ in read_events(run_dir / "orchestrator.log"))
+    proc = _jobs(run_dir, "--cores", "1", "all")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert victim.exists()
+    starts = _starts(run_dir)
+    assert len(starts) == before + 1
+    events = read_events(run_dir / "orchestrator.log")
+    done = [f for _, e, f in events if e == "cell-done"]
+    assert len(done) == done_before + 1
+    assert done[-1]["cell"] == str(victim.relative_to(run_dir / "raw")).removesuffix(".jsonl")
