@@ -1,0 +1,1 @@
+"""Simulated SGLang-compatible engine: `python -m servesweep.sim <launch_server flags>`."""

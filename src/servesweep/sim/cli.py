@@ -1,0 +1,207 @@
+"""`python -m servesweep.sim`: `sglang.launch_server`'s flags (argparse, unknown = error)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import shlex
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+# --moe-runner-backend choices of sglang 0.5.23 (SGLANG.md section 3).
+MOE_RUNNER_BACKENDS = (
+    "auto",
+    "deep_gemm",
+    "triton",
+    "triton_kernel",
+    "flashinfer_trtllm",
+    "flashinfer_cutlass",
+    "flashinfer_mxfp4",
+    "flashinfer_cutedsl",
+    "cutlass",
+    "experimental_sgl_trtllm",
+    "flashinfer_trtllm_routed",
+    "flashinfer_megamoe",
+    "aiter",
+    "marlin",
+    "humming",
+    "experimental_sgl_marlin",
+    "lora_cutedsl",
+    "lora_triton",
+    "lora_marlin",
+    "hpc_ops",
+    "megamoe",
+    "intel_xpu",
+)
+DISAGGREGATION_MODES = ("null", "prefill", "decode")
+TRANSFER_BACKENDS = ("mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp")
+DEFAULT_DIST_TIMEOUT_S = 600
+
+
+def _index_list(value: str) -> list[int]:
+    try:
+        items = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {value!r}"
+        ) from None
+    if any(i < 0 for i in items):
+        raise argparse.ArgumentTypeError(f"indices must be >= 0, got {value!r}")
+    return items
+
+
+def _positive_float(value: str) -> float:
+    f = float(value)
+    if f <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value!r}")
+    return f
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser: SGLang's flags the workflow emits, a few more it may pass, and --sim-*."""
+    p = argparse.ArgumentParser(
+        prog="python -m servesweep.sim",
+        description="Simulated SGLang server (drop-in for python3 -m sglang.launch_server).",
+    )
+    add = p.add_argument
+    add("--model-path", "--model", dest="model_path", type=str, required=True)
+    add("--served-model-name", type=str, default=None)
+    add("--tokenizer-path", type=str, default=None)
+    add("--host", type=str, default="127.0.0.1")
+    add("--port", type=int, default=30000)
+    add("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
+    add("--ep-size", "--expert-parallel-size", dest="ep_size", type=int, default=1)
+    add("--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1)
+    add("--pp-size", "--pipeline-parallel-size", dest="pp_size", type=int, default=1)
+    add("--nnodes", type=int, default=1)
+    add("--node-rank", type=int, default=0)
+    add("--dist-init-addr", "--nccl-init-addr", dest="dist_init_addr", type=str, default=None)
+    add("--dist-timeout", type=int, default=None)
+    add("--moe-runner-backend", type=str, choices=MOE_RUNNER_BACKENDS, default="auto")
+    add("--chunked-prefill-size", type=int, default=None)
+    add("--max-prefill-tokens", type=int, default=16384)
+    add("--page-size", type=int, default=None)
+    add("--kv-cache-dtype", type=str, default="auto")
+    add("--context-length", type=int, default=None)
+    add("--disable-radix-cache", action="store_true")
+    add("--mem-fraction-static", type=float, default=None)
+    add("--max-running-requests", type=int, default=None)
+    add("--trust-remote-code", action="store_true")
+    add("--log-level", type=str, default="info")
+    add("--enable-metrics", action="store_true")
+    add("--disaggregation-mode", type=str, choices=DISAGGREGATION_MODES, default="null")
+    add("--disaggregation-bootstrap-port", type=int, default=8998)
+    add("--disaggregation-ib-device", type=str, default=None)
+    add(
+        "--disaggregation-transfer-backend",
+        type=str,
+        choices=TRANSFER_BACKENDS,
+        default="mooncake",
+    )
+    add("--skip-server-warmup", action="store_true")
+    add("--watchdog-timeout", type=float, default=300.0)
+    sim = p.add_argument_group("simulator (not SGLang)")
+    sim.add_argument(
+        "--sim-time-scale",
+        type=_positive_float,
+        default=1.0,
+        help="wall seconds per simulated second (0.01: 100x faster than the modelled GPUs)",
+    )
+    sim.add_argument("--sim-seed", type=int, default=0, help="seed of the step-time noise")
+    sim.add_argument(
+        "--sim-startup-s", type=float, default=30.0, help="simulated weight loading before ready"
+    )
+    sim.add_argument(
+        "--sim-fail-start", action="store_true", help="die during startup with a traceback"
+    )
+    sim.add_argument(
+        "--sim-crash-after",
+        type=int,
+        default=None,
+        metavar="N",
+        help="after N requests completed, crash on the next one (scheduler traceback)",
+    )
+    sim.add_argument(
+        "--sim-http-500-at",
+        type=_index_list,
+        default=[],
+        metavar="I,J",
+        help="0-based request indices (arrival order, health checks excluded) that get HTTP 500",
+    )
+    sim.add_argument(
+        "--sim-midstream-error-at",
+        type=_index_list,
+        default=[],
+        metavar="I,J",
+        help="request indices answered 200 with a data: {error} event then [DONE]",
+    )
+    sim.add_argument(
+        "--sim-hang-at",
+        type=_index_list,
+        default=[],
+        metavar="I,J",
+        help="request indices that are never answered",
+    )
+    return p
+
+
+def split_addr(addr: str) -> tuple[str, int]:
+    """'host:port' (IPv6 as '[::1]:port') -> (host, port)."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"expected host:port, got {addr!r}")
+    return host.strip("[]"), int(port)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse and cross-check the flags; errors exit 2 like argparse (and SGLang)."""
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if ns.nnodes < 1 or not 0 <= ns.node_rank < ns.nnodes:
+        parser.error(f"--node-rank {ns.node_rank} must be in [0, --nnodes {ns.nnodes})")
+    if ns.nnodes > 1:
+        if not ns.dist_init_addr:
+            parser.error("--dist-init-addr is required when --nnodes > 1")
+        try:
+            split_addr(ns.dist_init_addr)
+        except ValueError as exc:
+            parser.error(f"--dist-init-addr: {exc}")
+    for name in ("tp_size", "ep_size", "dp_size", "pp_size"):
+        if getattr(ns, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if ns.tp_size % ns.ep_size:
+        parser.error(f"--ep-size {ns.ep_size} must divide --tp-size {ns.tp_size}")
+    if ns.chunked_prefill_size is not None and (
+        ns.chunked_prefill_size == 0 or ns.chunked_prefill_size < -1
+    ):
+        parser.error("--chunked-prefill-size must be positive or -1")
+    if ns.sim_crash_after is not None and ns.sim_crash_after < 0:
+        parser.error("--sim-crash-after must be >= 0")
+    if ns.sim_startup_s < 0:
+        parser.error("--sim-startup-s must be >= 0")
+    return ns
+
+
+def resolved_args(ns: argparse.Namespace) -> dict[str, Any]:
+    """Every flag with defaults resolved the way SGLang reports them in /server_info."""
+    args = dict(vars(ns))
+    args["served_model_name"] = ns.served_model_name or ns.model_path
+    args["tokenizer_path"] = ns.tokenizer_path or ns.model_path
+    args["dist_timeout"] = ns.dist_timeout or DEFAULT_DIST_TIMEOUT_S
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: parse, set up logging, run this rank until SIGTERM or a fatal error."""
+    from servesweep.sim.logs import setup_logging
+    from servesweep.sim.node import run_node
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ns = parse_args(argv)
+    setup_logging(level=ns.log_level)
+    launch_command = shlex.join([sys.executable, "-m", "servesweep.sim", *argv])
+    return asyncio.run(run_node(ns, launch_command=launch_command))

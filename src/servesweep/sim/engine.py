@@ -1,0 +1,255 @@
+"""Asyncio driver of the scheduler: sleeps each simulated step x time scale, streams tokens."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from dataclasses import dataclass, field
+
+from servesweep.sim.logs import fatal_exit, scheduler_traceback
+from servesweep.sim.scheduler import Scheduler, SimRequest, StepResult
+from servesweep.sim.tokens import output_id, output_word
+
+logger = logging.getLogger(__name__)
+
+# Sleeps shorter than the event loop's ~1 ms timer granularity are skipped (the sim runs ahead
+# and sleeps longer later); a lag beyond MAX_LAG_S is forgotten instead of caught up in a burst.
+MIN_SLEEP_S = 0.002
+MAX_LAG_S = 0.1
+PREFILL_LOG_MIN_WALL_S = 1.0
+DECODE_LOG_INTERVAL_STEPS = 40
+DECODE_LOG_MIN_WALL_S = 1.0
+
+
+@dataclass(eq=False)
+class RequestStream:
+    """The HTTP side of one request: cumulative output, completion, and a change signal.
+
+    Wall times are event-loop seconds; everything a client sees is in wall time."""
+
+    req: SimRequest
+    seq: int
+    counted: bool
+    arrival_wall: float
+    output_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finished: bool = False
+    finish_wall: float | None = None
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def rid(self) -> str:
+        return self.req.rid
+
+    @property
+    def e2e_latency(self) -> float | None:
+        if self.finish_wall is None:
+            return None
+        return self.finish_wall - self.arrival_wall
+
+    async def wait_change(self) -> None:
+        """Wait until new tokens or completion were delivered since the last call."""
+        await self.changed.wait()
+        self.changed.clear()
+
+
+@dataclass
+class EngineStats:
+    """Counters and gauges for /metrics and /server_info."""
+
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    requests_total: int = 0
+    last_gen_throughput: float = 0.0
+
+
+class Engine:
+    """Runs the scheduler in (scaled) real time and feeds RequestStreams.
+
+    `crash_after`: once that many counted requests were fully delivered, the next step that
+    involves a counted request kills the process with SGLang's scheduler traceback."""
+
+    def __init__(
+        self, *, scheduler: Scheduler, time_scale: float, crash_after: int | None = None
+    ) -> None:
+        self.scheduler = scheduler
+        self.time_scale = time_scale
+        self.crash_after = crash_after
+        self.stats = EngineStats()
+        self.delivered = 0
+        self._streams: dict[str, RequestStream] = {}
+        self._seq = 0
+        self._wake = asyncio.Event()
+        self._step_done = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        self._anchor_wall = self._loop.time()
+        self._anchor_sim = scheduler.now
+        self._last_prefill_log = -1e9
+        self._decode_steps = 0
+        self._decode_tokens = 0
+        self._decode_window_start = self._loop.time()
+
+    # ------------------------------------------------------------------ requests
+
+    @property
+    def idle(self) -> bool:
+        return not self.scheduler.has_work
+
+    def submit(self, *, prompt_tokens: int, max_new_tokens: int, counted: bool) -> RequestStream:
+        """Queue a request; raises RequestRejected if it can never run."""
+        req = SimRequest(
+            rid=uuid.uuid4().hex,
+            prompt_tokens=prompt_tokens,
+            max_new_tokens=max_new_tokens,
+            arrival=self.scheduler.now,
+        )
+        self.scheduler.submit(req)
+        stream = RequestStream(
+            req=req, seq=self._seq, counted=counted, arrival_wall=self._loop.time()
+        )
+        self._seq += 1
+        self._streams[req.rid] = stream
+        if counted:
+            self.stats.requests_total += 1
+            self.stats.prompt_tokens_total += prompt_tokens
+        self._wake.set()
+        return stream
+
+    def abort(self, stream: RequestStream) -> None:
+        """Drop a request (client gone, injected error); frees its KV reservation."""
+        self.scheduler.abort(stream.req)
+        self._streams.pop(stream.rid, None)
+
+    def mark_delivered(self, stream: RequestStream) -> None:
+        """The HTTP side finished sending this request's response."""
+        if stream.counted:
+            self.delivered += 1
+
+    async def wait_step(self) -> None:
+        """Wait for the next completed step."""
+        await self._step_done.wait()
+
+    async def probe(self, *, timeout_s: float) -> bool:
+        """SGLang's health check: a 1-token request; healthy when any step completes."""
+        stream = self.submit(prompt_tokens=1, max_new_tokens=1, counted=False)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.wait_step()
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            if not stream.finished:
+                self.abort(stream)
+
+    async def run_to_completion(self, *, prompt_tokens: int, max_new_tokens: int) -> None:
+        """Submit an uncounted request and wait for it (server warmup)."""
+        stream = self.submit(
+            prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, counted=False
+        )
+        while not stream.finished:
+            await stream.wait_change()
+
+    # ------------------------------------------------------------------ loop
+
+    def _counted_in_flight(self) -> bool:
+        return any(s.counted for s in self._streams.values())
+
+    def _check_crash(self) -> None:
+        if (
+            self.crash_after is not None
+            and self.delivered >= self.crash_after
+            and self._counted_in_flight()
+        ):
+            fatal_exit(
+                message=scheduler_traceback(
+                    error=(
+                        "RuntimeError: CUDA error: an illegal memory access was encountered "
+                        f"(injected by --sim-crash-after {self.crash_after})"
+                    ),
+                )
+            )
+
+    async def run(self) -> None:
+        """Step forever; wall time of a step's end = anchor + simulated elapsed x time scale."""
+        while True:
+            if not self.scheduler.has_work:
+                self._wake.clear()
+                await self._wake.wait()
+                now = self._loop.time()
+                idle_sim = (now - self._anchor_wall) / self.time_scale
+                self.scheduler.advance_to(self._anchor_sim + idle_sim)
+                self._anchor_wall, self._anchor_sim = now, self.scheduler.now
+            self._check_crash()
+            result = self.scheduler.step()
+            target = self._anchor_wall + (result.end - self._anchor_sim) * self.time_scale
+            delay = target - self._loop.time()
+            if delay >= MIN_SLEEP_S:
+                await asyncio.sleep(delay)
+            else:  # the event loop cannot sleep this briefly: run ahead, catch up later
+                await asyncio.sleep(0)
+                if delay < -MAX_LAG_S:  # stalled (CPU contention): forget the lag
+                    self._anchor_wall, self._anchor_sim = self._loop.time(), result.end
+            self._deliver(result)
+            self._log_batch(result)
+            done, self._step_done = self._step_done, asyncio.Event()
+            done.set()
+
+    def _deliver(self, result: StepResult) -> None:
+        now = self._loop.time()
+        for req in result.emitted:
+            stream = self._streams.get(req.rid)
+            if stream is None or req.aborted:
+                continue
+            new = range(len(stream.output_ids), req.generated)
+            for k in new:
+                token = output_id(seq=stream.seq, k=k)
+                stream.output_ids.append(token)
+                stream.text += output_word(token)
+            if stream.counted:
+                self.stats.generation_tokens_total += len(new)
+            stream.changed.set()
+        for req in result.finished:
+            stream = self._streams.pop(req.rid, None)
+            if stream is None:
+                continue
+            stream.finished = True
+            stream.finish_wall = now
+            stream.changed.set()
+
+    def _log_batch(self, result: StepResult) -> None:
+        now = self._loop.time()
+        usage = self.scheduler.token_usage
+        if result.prefill_tokens and now - self._last_prefill_log >= PREFILL_LOG_MIN_WALL_S:
+            self._last_prefill_log = now
+            logger.info(
+                f"Prefill batch. #new-seq: {result.new_seqs}, "
+                f"#new-token: {result.prefill_tokens}, #cached-token: 0, "
+                f"token usage: {usage:.2f}, #running-req: {result.decode_seqs}, "
+                f"#queue-req: {result.queued}"
+            )
+        if result.decode_seqs:
+            self._decode_steps += 1
+            self._decode_tokens += result.decode_seqs
+        elapsed = now - self._decode_window_start
+        if self._decode_steps >= DECODE_LOG_INTERVAL_STEPS and elapsed >= DECODE_LOG_MIN_WALL_S:
+            self.stats.last_gen_throughput = self._decode_tokens / elapsed
+            logger.info(
+                f"Decode batch. #running-req: {result.running}, #token: {result.kv_used}, "
+                f"token usage: {usage:.2f}, cuda graph: True, "
+                f"gen throughput (token/s): {self.stats.last_gen_throughput:.2f}, "
+                f"#queue-req: {result.queued}"
+            )
+            self._decode_steps = self._decode_tokens = 0
+            self._decode_window_start = now
+        elif not self.scheduler.has_work:
+            self._decode_window_start = now
+            self._decode_steps = self._decode_tokens = 0
+
+    async def close(self, task: asyncio.Task[None]) -> None:
+        """Cancel the loop task."""
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -1,0 +1,57 @@
+"""SGLang-like log lines (`[YYYY-MM-DD HH:MM:SS] message`, flushed) and fatal exits."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import NoReturn
+
+logger = logging.getLogger(__name__)
+
+LOG_FORMAT = "[%(asctime)s] %(message)s"
+DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
+READY_LINE = "The server is fired up and ready to roll!"
+SGLANG_SRC = "/sgl-workspace/sglang/python/sglang/srt"
+
+
+def setup_logging(*, level: str = "info") -> None:
+    """Send every record of the process to stdout, one flushed line each (like SGLang)."""
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT, datefmt=DATE_FORMAT))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(getattr(logging, level.upper(), logging.INFO))
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+# Frames of SGLang's scheduler process: (file under srt/, line, function, source line).
+STARTUP_FRAMES = (
+    ("managers/scheduler.py", 2925, "run_scheduler_process", "scheduler = Scheduler(...)"),
+    ("managers/scheduler.py", 312, "__init__", "self.tp_worker = TpModelWorker(...)"),
+    ("model_executor/model_runner.py", 402, "load_model", "self.model = get_model(...)"),
+)
+LOOP_FRAMES = (
+    ("managers/scheduler.py", 2931, "run_scheduler_process", "scheduler.event_loop_overlap()"),
+    ("managers/scheduler.py", 1043, "event_loop_overlap", "batch_result = self.run_batch(batch)"),
+)
+
+
+def scheduler_traceback(*, error: str, startup: bool = False) -> str:
+    """The text SGLang logs when its scheduler process dies (`error`: the exception line)."""
+    lines = ["Scheduler hit an exception: Traceback (most recent call last):"]
+    for path, line, func, code in STARTUP_FRAMES if startup else LOOP_FRAMES:
+        lines += [f'  File "{SGLANG_SRC}/{path}", line {line}, in {func}', f"    {code}"]
+    return "\n".join([*lines, error])
+
+
+def fatal_exit(*, message: str, code: int = 1) -> NoReturn:
+    """Log a fatal message plus SGLang's parent-process line, flush, and end the process now
+    (open connections are dropped, as when SGLang's process tree is killed)."""
+    logger.error(message)
+    logger.error("Received sigquit from a child process. It usually means the child failed.")
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

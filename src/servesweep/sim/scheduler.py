@@ -1,0 +1,273 @@
+"""Continuous-batching scheduler with chunked prefill, stepped in simulated time (no I/O)."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+from servesweep.sim.costmodel import (
+    CostModel,
+    PrefillChunk,
+    StepCost,
+    Topology,
+    max_total_num_tokens,
+    noise_factor,
+    step_cost,
+    step_time,
+)
+
+
+class RequestRejected(ValueError):
+    """A request can never be served (longer than the context or the whole KV cache)."""
+
+
+@dataclass(eq=False)
+class SimRequest:
+    """One generate request as the scheduler sees it (times are simulated seconds)."""
+
+    rid: str
+    prompt_tokens: int
+    max_new_tokens: int
+    arrival: float = 0.0
+    prefilled: int = 0
+    generated: int = 0
+    kv_reserved: int = 0
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    aborted: bool = False
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.prefilled >= self.prompt_tokens
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_at is not None or self.aborted
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    """What one step may take: chunk size, prefill budget, batch cap and KV capacity."""
+
+    max_total_num_tokens: int
+    chunked_prefill_size: int | None = None
+    max_prefill_tokens: int = 16384
+    max_running_requests: int | None = None
+    page_size: int = 1
+    context_length: int = 262_144
+
+    @property
+    def chunking(self) -> bool:
+        return self.chunked_prefill_size is not None and self.chunked_prefill_size > 0
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one step did; the request objects were already updated."""
+
+    start: float
+    duration_s: float
+    new_seqs: int
+    prefill_tokens: int
+    decode_seqs: int
+    emitted: tuple[SimRequest, ...]
+    finished: tuple[SimRequest, ...]
+    running: int
+    queued: int
+    kv_used: int
+
+    @property
+    def end(self) -> float:
+        return self.start + self.duration_s
+
+
+@dataclass
+class Scheduler:
+    """FIFO continuous batching: every step decodes all running requests by one token and
+    prefills up to the chunk budget from the queue (a long prompt spans several steps)."""
+
+    cost: StepCost
+    policy: BatchPolicy
+    seed: int = 0
+    now: float = 0.0
+    waiting: deque[SimRequest] = field(default_factory=deque)
+    running: list[SimRequest] = field(default_factory=list)
+    kv_used: int = 0
+    steps: int = 0
+
+    def __post_init__(self) -> None:
+        self._rng = random.Random(self.seed)
+
+    # ------------------------------------------------------------------ queue
+
+    def kv_need(self, *, prompt_tokens: int, max_new_tokens: int) -> int:
+        """KV tokens reserved for a request (prompt + all outputs, rounded up to pages)."""
+        page = max(1, self.policy.page_size)
+        return math.ceil((prompt_tokens + max_new_tokens) / page) * page
+
+    def check(self, *, prompt_tokens: int, max_new_tokens: int) -> None:
+        """Raise RequestRejected if such a request could never run."""
+        total = prompt_tokens + max_new_tokens
+        if prompt_tokens < 1:
+            raise RequestRejected("The input is empty.")
+        if total > self.policy.context_length:
+            raise RequestRejected(
+                f"Requested token count exceeds the model's maximum context length of "
+                f"{self.policy.context_length} tokens. You requested a total of {total} tokens: "
+                f"{prompt_tokens} tokens from the input messages and {max_new_tokens} tokens "
+                f"for the completion."
+            )
+        need = self.kv_need(prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens)
+        if need > self.policy.max_total_num_tokens:
+            raise RequestRejected(
+                f"Input length {prompt_tokens} plus max_new_tokens {max_new_tokens} exceeds the "
+                f"KV cache capacity of {self.policy.max_total_num_tokens} tokens."
+            )
+
+    def submit(self, req: SimRequest) -> None:
+        """Queue a request (FIFO); it joins at the next step."""
+        self.check(prompt_tokens=req.prompt_tokens, max_new_tokens=req.max_new_tokens)
+        self.waiting.append(req)
+
+    def abort(self, req: SimRequest) -> None:
+        """Drop a request wherever it is and release its KV reservation."""
+        if req.finished:
+            return
+        req.aborted = True
+        if req in self.waiting:
+            self.waiting.remove(req)
+        if req in self.running:
+            self.running.remove(req)
+            self.kv_used -= req.kv_reserved
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def token_usage(self) -> float:
+        return self.kv_used / self.policy.max_total_num_tokens
+
+    def advance_to(self, t: float) -> None:
+        """Let idle simulated time pass."""
+        self.now = max(self.now, t)
+
+    # ------------------------------------------------------------------ steps
+
+    def _admissible(self, req: SimRequest) -> bool:
+        cap = self.policy.max_running_requests
+        if cap is not None and len(self.running) >= cap:
+            return False
+        need = self.kv_need(prompt_tokens=req.prompt_tokens, max_new_tokens=req.max_new_tokens)
+        return self.kv_used + need <= self.policy.max_total_num_tokens
+
+    def _plan_prefill(self) -> tuple[list[tuple[SimRequest, int]], int]:
+        """(request, tokens) to prefill this step, and how many requests were admitted."""
+        p = self.policy
+        budget = p.chunked_prefill_size if p.chunking else p.max_prefill_tokens
+        assert budget is not None
+        plan: list[tuple[SimRequest, int]] = []
+        for req in self.running:
+            if budget <= 0:
+                break
+            if not req.prefill_done:
+                left = req.prompt_tokens - req.prefilled
+                take = min(left, budget) if p.chunking else left
+                plan.append((req, take))
+                budget -= take
+        admitted = 0
+        while self.waiting and budget > 0:
+            req = self.waiting[0]
+            if not p.chunking and plan and req.prompt_tokens > budget:
+                break
+            if not self._admissible(req):
+                break
+            self.waiting.popleft()
+            req.kv_reserved = self.kv_need(
+                prompt_tokens=req.prompt_tokens, max_new_tokens=req.max_new_tokens
+            )
+            self.kv_used += req.kv_reserved
+            self.running.append(req)
+            admitted += 1
+            take = min(req.prompt_tokens, budget) if p.chunking else req.prompt_tokens
+            plan.append((req, take))
+            budget -= take
+        return plan, admitted
+
+    def step(self) -> StepResult:
+        """Run one step: plan the batch, draw its duration, advance requests and the clock."""
+        if not self.has_work:
+            raise RuntimeError("step() called with no work")
+        decode = [r for r in self.running if r.prefill_done]
+        plan, admitted = self._plan_prefill()
+        chunks = [PrefillChunk(tokens=n, context=r.prefilled) for r, n in plan]
+        contexts = [r.prompt_tokens + r.generated for r in decode]
+        base = step_time(cost=self.cost, prefill=chunks, decode_contexts=contexts)
+        duration = base * noise_factor(sigma=self.cost.noise_sigma, gauss=self._rng.gauss(0, 1))
+        start, end = self.now, self.now + duration
+        emitted: list[SimRequest] = []
+        finished: list[SimRequest] = []
+        for req in decode:
+            req.generated += 1
+            emitted.append(req)
+        for req, n in plan:
+            req.prefilled += n
+            if req.prefill_done:
+                req.first_token_at = end
+                if req.max_new_tokens > 0:
+                    req.generated = 1
+                    emitted.append(req)
+        for req in decode + [r for r, _ in plan]:
+            if req.prefill_done and req.generated >= req.max_new_tokens and not req.finished:
+                req.finished_at = end
+                finished.append(req)
+                self.running.remove(req)
+                self.kv_used -= req.kv_reserved
+        self.now = end
+        self.steps += 1
+        return StepResult(
+            start=start,
+            duration_s=duration,
+            new_seqs=admitted,
+            prefill_tokens=sum(n for _, n in plan),
+            decode_seqs=len(decode),
+            emitted=tuple(emitted),
+            finished=tuple(finished),
+            running=len(self.running),
+            queued=len(self.waiting),
+            kv_used=self.kv_used,
+        )
+
+
+def new_scheduler(
+    *,
+    topology: Topology,
+    model: CostModel | None = None,
+    chunked_prefill_size: int | None = None,
+    max_prefill_tokens: int = 16384,
+    max_running_requests: int | None = None,
+    page_size: int | None = None,
+    mem_fraction_static: float | None = None,
+    kv_cache_dtype: str | None = None,
+    context_length: int | None = None,
+    seed: int = 0,
+) -> Scheduler:
+    """A scheduler whose step costs and KV capacity follow `model` for `topology`."""
+    model = model or CostModel()
+    capacity = max_total_num_tokens(
+        model=model,
+        topology=topology,
+        mem_fraction_static=mem_fraction_static,
+        kv_cache_dtype=kv_cache_dtype,
+    )
+    policy = BatchPolicy(
+        max_total_num_tokens=capacity,
+        chunked_prefill_size=chunked_prefill_size,
+        max_prefill_tokens=max_prefill_tokens,
+        max_running_requests=max_running_requests,
+        page_size=page_size or 1,
+        context_length=context_length or model.context_length,
+    )
+    return Scheduler(cost=step_cost(model=model, topology=topology), policy=policy, seed=seed)

@@ -1,0 +1,507 @@
+"""SGLang's HTTP API on rank 0 (aiohttp): health, info, /generate, /v1/completions, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from servesweep.sim.engine import Engine, RequestStream
+from servesweep.sim.scheduler import RequestRejected
+from servesweep.sim.tokens import PromptCounter
+
+logger = logging.getLogger(__name__)
+
+VERSION = "0.5.23-sim"
+DEFAULT_MAX_NEW_TOKENS = 128  # /generate sampling_params default (SGLang)
+DEFAULT_MAX_TOKENS = 16  # /v1/completions default (OpenAI, SGLang)
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+
+
+class BadRequest(ValueError):
+    """The request body is not something SGLang would accept."""
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Which counted requests (0-based arrival order) fail and how."""
+
+    http_500_at: frozenset[int] = frozenset()
+    midstream_error_at: frozenset[int] = frozenset()
+    hang_at: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A parsed request: prompt length, output budget, streaming."""
+
+    prompt_tokens: int
+    max_new_tokens: int
+    stream: bool
+    include_usage: bool = False
+    model: str | None = None
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+class SimServer:
+    """Request handlers and the health state of rank 0."""
+
+    def __init__(
+        self,
+        *,
+        args: dict[str, Any],
+        engine: Engine,
+        counter: PromptCounter,
+        faults: Faults,
+        launch_command: str,
+        max_total_num_tokens: int,
+    ) -> None:
+        self.args = args
+        self.engine = engine
+        self.counter = counter
+        self.faults = faults
+        self.launch_command = launch_command
+        self.max_total_num_tokens = max_total_num_tokens
+        self.ready = False
+        self.stopping = False
+        self.created = int(time.time())
+        self._next_index = 0
+        self._health_timeout_s = float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
+
+    @property
+    def model_name(self) -> str:
+        return str(self.args["served_model_name"])
+
+    def app(self) -> web.Application:
+        """The aiohttp application with SGLang's routes."""
+        app = web.Application(client_max_size=256 * 1024 * 1024)
+        r = app.router
+        r.add_get("/health", self.health)
+        r.add_get("/health_generate", self.health)
+        r.add_get("/ready", self.ready_check)
+        r.add_get("/v1/models", self.models)
+        for path in ("/model_info", "/get_model_info"):
+            r.add_get(path, self.model_info)
+        for path in ("/server_info", "/get_server_info"):
+            r.add_get(path, self.server_info)
+        r.add_route("GET", "/flush_cache", self.flush_cache)
+        r.add_route("POST", "/flush_cache", self.flush_cache)
+        r.add_post("/generate", self.generate)
+        r.add_post("/v1/completions", self.completions)
+        r.add_get("/metrics", self.metrics)
+        return app
+
+    # ------------------------------------------------------------------ info
+
+    async def health(self, request: web.Request) -> web.Response:
+        if not self.ready or self.stopping:
+            return web.Response(status=503)
+        ok = await self.engine.probe(timeout_s=self._health_timeout_s)
+        return web.Response(status=200 if ok and not self.stopping else 503)
+
+    async def ready_check(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self.ready and not self.stopping else 503)
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.model_name,
+                        "object": "model",
+                        "created": self.created,
+                        "owned_by": "sglang",
+                        "root": self.model_name,
+                        "max_model_len": self.engine.scheduler.policy.context_length,
+                    }
+                ],
+            }
+        )
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        a = self.args
+        return web.json_response(
+            {
+                "model_path": a["model_path"],
+                "served_model_name": a["served_model_name"],
+                "tokenizer_path": a["tokenizer_path"],
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": "default",
+                "load_format": "auto",
+                "reasoning_parser": None,
+                "tool_call_parser": None,
+                "disaggregation_mode": a["disaggregation_mode"],
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                "model_type": "sim",
+                "architectures": ["SimForCausalLM"],
+            }
+        )
+
+    def server_info_dict(self) -> dict[str, Any]:
+        """Resolved args + launch command + scheduler facts, as SGLang's /server_info."""
+        policy = self.engine.scheduler.policy
+        states = [
+            {
+                "last_gen_throughput": self.engine.stats.last_gen_throughput,
+                "avg_spec_accept_length": None,
+            }
+            for _ in range(max(1, int(self.args["dp_size"])))
+        ]
+        return {
+            **self.args,
+            "launch_command": self.launch_command,
+            "max_total_num_tokens": self.max_total_num_tokens,
+            "max_req_input_len": policy.context_length - 1,
+            "internal_states": states,
+            "version": VERSION,
+            "frontend": "servesweep.sim",
+        }
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        return web.json_response(self.server_info_dict())
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        if self.engine.idle:
+            return web.Response(
+                status=200,
+                text="Cache flushed.\nPlease check backend logs for more details. "
+                "(When there are running or waiting requests, the operation will not be "
+                "performed.)\n",
+            )
+        return web.Response(
+            status=400,
+            text="Cache not flushed. Please check backend logs for more details. "
+            "(When there are running or waiting requests, the operation will not be "
+            "performed.)\n",
+        )
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        if not self.args.get("enable_metrics"):
+            return web.Response(status=404, text="Not Found")
+        sched, stats = self.engine.scheduler, self.engine.stats
+        label = f'{{model_name="{self.model_name}"}}'
+        rows = [
+            ("num_running_reqs", "gauge", "The number of running requests.", len(sched.running)),
+            ("num_queue_reqs", "gauge", "The number of requests in the waiting queue.",
+             len(sched.waiting)),
+            ("gen_throughput", "gauge", "The generation throughput (token/s).",
+             stats.last_gen_throughput),
+            ("token_usage", "gauge", "The token usage.", sched.token_usage),
+            ("cache_hit_rate", "gauge", "The prefix cache hit rate.", 0.0),
+            ("prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+             stats.prompt_tokens_total),
+            ("generation_tokens_total", "counter", "Number of generation tokens processed.",
+             stats.generation_tokens_total),
+            ("num_requests_total", "counter", "Number of requests processed.",
+             stats.requests_total),
+        ]  # fmt: skip
+        lines = []
+        for name, kind, help_text, value in rows:
+            lines += [
+                f"# HELP sglang:{name} {help_text}",
+                f"# TYPE sglang:{name} {kind}",
+                f"sglang:{name}{label} {float(value)}",
+            ]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    # ------------------------------------------------------------------ generation
+
+    def _count_text(self, text: Any) -> int:
+        if isinstance(text, str):
+            return self.counter.count(text)
+        if isinstance(text, list) and len(text) == 1 and isinstance(text[0], str):
+            return self.counter.count(text[0])
+        raise BadRequest("batched or non-string prompts are not supported by the simulator")
+
+    @staticmethod
+    def _count_ids(ids: Any) -> int:
+        if isinstance(ids, list) and all(isinstance(i, int) for i in ids):
+            return len(ids)
+        raise BadRequest("input_ids must be a list of integers (batches are not supported)")
+
+    def _parse_generate(self, body: dict[str, Any]) -> Prompt:
+        if body.get("input_ids") is not None:
+            n = self._count_ids(body["input_ids"])
+        elif body.get("text") is not None:
+            n = self._count_text(body["text"])
+        else:
+            raise BadRequest("Either text or input_ids should be provided.")
+        params = body.get("sampling_params") or {}
+        if not isinstance(params, dict):
+            raise BadRequest("sampling_params must be an object")
+        max_new = params.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
+        stream = bool(body.get("stream"))
+        return Prompt(prompt_tokens=n, max_new_tokens=_int(max_new), stream=stream)
+
+    def _parse_completion(self, body: dict[str, Any]) -> Prompt:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt and all(isinstance(i, int) for i in prompt):
+            n = len(prompt)
+        elif prompt is not None:
+            n = self._count_text(prompt)
+        else:
+            raise BadRequest("prompt is required")
+        options = body.get("stream_options") or {}
+        return Prompt(
+            prompt_tokens=n,
+            max_new_tokens=_int(body.get("max_tokens") or DEFAULT_MAX_TOKENS),
+            stream=bool(body.get("stream")),
+            include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
+            model=body.get("model"),
+        )
+
+    async def _read(self, request: web.Request) -> dict[str, Any]:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise BadRequest(f"invalid JSON body: {exc}") from None
+        if not isinstance(body, dict):
+            raise BadRequest("the JSON body must be an object")
+        return body
+
+    async def _admit(
+        self, request: web.Request, *, openai: bool
+    ) -> tuple[int, Prompt] | web.StreamResponse:
+        """Assign the arrival index, apply hang/500 faults, parse the body."""
+        if not self.ready or self.stopping:
+            return _error(503, "The server is not ready.", openai=openai)
+        index = self._next_index
+        self._next_index += 1
+        if index in self.faults.hang_at:
+            logger.warning(f"Request #{index} will never be answered (--sim-hang-at).")
+            await asyncio.Event().wait()
+        if index in self.faults.http_500_at:
+            logger.warning(f"Request #{index}: injected HTTP 500 (--sim-http-500-at).")
+            return _error(500, f"Injected internal error for request #{index}.", openai=openai)
+        try:
+            body = await self._read(request)
+            prompt = self._parse_completion(body) if openai else self._parse_generate(body)
+        except BadRequest as exc:
+            return _error(400, str(exc), openai=openai)
+        return index, prompt
+
+    def _submit(self, prompt: Prompt) -> RequestStream:
+        return self.engine.submit(
+            prompt_tokens=prompt.prompt_tokens,
+            max_new_tokens=prompt.max_new_tokens,
+            counted=True,
+        )
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        admitted = await self._admit(request, openai=False)
+        if isinstance(admitted, web.StreamResponse):
+            return admitted
+        index, prompt = admitted
+        try:
+            stream = self._submit(prompt)
+        except RequestRejected as exc:
+            return _error(400, str(exc), openai=False)
+        midstream = index in self.faults.midstream_error_at
+        if not prompt.stream:
+            return await self._generate_whole(stream, prompt, midstream=midstream, index=index)
+        resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
+        try:
+            await resp.prepare(request)
+            sent = -1
+            while True:
+                await stream.wait_change()
+                if midstream:
+                    await self._midstream_error(resp, stream, index=index)
+                    break
+                if len(stream.output_ids) > sent or stream.finished:
+                    sent = len(stream.output_ids)
+                    await resp.write(_sse(self._generate_chunk(stream, prompt)))
+                if stream.finished:
+                    await resp.write(SSE_DONE)
+                    break
+            await resp.write_eof()
+        except ConnectionError:
+            self._client_gone(stream)
+            return resp
+        except asyncio.CancelledError:
+            self.engine.abort(stream)
+            raise
+        self.engine.mark_delivered(stream)
+        return resp
+
+    async def _generate_whole(
+        self, stream: RequestStream, prompt: Prompt, *, midstream: bool, index: int
+    ) -> web.Response:
+        while not stream.finished:
+            await stream.wait_change()
+            if midstream:
+                self.engine.abort(stream)
+                logger.warning(f"Request #{index}: injected error (--sim-midstream-error-at).")
+                return _error(400, f"Injected error for request #{index}.", openai=False)
+        self.engine.mark_delivered(stream)
+        return web.json_response(self._generate_chunk(stream, prompt))
+
+    async def _midstream_error(
+        self, resp: web.StreamResponse, stream: RequestStream, *, index: int
+    ) -> None:
+        self.engine.abort(stream)
+        logger.warning(f"Request #{index}: injected mid-stream error (--sim-midstream-error-at).")
+        error = {
+            "message": f"Injected mid-stream error for request #{index}.",
+            "type": "InternalServerError",
+            "code": 500,
+            "retryable": False,
+        }
+        await resp.write(_sse({"error": error}))
+        await resp.write(SSE_DONE)
+
+    def _generate_chunk(self, stream: RequestStream, prompt: Prompt) -> dict[str, Any]:
+        n = len(stream.output_ids)
+        meta: dict[str, Any] = {
+            "id": stream.rid,
+            "finish_reason": {"type": "length", "length": n} if stream.finished else None,
+            "prompt_tokens": prompt.prompt_tokens,
+            "weight_version": "default",
+            "num_retractions": 0,
+            "reasoning_tokens": 0,
+            "completion_tokens": n,
+            "cached_tokens": 0,
+        }
+        if stream.finished:
+            meta["e2e_latency"] = stream.e2e_latency
+        return {"text": stream.text, "output_ids": list(stream.output_ids), "meta_info": meta}
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        admitted = await self._admit(request, openai=True)
+        if isinstance(admitted, web.StreamResponse):
+            return admitted
+        index, prompt = admitted
+        try:
+            stream = self._submit(prompt)
+        except RequestRejected as exc:
+            return _error(400, str(exc), openai=True)
+        midstream = index in self.faults.midstream_error_at
+        cid = f"cmpl-{uuid.uuid4().hex}"
+        model = prompt.model or self.model_name
+        if not prompt.stream:
+            while not stream.finished:
+                await stream.wait_change()
+                if midstream:
+                    self.engine.abort(stream)
+                    return _error(400, f"Injected error for request #{index}.", openai=True)
+            self.engine.mark_delivered(stream)
+            choice = {
+                "index": 0,
+                "text": stream.text,
+                "logprobs": None,
+                "finish_reason": "length",
+                "matched_stop": None,
+            }
+            return web.json_response(
+                {
+                    "id": cid,
+                    "object": "text_completion",
+                    "created": int(time.time()),
+                    "model": model,
+                    "choices": [choice],
+                    "usage": _usage(stream),
+                }
+            )
+        resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
+        try:
+            await resp.prepare(request)
+            sent = 0
+            while True:
+                await stream.wait_change()
+                if midstream:
+                    await self._midstream_error(resp, stream, index=index)
+                    break
+                delta = stream.text[sent:]
+                sent = len(stream.text)
+                if delta or stream.finished:
+                    chunk = {
+                        "id": cid,
+                        "object": "text_completion",
+                        "created": int(time.time()),
+                        "model": model,
+                        "choices": [
+                            {
+                                "index": 0,
+                                "text": delta,
+                                "logprobs": None,
+                                "finish_reason": "length" if stream.finished else None,
+                                "matched_stop": None,
+                            }
+                        ],
+                        "usage": None,
+                    }
+                    await resp.write(_sse(chunk))
+                if stream.finished:
+                    if prompt.include_usage:
+                        usage = {
+                            "id": cid,
+                            "object": "text_completion",
+                            "created": int(time.time()),
+                            "model": model,
+                            "choices": [],
+                            "usage": _usage(stream),
+                        }
+                        await resp.write(_sse(usage))
+                    await resp.write(SSE_DONE)
+                    break
+            await resp.write_eof()
+        except ConnectionError:
+            self._client_gone(stream)
+            return resp
+        except asyncio.CancelledError:
+            self.engine.abort(stream)
+            raise
+        self.engine.mark_delivered(stream)
+        return resp
+
+    def _client_gone(self, stream: RequestStream) -> None:
+        """The client closed the connection mid-stream: abort quietly, like SGLang."""
+        self.engine.abort(stream)
+        logger.info(f"Abort request {stream.rid}: the client disconnected.")
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise BadRequest(f"max_new_tokens/max_tokens must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _usage(stream: RequestStream) -> dict[str, int]:
+    prompt, completion = stream.req.prompt_tokens, len(stream.output_ids)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def _error(status: int, message: str, *, openai: bool) -> web.Response:
+    """SGLang's error bodies: OpenAI shape for /v1/*, {"error": {...}} for /generate."""
+    kind = {400: "BadRequestError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
+    if openai:
+        body: dict[str, Any] = {
+            "object": "error",
+            "message": message,
+            "type": kind.get(status, "Error"),
+            "param": None,
+            "code": status,
+        }
+    else:
+        body = {"error": {"message": message, "type": kind.get(status, "Error"), "code": status}}
+    return web.json_response(body, status=status)

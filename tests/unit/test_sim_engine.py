@@ -1,0 +1,107 @@
+"""Engine driver in-process (real asyncio sleeps, scaled) and the token helpers."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from servesweep.sim.costmodel import CostModel, Topology
+from servesweep.sim.engine import Engine
+from servesweep.sim.scheduler import RequestRejected, new_scheduler
+from servesweep.sim.tokens import WORDS, PromptCounter, output_id, output_word
+
+QUIET = dataclasses.replace(CostModel(), noise_sigma=0.0)
+
+
+def engine(scale: float) -> Engine:
+    sched = new_scheduler(
+        topology=Topology(tp_size=8, ep_size=8), model=QUIET, chunked_prefill_size=8192
+    )
+    return Engine(scheduler=sched, time_scale=scale)
+
+
+def test_wall_time_follows_simulated_time_times_scale() -> None:
+    async def main() -> tuple[float, float, list[int]]:
+        eng = engine(0.05)
+        task = asyncio.create_task(eng.run())
+        stream = eng.submit(prompt_tokens=2048, max_new_tokens=3, counted=True)
+        seen = []
+        while not stream.finished:
+            await stream.wait_change()
+            seen.append(len(stream.output_ids))
+        await eng.close(task)
+        assert stream.req.first_token_at is not None and stream.req.finished_at is not None
+        sim = stream.req.finished_at - stream.req.arrival
+        assert stream.e2e_latency is not None
+        return sim, stream.e2e_latency, seen
+
+    sim, wall, seen = asyncio.run(main())
+    assert wall >= 0.99 * sim * 0.05
+    assert seen[-1] == 3 and seen == sorted(seen)
+
+
+def test_streams_get_cumulative_ids_and_words() -> None:
+    async def main() -> list[str]:
+        eng = engine(0.001)
+        task = asyncio.create_task(eng.run())
+        streams = [
+            eng.submit(prompt_tokens=100 + i, max_new_tokens=5 + i, counted=True) for i in range(4)
+        ]
+        for s in streams:
+            while not s.finished:
+                await s.wait_change()
+        await eng.close(task)
+        assert eng.stats.generation_tokens_total == sum(5 + i for i in range(4))
+        assert eng.stats.prompt_tokens_total == sum(100 + i for i in range(4))
+        return [s.text for s in streams]
+
+    texts = asyncio.run(main())
+    assert [len(t.split()) for t in texts] == [5, 6, 7, 8]
+    assert len(set(texts)) > 1
+
+
+def test_probe_succeeds_when_a_step_completes_and_warmup_is_uncounted() -> None:
+    async def main() -> None:
+        eng = engine(0.001)
+        task = asyncio.create_task(eng.run())
+        await eng.run_to_completion(prompt_tokens=7, max_new_tokens=8)
+        assert await eng.probe(timeout_s=5.0)
+        assert eng.stats.requests_total == 0 and eng.idle
+        with pytest.raises(RequestRejected):
+            eng.submit(prompt_tokens=10, max_new_tokens=10**9, counted=True)
+        await eng.close(task)
+
+    asyncio.run(main())
+
+
+def test_probe_times_out_when_the_scheduler_is_stuck() -> None:
+    async def main() -> bool:
+        eng = engine(0.001)  # loop never started: nothing steps
+        return await eng.probe(timeout_s=0.05)
+
+    assert asyncio.run(main()) is False
+
+
+def test_output_tokens_are_deterministic_ids_below_1000_with_single_token_words() -> None:
+    ids = [output_id(seq=s, k=k) for s in range(5) for k in range(50)]
+    assert all(0 <= i < 1000 for i in ids)
+    assert ids == [output_id(seq=s, k=k) for s in range(5) for k in range(50)]
+    assert all(output_word(i) in WORDS for i in ids)
+    assert all(w.startswith(" ") and " " not in w[1:] for w in WORDS)
+
+
+def test_prompt_counter_uses_a_local_tokenizer_json_else_estimates(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1, "b": 2}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    tok.save(str(model_dir / "tokenizer.json"))
+    exact = PromptCounter(paths=[None, str(model_dir)])
+    assert exact.count("a b a b zzz") == 5 and "tokenizer.json" in exact.source
+    guess = PromptCounter(paths=[str(tmp_path / "nothing"), "sim/label"])
+    assert guess.count("a b a b zzz") == 3  # 11 characters / 4, rounded up
