@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import re
 import shlex
+import site
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
-from servesweep.errors import ServerStartError
-from servesweep.transport import Transport
+from servesweep.config import RuntimeConfig
+from servesweep.errors import ConfigError, ServerStartError, TransportError
+from servesweep.secrets import Secret, scrub
+from servesweep.transport import CommandResult, Transport
+
+logger = logging.getLogger(__name__)
 
 LABEL_PREFIX = "servesweep."
 ENV_LABEL_PREFIX = "SERVESWEEP_LABEL_"
@@ -114,3 +124,158 @@ class ProcessRuntime:
         )
         res = self.transport.run(node, script, timeout=COMMAND_TIMEOUT_S)
         return [line for line in res.stdout.split() if line.isdigit()]
+
+
+# ---------------------------------------------------------------- docker
+
+START_TIMEOUT_S = 900.0  # `docker run` may have to pull the image first
+_NO_SUCH = "no such container"
+
+
+class DockerRuntime:
+    """One container per server (`docker run -d --network host`), labelled, optionally via sudo.
+
+    With `runtime.sudo` every docker call is `sudo -S -p '' docker ...` and the password goes to
+    sudo on stdin (never into argv, logs or exceptions). Without a password stdin is empty, so
+    passwordless sudo works and a required password fails at once (never waits on a terminal).
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        runtime: RuntimeConfig,
+        *,
+        sudo_password: str | Secret | None,
+        gpus: str | None = "all",
+        docker: str = "docker",
+        command_timeout_s: float = COMMAND_TIMEOUT_S,
+        start_timeout_s: float = START_TIMEOUT_S,
+    ) -> None:
+        if not runtime.image:
+            raise ConfigError("runtime.image is required for the docker runtime")
+        self.transport = transport
+        self.runtime = runtime
+        self.image = runtime.image
+        self.gpus = gpus
+        self.docker = docker
+        self.command_timeout_s = command_timeout_s
+        self.start_timeout_s = start_timeout_s
+        if sudo_password is not None and not isinstance(sudo_password, Secret):
+            sudo_password = Secret(sudo_password)
+        self._password = sudo_password if runtime.sudo else None
+
+    def _prefix(self) -> str:
+        docker = shlex.quote(self.docker)
+        return f"sudo -S -p '' {docker}" if self.runtime.sudo else docker
+
+    def _stdin(self) -> str | None:
+        if not self.runtime.sudo:
+            return None
+        return "" if self._password is None else self._password.reveal() + "\n"
+
+    def _docker(self, node: str, args: str, *, timeout: float | None = None) -> CommandResult:
+        """Run `docker <args>` on `node` (through sudo when configured)."""
+        res = self.transport.run(
+            node,
+            f"{self._prefix()} {args}",
+            timeout=self.command_timeout_s if timeout is None else timeout,
+            stdin=self._stdin(),
+        )
+        if self._password is None:
+            return res
+        # Defence in depth: nothing sudo or docker print may carry the password onwards.
+        return CommandResult(
+            res.node,
+            res.command,
+            res.returncode,
+            scrub(res.stdout, self._password),
+            scrub(res.stderr, self._password),
+        )
+
+    def command_line(self, launch: Launch) -> str:
+        rt = self.runtime
+        args = ["run", "-d", "--name", launch.name, "--network", "host", "--ipc", "host"]
+        if self.gpus is not None:
+            args += ["--gpus", self.gpus]
+        args += ["--shm-size", rt.shm_size]
+        if rt.privileged:
+            args.append("--privileged")
+        for device in rt.devices:
+            args += ["--device", device]
+        for ulimit in rt.ulimits:
+            args += ["--ulimit", ulimit]
+        for key, value in {**rt.env, **launch.env}.items():
+            args += ["-e", f"{key}={value}"]
+        for mount in rt.mounts:
+            args += ["-v", mount]
+        for key, value in launch.labels.items():
+            args += ["--label", f"{LABEL_PREFIX}{key}={value}"]
+        args += [self.image, *launch.argv]
+        return f"{self._prefix()} {shlex.join(args)}"
+
+    def start(self, launch: Launch) -> str:
+        res = self.transport.run(
+            launch.node,
+            self.command_line(launch),
+            timeout=self.start_timeout_s,
+            stdin=self._stdin(),
+        )
+        lines = res.stdout.strip().splitlines()
+        handle = lines[-1].strip() if lines else ""
+        if not res.ok or not re.fullmatch(r"[0-9a-f]{12,64}", handle):
+            tail = " | ".join((res.stderr or res.stdout).strip().splitlines()[-3:])
+            raise ServerStartError(
+                f"could not start container {launch.name} on node {launch.node} "
+                f"(exit {res.returncode}): {scrub(tail, self._password)}"
+            )
+        logger.info("node %s: started container %s (%s)", launch.node, launch.name, handle[:12])
+        return handle
+
+    def is_running(self, node: str, handle: str) -> bool:
+        fmt = shlex.quote("{{.State.Running}}")
+        res = self._docker(node, f"inspect --type container -f {fmt} {shlex.quote(handle)}")
+        if not res.ok and _NO_SUCH not in res.stderr.lower():
+            res.check(f"docker inspect {handle[:12]}")
+        return res.ok and res.stdout.strip() == "true"
+
+    def logs(self, node: str, handle: str, log_path: str) -> str:
+        """The container's stdout and stderr as one stream (`docker logs`); '' if it is gone."""
+        res = self._docker(node, f"logs {shlex.quote(handle)} 2>&1")
+        if not res.ok:
+            if _NO_SUCH in res.stdout.lower():
+                logger.warning("node %s: no container %s, so no logs", node, handle[:12])
+                return ""
+            tail = " | ".join(res.stdout.strip().splitlines()[-3:])
+            raise TransportError(
+                f"docker logs {handle[:12]} failed on node {node} (exit {res.returncode}): {tail}"
+            )
+        return res.stdout
+
+    def stop(self, node: str, handle: str) -> None:
+        res = self._docker(node, f"rm -f {shlex.quote(handle)}")
+        if not res.ok and _NO_SUCH not in res.stderr.lower():
+            res.check(f"docker rm -f {handle[:12]}")
+        logger.info("node %s: removed container %s", node, handle[:12])
+
+    def find(self, node: str, labels: dict[str, str]) -> list[str]:
+        filters = " ".join(
+            f"--filter {shlex.quote(f'label={LABEL_PREFIX}{k}={v}')}" for k, v in labels.items()
+        )
+        res = self._docker(node, f"ps -aq --no-trunc {filters}").check("docker ps")
+        return res.stdout.split()
+
+
+def host_python_mounts() -> list[str]:
+    """Read-only bind mounts that let this machine's Python (and servesweep) run in an empty image.
+
+    Used with `servesweep-sim:local` (a `docker import` of an empty tar, see
+    .ci/setup_nodes.sh); add `-e PATH=<sys.prefix>/bin:/usr/bin:/bin` so `python3` resolves.
+    """
+    paths = ["/lib", "/lib64", "/usr/lib", sys.base_prefix, sys.prefix, *site.getsitepackages()]
+    package = Path(__file__).resolve().parent.parent  # the dir holding servesweep/
+    paths.append(str(package))
+    kept: list[str] = []
+    for path in sorted({os.path.normpath(p) for p in paths if os.path.exists(p)}, key=len):
+        if not any(path == k or path.startswith(k.rstrip("/") + "/") for k in kept):
+            kept.append(path)
+    return [f"{p}:{p}:ro" for p in kept]

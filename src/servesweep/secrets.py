@@ -1,0 +1,106 @@
+"""The sudo password: read at run time from the environment or a private file, never shown."""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+
+from servesweep.errors import SecretError
+
+logger = logging.getLogger(__name__)
+
+PASSWORD_ENV = "SUDO_PASSWORD"
+PASSWORD_FILE_ENV = "SUDO_PASSWORD_FILE"
+MASK = "***"
+
+
+class Secret:
+    """A string that prints as '***'; `reveal()` is the only way to the value."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return MASK
+
+    __str__ = __repr__
+
+    def __format__(self, spec: str) -> str:
+        return MASK
+
+    def __reduce__(self) -> tuple[object, ...]:
+        raise TypeError("a Secret is not pickled (it would leave the process in clear)")
+
+
+def scrub(text: str, secret: str | Secret | None) -> str:
+    """`text` with every occurrence of the secret replaced by '***' (for error messages)."""
+    value = secret.reveal() if isinstance(secret, Secret) else secret
+    return text.replace(value, MASK) if value else text
+
+
+def sudo_password(env: Mapping[str, str]) -> str | None:
+    """The sudo password from SUDO_PASSWORD or SUDO_PASSWORD_FILE; None if neither is set.
+
+    The file must be a regular file that neither group nor others can read or write (chmod 600);
+    its first line is the password. Messages never contain the password.
+    """
+    direct = env.get(PASSWORD_ENV)
+    path = env.get(PASSWORD_FILE_ENV)
+    if direct is not None and path is not None:
+        raise SecretError(f"set only one of {PASSWORD_ENV} and {PASSWORD_FILE_ENV}, not both")
+    if direct is not None:
+        return _checked(direct, where=f"env {PASSWORD_ENV}")
+    if path is not None:
+        if not path.strip():
+            raise SecretError(f"env {PASSWORD_FILE_ENV} is set but empty")
+        return _checked(_read_private_file(Path(path).expanduser()), where=path)
+    return None
+
+
+def sudo_secret(env: Mapping[str, str]) -> Secret | None:
+    """`sudo_password` wrapped in a Secret."""
+    value = sudo_password(env)
+    return None if value is None else Secret(value)
+
+
+def _read_private_file(path: Path) -> str:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise SecretError(f"sudo password file {path} does not exist") from None
+    except OSError as exc:
+        raise SecretError(f"sudo password file {path}: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise SecretError(f"sudo password file {path} is not a regular file")
+    if st.st_mode & 0o077:
+        raise SecretError(
+            f"sudo password file {path} has mode {stat.S_IMODE(st.st_mode):04o}: group or "
+            f"others may read or write it; run `chmod 600 {path}`"
+        )
+    if st.st_uid != os.geteuid():
+        logger.warning("sudo password file %s is owned by uid %d, not by us", path, st.st_uid)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise SecretError(f"sudo password file {path}: cannot read it ({reason})") from None
+    logger.info("sudo password read from %s", path)
+    return text
+
+
+def _checked(value: str, *, where: str) -> str:
+    """The password without trailing line breaks; refuse an empty or multi-line one."""
+    value = value.rstrip("\r\n")
+    if not value:
+        raise SecretError(f"sudo password from {where} is empty")
+    if "\n" in value or "\r" in value:
+        raise SecretError(f"sudo password from {where} has more than one line")
+    return value

@@ -1,0 +1,49 @@
+"""Constants and helpers of the integration tests (the nodes made by .ci/setup_nodes.sh)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import NoReturn
+
+import pytest
+
+from servesweep.config import RuntimeConfig
+from servesweep.runtime import DockerRuntime
+from servesweep.transport import SshTransport
+
+NODES = ("node1", "node2", "node3", "node4")
+ADDRESSES = {"node1": "127.0.0.2", "node2": "127.0.0.3", "node3": "127.0.0.4", "node4": "127.0.0.5"}
+IMAGE = "servesweep-sim:local"
+DEFAULT_DIR = "/tmp/servesweep-nodes"
+SETUP_HINT = 'run `eval "$(bash .ci/setup_nodes.sh)"` as root first'
+
+
+def unavailable(reason: str) -> NoReturn:
+    """Skip locally; fail under CI, where the nodes must exist."""
+    message = f"integration nodes unavailable: {reason}; {SETUP_HINT}"
+    if os.environ.get("CI"):
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate: Callable[[], bool], limit_s: float = 30.0) -> bool:
+    """Poll `predicate` until it holds or `limit_s` passes (a bound, not a timing assert)."""
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return predicate()
+
+
+def root_docker(ssh: SshTransport, runtime: RuntimeConfig) -> DockerRuntime:
+    return DockerRuntime(ssh, runtime, sudo_password=None, gpus=None)
