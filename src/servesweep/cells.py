@@ -47,13 +47,14 @@ def run_client(
         base = f"/tmp/servesweep/{exp.run_id}/client/{cell.key.replace('/', '__')}"
         node_out, node_log = f"{base}.jsonl", f"{base}.log"
     argv = loadgen.client_argv(
-        exp.client.kind,
+        kind=exp.client.kind,
         workload=cell.client.workload,
         base_url=state.base_url,
         output_file=node_out,
         tag=cell.key,
         tokenizer=exp.client.tokenizer or exp.engine.model_path,
         python=exp.engine.python,
+        sglang_version=exp.engine.version,
     )
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in loadgen.client_env(exp.client.kind).items())
     command = (

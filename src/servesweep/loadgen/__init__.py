@@ -1,0 +1,104 @@
+"""Load generator command lines: the builtin client or SGLang's bench_serving, same flags."""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Literal
+
+from servesweep.config import Workload
+from servesweep.errors import ConfigError
+
+ClientKind = Literal["builtin", "bench_serving"]
+
+BUILTIN_MODULE = "servesweep.loadgen.builtin"
+BENCH_MODULE = "sglang.benchmark.serving"  # sglang >= 0.5.18
+OLD_BENCH_MODULE = "sglang.bench_serving"  # sglang < 0.5.18 (later a deprecated shim)
+BENCH_MODULE_SINCE = (0, 5, 18)
+
+
+def _version_tuple(version: str) -> tuple[int, ...] | None:
+    """Leading numeric components of a version ('0.5.10.post1' -> (0, 5, 10)); None if none."""
+    match = re.match(r"v?(\d+(?:\.\d+)*)", version.strip())
+    return tuple(int(x) for x in match.group(1).split(".")) if match else None
+
+
+def bench_module(sglang_version: str) -> str:
+    """The bench_serving module for an SGLang version (unparsable tags such as 'latest' or
+    'dev' are taken to be new)."""
+    parsed = _version_tuple(sglang_version)
+    if parsed is not None and parsed < BENCH_MODULE_SINCE:
+        return OLD_BENCH_MODULE
+    return BENCH_MODULE
+
+
+def client_argv(
+    *,
+    kind: ClientKind,
+    workload: Workload,
+    base_url: str,
+    output_file: str,
+    tag: str,
+    python: str = sys.executable,
+    tokenizer: str | None = None,
+    sglang_version: str = "0.5.23",
+) -> list[str]:
+    """The argv of one client invocation for `workload` against the server at `base_url`.
+
+    Both kinds get the same bench_serving flags; bench_serving also needs a local tokenizer
+    directory (`--tokenizer T --model T --tokenize-prompt`), the builtin gets its
+    `--request-timeout-sec`. `python` is the interpreter on the node that runs the client.
+    bench_serving has no per-request timeout: the caller bounds its run time.
+    """
+    if kind == "builtin":
+        head = [python, "-m", BUILTIN_MODULE]
+    elif kind == "bench_serving":
+        head = [python, "-m", bench_module(sglang_version)]
+    else:
+        raise ConfigError(f"client.kind: unknown client {kind!r}")
+    argv = [
+        *head,
+        "--backend",
+        "sglang",
+        "--base-url",
+        base_url,
+        "--dataset-name",
+        workload.dataset,
+        "--random-input-len",
+        str(workload.input_len),
+        "--random-output-len",
+        str(workload.output_len),
+        "--random-range-ratio",
+        "1.0",
+        "--num-prompts",
+        str(workload.num_requests),
+        "--max-concurrency",
+        str(workload.concurrency),
+        "--request-rate",
+        str(workload.request_rate),
+        "--seed",
+        str(workload.seed),
+        "--warmup-requests",
+        str(workload.warmup_requests),
+        "--output-file",
+        output_file,
+        "--output-details",
+        "--tag",
+        tag,
+    ]
+    if not workload.stream:
+        argv.append("--disable-stream")
+    if kind == "builtin":
+        argv += ["--request-timeout-sec", str(workload.request_timeout_s)]
+    else:
+        if not tokenizer:
+            raise ConfigError(
+                "client.tokenizer: bench_serving needs a tokenizer directory on the client node"
+            )
+        argv += ["--tokenizer", tokenizer, "--model", tokenizer, "--tokenize-prompt"]
+    return argv
+
+
+def client_env(kind: ClientKind) -> dict[str, str]:
+    """Extra environment for the client: bench_serving must not look anything up online."""
+    return {"HF_HUB_OFFLINE": "1"} if kind == "bench_serving" else {}

@@ -1,0 +1,39 @@
+"""Fixtures for the contract tests: SGLang's staged bench_serving and a local tokenizer."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # `tests.support` without relying on the invocation directory
+    sys.path.insert(0, str(ROOT))
+
+from tests.support.sglang_bench import WheelNotFound, find_wheel, stage_bench  # noqa: E402
+from tests.support.tokenizer import build_tokenizer, sim_words  # noqa: E402
+
+# What bench_serving 0.5.23 imports besides the stdlib (SGLANG.md section 2); datasets is stubbed.
+BENCH_DEPS = ("aiohttp", "msgspec", "numpy", "orjson", "requests", "tqdm", "transformers")
+BENCH_DEPS += ("pybase64", "PIL")
+
+
+@pytest.fixture(scope="session")
+def staged_bench(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`sglang/benchmark/` from the sglang wheel plus stubs, ready for PYTHONPATH."""
+    missing = [m for m in BENCH_DEPS if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.fail(f"bench_serving needs {missing}: install the package's test extra")
+    try:
+        wheel = find_wheel()
+    except WheelNotFound as exc:
+        pytest.skip(f"no sglang wheel: {exc}")
+    return stage_bench(wheel=wheel, dest=tmp_path_factory.mktemp("sglang_bench"))
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A local tokenizer directory bench loads with AutoTokenizer (no network)."""
+    return build_tokenizer(tmp_path_factory.mktemp("tokenizer"), words=sim_words())

@@ -1,0 +1,1 @@
+"""Test and benchmark helpers: the simulated engine as a subprocess, SGLang's staged bench."""

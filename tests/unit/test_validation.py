@@ -1,0 +1,137 @@
+"""Record validation: completeness, exact lengths and silent mid-stream failures."""
+
+from __future__ import annotations
+
+import pytest
+
+from servesweep.config import Workload
+from servesweep.errors import CellFailed
+from servesweep.loadgen.metrics import BUILTIN_CLIENT, CLIENT_KEY
+from servesweep.records import BenchRecord
+from servesweep.validation import check_record, record_problems
+
+WORKLOAD = Workload(input_len=512, output_len=4, num_requests=4, concurrency=2)
+
+
+def good(**changes) -> dict:
+    n = 4
+    data = {
+        "completed": n,
+        "total_input_tokens": n * 512,
+        "total_output_tokens": n * 4,
+        "total_output_tokens_retokenized": n * 4,
+        "input_lens": [512] * n,
+        "output_lens": [4] * n,
+        "ttfts": [0.01] * n,
+        "itls": [[0.001] * 3] * n,
+        "generated_texts": [" tok tok tok tok"] * n,
+        "errors": [""] * n,
+    }
+    data.update(changes)
+    return data
+
+
+def problems(**changes) -> list[str]:
+    return record_problems(BenchRecord.model_validate(good(**changes)), WORKLOAD)
+
+
+def test_valid_record_has_no_problems():
+    assert problems() == []
+
+
+def test_failed_request_is_quoted_and_counted():
+    out = problems(
+        completed=3,
+        total_input_tokens=3 * 512,
+        total_output_tokens=12,
+        total_output_tokens_retokenized=12,
+        output_lens=[4, 0, 4, 4],
+        errors=["", "Internal Server Error: injected fault", "", ""],
+    )
+    assert out[0] == "completed 3 of 4 requests"
+    assert out[1].startswith("1 request(s) failed; first error: Internal Server Error")
+    assert len(out) == 2  # the failed request's zero output is not a length problem
+
+
+def test_missing_details():
+    data = good()
+    for key in ("input_lens", "output_lens", "ttfts", "itls", "generated_texts", "errors"):
+        data.pop(key)
+    out = record_problems(BenchRecord.model_validate(data), WORKLOAD)
+    assert len(out) == 1 and "no per-request details" in out[0]
+
+
+def test_details_of_the_wrong_size():
+    out = problems(ttfts=[0.1])
+    assert any("do not have 4 entries" in p for p in out)
+
+
+def test_wrong_input_and_output_lengths():
+    out = problems(
+        input_lens=[512, 511, 512, 512],
+        total_input_tokens=2047,
+        output_lens=[4, 4, 4, 5],
+        total_output_tokens=17,
+    )
+    joined = " | ".join(out)
+    assert "1 request(s) with input_len != 512: #1" in joined
+    assert "total_input_tokens 2047 != 4 x input_len 512" in joined
+    assert "1 request(s) with output_len != 4: #3" in joined
+    assert "total_output_tokens 17 != 4 x output_len 4" in joined
+
+
+def test_silent_midstream_failure_as_bench_serving_reports_it():
+    # bench_serving: HTTP 200 + error line -> success, ttft 0, empty text, intended output_len
+    out = problems(
+        ttfts=[0.01, 0.01, 0.0, 0.01],
+        generated_texts=["a b c d", "a b c d", "", "a b c d"],
+        itls=[[0.1] * 3, [0.1] * 3, [], [0.1] * 3],
+        total_output_tokens_retokenized=12,
+    )
+    joined = " | ".join(out)
+    assert "ttft 0" in joined and "#2" in joined
+    assert "empty generated text" in joined
+    assert "total_output_tokens_retokenized 12 < total_output_tokens 16" in joined
+
+
+def test_builtin_retokenized_count_is_not_checked():
+    # the builtin records the server's count there; fewer would mean a bug, not a fault
+    data = good(total_output_tokens_retokenized=0)
+    data[CLIENT_KEY] = BUILTIN_CLIENT
+    assert record_problems(BenchRecord.model_validate(data), WORKLOAD) == []
+
+
+def test_check_record_raises_naming_cell_problems_and_logs():
+    rec = BenchRecord.model_validate(
+        good(
+            completed=0,
+            total_input_tokens=0,
+            total_output_tokens=0,
+            errors=["boom"] * 4,
+            output_lens=[0] * 4,
+        )
+    )
+    with pytest.raises(CellFailed) as exc:
+        check_record(rec, WORKLOAD, cell="srv/cli/r1", logs=["bench/x.log", "service/s.log"])
+    msg = str(exc.value)
+    assert msg.startswith("cell srv/cli/r1: invalid record: completed 0 of 4 requests")
+    assert "first error: boom" in msg
+    assert msg.endswith("logs: bench/x.log, service/s.log")
+
+
+def test_check_record_passes_a_valid_record():
+    check_record(BenchRecord.model_validate(good()), WORKLOAD, cell="c", logs=[])
+
+
+def test_many_problems_are_truncated():
+    rec = BenchRecord.model_validate(
+        good(
+            completed=1,
+            input_lens=[1] * 4,
+            output_lens=[1] * 4,
+            ttfts=[0.0] * 4,
+            generated_texts=[""] * 4,
+        )
+    )
+    with pytest.raises(CellFailed, match=r"\(\+\d+ more\)"):
+        check_record(rec, WORKLOAD, cell="c", logs=["l"])
