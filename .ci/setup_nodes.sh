@@ -100,6 +100,22 @@ cp "$DIR/id_ed25519.pub" "$DIR/authorized_keys/root"
 cp "$DIR/id_ed25519.pub" "$DIR/authorized_keys/sweeper"
 chmod 644 "$DIR/authorized_keys/root" "$DIR/authorized_keys/sweeper"
 
+# ------------------------------------------------------------------ fake nvidia-smi
+# The test nodes have no GPU: a fake nvidia-smi on their PATH replays real output recorded on an
+# H200 (tests/data), as 8 GPUs. It answers only the query the workflow sends.
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$DIR/bin"
+cp "$REPO/tests/data/nvidia-smi-8gpu/query-load-8gpu-noheader-nounits.csv" "$DIR/bin/query.csv"
+cat >"$DIR/bin/nvidia-smi" <<FAKE
+#!/bin/sh
+case "\$*" in
+  *--query-gpu=*--format=csv,noheader,nounits*) exec cat "$DIR/bin/query.csv" ;;
+  *) echo "fake nvidia-smi: unsupported arguments: \$*" >&2; exit 2 ;;
+esac
+FAKE
+chmod 755 "$DIR/bin" "$DIR/bin/nvidia-smi"
+chmod 644 "$DIR/bin/query.csv"
+
 # ------------------------------------------------------------------ sshd
 {
     echo "# servesweep test nodes (written by .ci/setup_nodes.sh)"
@@ -118,6 +134,7 @@ chmod 644 "$DIR/authorized_keys/root" "$DIR/authorized_keys/sweeper"
     echo "MaxSessions 64"
     echo "PrintMotd no"
     echo "AcceptEnv LANG LC_*"
+    echo "SetEnv PATH=$DIR/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     echo "Subsystem sftp internal-sftp"
 } >"$DIR/sshd_config"
 mkdir -p /run/sshd # privilege separation directory

@@ -2,6 +2,9 @@
 
 
 rule run_cell:
+    input:
+        # ancient(): a re-smoked image must not rerun finished cells.
+        builds=ancient(all_builds()),
     output:
         raw=f"{RUN_DIR}/raw/{{server}}/{{client}}/r{{repeat}}.jsonl",
         gpu=f"{RUN_DIR}/gpu/{{server}}/{{client}}/r{{repeat}}.csv",
@@ -17,3 +20,17 @@ rule run_cell:
         "cell {wildcards.server}/{wildcards.client} repeat {wildcards.repeat}"
     script:
         "../scripts/run_cell.py"
+
+
+rule build_image:
+    output:
+        json=f"{RUN_DIR}/build/{{node}}.json",
+    log:
+        f"{RUN_DIR}/build/{{node}}.log",
+    params:
+        image=EXP.runtime.image,
+        build=EXP.runtime.model_dump_json(include={"build", "smoke"}),
+    message:
+        "image {params.image} on node {wildcards.node}: build/pull and capability smoke"
+    script:
+        "../scripts/build_image.py"

@@ -33,6 +33,7 @@ wildcard_constraints:
     server=r"[^/]+",
     client=r"[^/]+",
     repeat=r"\d+",
+    node=r"[^/]+",
     metric=r"[a-z0-9_]+",
 
 
@@ -58,6 +59,12 @@ def all_raw():
 
 def all_gpu():
     return [str(PATHS.gpu(cell)) for cell in CELLS.values()]
+
+
+def all_builds():
+    if EXP.runtime.kind != "docker":
+        return []
+    return [f"{RUN_DIR}/build/{node}.json" for node in EXP.cluster.nodes]
 
 
 def all_plots():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import shlex
@@ -14,6 +15,7 @@ from servesweep import loadgen, telemetry, validation
 from servesweep.config import CellRepeat, Experiment, RunPaths
 from servesweep.errors import ClientError, ServesweepError
 from servesweep.records import BenchRecord, read_record, write_record
+from servesweep.runtime import ONESHOT_DIR, Launch
 from servesweep.servers import ServerManager, ServerState
 
 logger = logging.getLogger(__name__)
@@ -37,41 +39,48 @@ def run_client(
     state: ServerState,
     bench_log: Path,
 ) -> BenchRecord:
-    """Run the configured client on the client node; return its single record."""
+    """Run the configured client on the client node (in the runtime); return its record."""
     node = exp.cluster.nodes[0]
     local_out = bench_log.with_name(f".{bench_log.stem}.client.jsonl")
     local_out.unlink(missing_ok=True)
-    if exp.cluster.transport == "local":
+    # Locally without docker the client writes straight into the run folder; otherwise into
+    # the node directory shared with one-shot containers, copied back afterwards.
+    direct = exp.cluster.transport == "local" and exp.runtime.kind == "process"
+    if direct:
         node_out, node_log = str(local_out.resolve()), str(bench_log.resolve())
     else:
-        base = f"/tmp/servesweep/{exp.run_id}/client/{cell.key.replace('/', '__')}"
+        digest = hashlib.sha256(cell.key.encode()).hexdigest()[:12]
+        base = f"{ONESHOT_DIR}/{exp.run_id}/client/{digest}"
         node_out, node_log = f"{base}.jsonl", f"{base}.log"
-    argv = loadgen.client_argv(
-        kind=exp.client.kind,
-        workload=cell.client.workload,
-        base_url=state.base_url,
-        output_file=node_out,
-        tag=cell.key,
-        tokenizer=exp.client.tokenizer or exp.engine.model_path,
-        python=exp.engine.python,
-        sglang_version=exp.engine.version,
-    )
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in loadgen.client_env(exp.client.kind).items())
-    command = (
-        f"mkdir -p $(dirname {shlex.quote(node_out)}) && rm -f {shlex.quote(node_out)} && "
-        f"env {env} {shlex.join(argv)} > {shlex.quote(node_log)} 2>&1"
+        manager.transport.run(node, f"rm -f {shlex.quote(node_out)}", timeout=60)
+    launch = Launch(
+        name=f"servesweep-{exp.run_id}-client-{cell.server.fingerprint[:8]}-r{cell.repeat}",
+        node=node,
+        argv=loadgen.client_argv(
+            kind=exp.client.kind,
+            workload=cell.client.workload,
+            base_url=state.base_url,
+            output_file=node_out,
+            tag=cell.key,
+            tokenizer=exp.client.tokenizer or exp.engine.model_path,
+            python=exp.engine.python,
+            sglang_version=exp.engine.version,
+        ),
+        log_path=node_log,
+        env=loadgen.client_env(exp.client.kind),
+        labels={"run": exp.run_id, "role": "client"},
     )
     bench_log.parent.mkdir(parents=True, exist_ok=True)
     try:
-        result = manager.transport.run(node, command, timeout=client_timeout(cell))
-        if exp.cluster.transport != "local":
+        result = manager.runtime.run_oneshot(launch, timeout=client_timeout(cell))
+        if not direct:
             manager.transport.get(node, node_log, bench_log)
         if not result.ok:
             raise ClientError(
                 f"cell {cell.key}: client exited {result.returncode} on node {node}; "
                 f"bench log {bench_log}"
             )
-        if exp.cluster.transport != "local":
+        if not direct:
             manager.transport.get(node, node_out, local_out)
         if not local_out.exists():
             raise ClientError(f"cell {cell.key}: client wrote no record; bench log {bench_log}")

@@ -23,6 +23,8 @@ logger = logging.getLogger(__name__)
 LABEL_PREFIX = "servesweep."
 ENV_LABEL_PREFIX = "SERVESWEEP_LABEL_"
 COMMAND_TIMEOUT_S = 60.0
+# Node directory shared with one-shot containers (client records, logs).
+ONESHOT_DIR = "/tmp/servesweep"
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,14 @@ class Runtime(Protocol):
 
     def find(self, node: str, labels: dict[str, str]) -> list[str]:
         """Handles of processes on `node` carrying all `labels` (stale-server search)."""
+        ...
+
+    def oneshot_line(self, launch: Launch, *, gpus: bool = False) -> str:
+        """The shell command that runs `launch` to completion, output into its log_path."""
+        ...
+
+    def run_oneshot(self, launch: Launch, *, timeout: float, gpus: bool = False) -> CommandResult:
+        """Run `launch` to completion (client, smoke test); its output goes to log_path."""
         ...
 
 
@@ -112,6 +122,14 @@ class ProcessRuntime:
                 return
             time.sleep(0.1)
         self.transport.run(node, f"kill -KILL -{pgid} 2>/dev/null", timeout=COMMAND_TIMEOUT_S)
+
+    def oneshot_line(self, launch: Launch, *, gpus: bool = False) -> str:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in launch.env.items())
+        log = shlex.quote(launch.log_path)
+        return f"mkdir -p $(dirname {log}) && env {env} {shlex.join(launch.argv)} > {log} 2>&1"
+
+    def run_oneshot(self, launch: Launch, *, timeout: float, gpus: bool = False) -> CommandResult:
+        return self.transport.run(launch.node, self.oneshot_line(launch), timeout=timeout)
 
     def find(self, node: str, labels: dict[str, str]) -> list[str]:
         wanted = [f"{k}={v}" for k, v in label_env(labels).items()]
@@ -173,7 +191,7 @@ class DockerRuntime:
             return None
         return "" if self._password is None else self._password.reveal() + "\n"
 
-    def _docker(self, node: str, args: str, *, timeout: float | None = None) -> CommandResult:
+    def docker(self, node: str, args: str, *, timeout: float | None = None) -> CommandResult:
         """Run `docker <args>` on `node` (through sudo when configured)."""
         res = self.transport.run(
             node,
@@ -193,9 +211,13 @@ class DockerRuntime:
         )
 
     def command_line(self, launch: Launch) -> str:
+        return f"{self._prefix()} {shlex.join(self._run_args(launch, detach=True, gpus=True))}"
+
+    def _run_args(self, launch: Launch, *, detach: bool, gpus: bool) -> list[str]:
         rt = self.runtime
-        args = ["run", "-d", "--name", launch.name, "--network", "host", "--ipc", "host"]
-        if self.gpus is not None:
+        args = ["run", "-d" if detach else "--rm", "--name", launch.name]
+        args += ["--network", "host", "--ipc", "host"]
+        if gpus and self.gpus is not None:
             args += ["--gpus", self.gpus]
         args += ["--shm-size", rt.shm_size]
         if rt.privileged:
@@ -206,12 +228,29 @@ class DockerRuntime:
             args += ["--ulimit", ulimit]
         for key, value in {**rt.env, **launch.env}.items():
             args += ["-e", f"{key}={value}"]
-        for mount in rt.mounts:
+        for mount in [*rt.mounts, *([] if detach else [f"{ONESHOT_DIR}:{ONESHOT_DIR}"])]:
             args += ["-v", mount]
         for key, value in launch.labels.items():
             args += ["--label", f"{LABEL_PREFIX}{key}={value}"]
-        args += [self.image, *launch.argv]
-        return f"{self._prefix()} {shlex.join(args)}"
+        return [*args, self.image, *launch.argv]
+
+    def oneshot_line(self, launch: Launch, *, gpus: bool = False) -> str:
+        log = shlex.quote(launch.log_path)
+        run = shlex.join(self._run_args(launch, detach=False, gpus=gpus))
+        return f"mkdir -p $(dirname {log}) && {self._prefix()} {run} > {log} 2>&1"
+
+    def run_oneshot(self, launch: Launch, *, timeout: float, gpus: bool = False) -> CommandResult:
+        """`docker run --rm` to completion; on a timeout the container is removed too."""
+        try:
+            return self.transport.run(
+                launch.node,
+                self.oneshot_line(launch, gpus=gpus),
+                timeout=timeout,
+                stdin=self._stdin(),
+            )
+        except TransportError:
+            self.docker(launch.node, f"rm -f {shlex.quote(launch.name)}")
+            raise
 
     def start(self, launch: Launch) -> str:
         res = self.transport.run(
@@ -233,14 +272,14 @@ class DockerRuntime:
 
     def is_running(self, node: str, handle: str) -> bool:
         fmt = shlex.quote("{{.State.Running}}")
-        res = self._docker(node, f"inspect --type container -f {fmt} {shlex.quote(handle)}")
+        res = self.docker(node, f"inspect --type container -f {fmt} {shlex.quote(handle)}")
         if not res.ok and _NO_SUCH not in res.stderr.lower():
             res.check(f"docker inspect {handle[:12]}")
         return res.ok and res.stdout.strip() == "true"
 
     def logs(self, node: str, handle: str, log_path: str) -> str:
         """The container's stdout and stderr as one stream (`docker logs`); '' if it is gone."""
-        res = self._docker(node, f"logs {shlex.quote(handle)} 2>&1")
+        res = self.docker(node, f"logs {shlex.quote(handle)} 2>&1")
         if not res.ok:
             if _NO_SUCH in res.stdout.lower():
                 logger.warning("node %s: no container %s, so no logs", node, handle[:12])
@@ -252,7 +291,7 @@ class DockerRuntime:
         return res.stdout
 
     def stop(self, node: str, handle: str) -> None:
-        res = self._docker(node, f"rm -f {shlex.quote(handle)}")
+        res = self.docker(node, f"rm -f {shlex.quote(handle)}")
         if not res.ok and _NO_SUCH not in res.stderr.lower():
             res.check(f"docker rm -f {handle[:12]}")
         logger.info("node %s: removed container %s", node, handle[:12])
@@ -261,7 +300,7 @@ class DockerRuntime:
         filters = " ".join(
             f"--filter {shlex.quote(f'label={LABEL_PREFIX}{k}={v}')}" for k, v in labels.items()
         )
-        res = self._docker(node, f"ps -aq --no-trunc {filters}").check("docker ps")
+        res = self.docker(node, f"ps -aq --no-trunc {filters}").check("docker ps")
         return res.stdout.split()
 
 
