@@ -44,7 +44,7 @@ def _acquire(*, exp: Experiment, node: str, runtime: DockerRuntime, log: Path) -
         cmd, method = f"pull {image}", "pull"
     else:
         return "present"
-    res = runtime.docker(node, f"{cmd} 2>&1", timeout=BUILD_TIMEOUT_S)
+    res = runtime.run_docker(node, f"{cmd} 2>&1", timeout=BUILD_TIMEOUT_S)
     _append(log, f"docker {cmd}", res.stdout)
     if not res.ok:
         raise SmokeFailed(
@@ -59,7 +59,7 @@ def build_image(*, exp: Experiment, node: str, runtime: DockerRuntime, log: Path
     log.write_text(f"# build_image node {node} image {runtime.image}\n")
     method = _acquire(exp=exp, node=node, runtime=runtime, log=log)
     fmt = shlex.quote("{{json .}}")
-    res = runtime.docker(node, f"image inspect -f {fmt} {shlex.quote(runtime.image)}")
+    res = runtime.run_docker(node, f"image inspect -f {fmt} {shlex.quote(runtime.image)}")
     if not res.ok:
         _append(log, "docker image inspect", res.stdout + res.stderr)
         raise SmokeFailed(f"image {runtime.image} is not present on node {node}; log {log}")

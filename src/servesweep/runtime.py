@@ -73,6 +73,15 @@ class Runtime(Protocol):
         ...
 
 
+def node_dir_prep(path: str) -> str:
+    """Shell: create the parent of `path` on a node (ONESHOT_DIR shared by every user)."""
+    shared = shlex.quote(ONESHOT_DIR)
+    return (
+        f"mkdir -p {shared} && (chmod 1777 {shared} 2>/dev/null || true) && "
+        f"mkdir -p $(dirname {shlex.quote(path)})"
+    )
+
+
 def label_env(labels: dict[str, str]) -> dict[str, str]:
     """Labels as environment variables (how a plain process carries them)."""
     return {ENV_LABEL_PREFIX + k.upper(): v for k, v in labels.items()}
@@ -90,7 +99,7 @@ class ProcessRuntime:
         argv = " ".join(shlex.quote(a) for a in launch.argv)
         log = shlex.quote(launch.log_path)
         return (
-            f"mkdir -p $(dirname {log}) && "
+            f"{node_dir_prep(launch.log_path)} && "
             f"env {assigns} setsid {argv} > {log} 2>&1 < /dev/null & echo $!"
         )
 
@@ -126,7 +135,8 @@ class ProcessRuntime:
     def oneshot_line(self, launch: Launch, *, gpus: bool = False) -> str:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in launch.env.items())
         log = shlex.quote(launch.log_path)
-        return f"mkdir -p $(dirname {log}) && env {env} {shlex.join(launch.argv)} > {log} 2>&1"
+        argv = shlex.join(launch.argv)
+        return f"{node_dir_prep(launch.log_path)} && env {env} {argv} > {log} 2>&1"
 
     def run_oneshot(self, launch: Launch, *, timeout: float, gpus: bool = False) -> CommandResult:
         return self.transport.run(launch.node, self.oneshot_line(launch), timeout=timeout)
@@ -191,7 +201,7 @@ class DockerRuntime:
             return None
         return "" if self._password is None else self._password.reveal() + "\n"
 
-    def docker(self, node: str, args: str, *, timeout: float | None = None) -> CommandResult:
+    def run_docker(self, node: str, args: str, *, timeout: float | None = None) -> CommandResult:
         """Run `docker <args>` on `node` (through sudo when configured)."""
         res = self.transport.run(
             node,
@@ -237,7 +247,7 @@ class DockerRuntime:
     def oneshot_line(self, launch: Launch, *, gpus: bool = False) -> str:
         log = shlex.quote(launch.log_path)
         run = shlex.join(self._run_args(launch, detach=False, gpus=gpus))
-        return f"mkdir -p $(dirname {log}) && {self._prefix()} {run} > {log} 2>&1"
+        return f"{node_dir_prep(launch.log_path)} && {self._prefix()} {run} > {log} 2>&1"
 
     def run_oneshot(self, launch: Launch, *, timeout: float, gpus: bool = False) -> CommandResult:
         """`docker run --rm` to completion; on a timeout the container is removed too."""
@@ -249,7 +259,7 @@ class DockerRuntime:
                 stdin=self._stdin(),
             )
         except TransportError:
-            self.docker(launch.node, f"rm -f {shlex.quote(launch.name)}")
+            self.run_docker(launch.node, f"rm -f {shlex.quote(launch.name)}")
             raise
 
     def start(self, launch: Launch) -> str:
@@ -272,14 +282,14 @@ class DockerRuntime:
 
     def is_running(self, node: str, handle: str) -> bool:
         fmt = shlex.quote("{{.State.Running}}")
-        res = self.docker(node, f"inspect --type container -f {fmt} {shlex.quote(handle)}")
+        res = self.run_docker(node, f"inspect --type container -f {fmt} {shlex.quote(handle)}")
         if not res.ok and _NO_SUCH not in res.stderr.lower():
             res.check(f"docker inspect {handle[:12]}")
         return res.ok and res.stdout.strip() == "true"
 
     def logs(self, node: str, handle: str, log_path: str) -> str:
         """The container's stdout and stderr as one stream (`docker logs`); '' if it is gone."""
-        res = self.docker(node, f"logs {shlex.quote(handle)} 2>&1")
+        res = self.run_docker(node, f"logs {shlex.quote(handle)} 2>&1")
         if not res.ok:
             if _NO_SUCH in res.stdout.lower():
                 logger.warning("node %s: no container %s, so no logs", node, handle[:12])
@@ -291,7 +301,7 @@ class DockerRuntime:
         return res.stdout
 
     def stop(self, node: str, handle: str) -> None:
-        res = self.docker(node, f"rm -f {shlex.quote(handle)}")
+        res = self.run_docker(node, f"rm -f {shlex.quote(handle)}")
         if not res.ok and _NO_SUCH not in res.stderr.lower():
             res.check(f"docker rm -f {handle[:12]}")
         logger.info("node %s: removed container %s", node, handle[:12])
@@ -300,7 +310,7 @@ class DockerRuntime:
         filters = " ".join(
             f"--filter {shlex.quote(f'label={LABEL_PREFIX}{k}={v}')}" for k, v in labels.items()
         )
-        res = self.docker(node, f"ps -aq --no-trunc {filters}").check("docker ps")
+        res = self.run_docker(node, f"ps -aq --no-trunc {filters}").check("docker ps")
         return res.stdout.split()
 
 

@@ -175,6 +175,7 @@ class ServerManager:
             base_url=base_url(self.exp),
             started_at=time.time(),
         )
+        self.transport.check_reachable(self.exp.cluster.nodes)
         self.events.emit(
             "start", fp=spec.fingerprint, server=spec.id, nodes=",".join(self.exp.cluster.nodes)
         )

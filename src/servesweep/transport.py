@@ -72,6 +72,10 @@ class Transport(Protocol):
         """Copy `remote` on `node` to a local file."""
         ...
 
+    def check_reachable(self, nodes: Iterable[str] | None = None) -> None:
+        """Raise TransportError naming every node that cannot be reached."""
+        ...
+
     def close(self) -> None:
         """Release connections."""
         ...
@@ -117,6 +121,9 @@ class LocalTransport:
             shutil.copyfile(remote, local)
         except FileNotFoundError:
             raise TransportError(f"no file {remote} on node {node}") from None
+
+    def check_reachable(self, nodes: Iterable[str] | None = None) -> None:
+        return None
 
     def close(self) -> None:
         return None

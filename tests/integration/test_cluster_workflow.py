@@ -1,0 +1,212 @@
+"""The workflow on four SSH nodes with docker, the sim multi-node, and sudo as `sweeper`."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from servesweep.events import read_events
+from servesweep.runtime import host_python_mounts
+from servesweep.transport import SshTransport
+from tests.helpers import experiment_file, run_snakemake
+from tests.integration.nodes import ADDRESSES, IMAGE, NODES
+
+pytestmark = pytest.mark.integration
+
+SWEEPERS = [f"{n}-sweeper" for n in NODES]
+
+
+def _config(nodes_dir: Path, run_id: str, **extra: object) -> dict:
+    runtime = {
+        "kind": "docker",
+        "image": IMAGE,
+        "sudo": True,
+        "gpus": None,
+        "shm_size": "64m",
+        "mounts": [*host_python_mounts(), "/usr/bin:/usr/bin:ro", "/bin:/bin:ro"],
+        "env": {"PATH": f"{sys.prefix}/bin:/usr/bin:/bin", "PYTHONUNBUFFERED": "1"},
+        "smoke": ["python3 -m servesweep.sim --help > /dev/null && echo sim importable"],
+    }
+    runtime.update(extra.pop("runtime", {}))
+    return {
+        "run_id": run_id,
+        "cluster": {
+            "transport": "ssh",
+            "nodes": SWEEPERS,
+            "addresses": {f"{n}-sweeper": a for n, a in ADDRESSES.items()},
+            "gpus_per_node": 8,
+            "ssh": {"config_file": str(nodes_dir / "ssh_config")},
+        },
+        "runtime": runtime,
+        "engine": {
+            "python": "python3",
+            "ready_timeout_s": 120,
+            "sim": {"time_scale": 0.001, "startup_s": 5},
+        },
+        "server": {"tp_size": 32, "ep_size": 32},
+        "matrix": {
+            "server": {
+                "moe_runner_backend": ["marlin", "flashinfer_mxfp4"],
+                "chunked_prefill_size": [8192],
+            },
+            "client": {"concurrency": [4]},
+        },
+        "workload": {"input_len": 2048, "num_requests": 8},
+        "repeats": 1,
+        **extra,
+    }
+
+
+@pytest.fixture()
+def password_file(tmp_path: Path, sweeper_password: str) -> Path:
+    path = tmp_path / "sudo-password"
+    path.write_text(sweeper_password + "\n")
+    path.chmod(0o600)
+    return path
+
+
+class ProcessWatch(threading.Thread):
+    """Scans every process's argv and environment for a secret while a run goes on."""
+
+    def __init__(self, secret: str) -> None:
+        super().__init__(daemon=True)
+        self.secret = secret.encode()
+        self.hits: list[str] = []
+        self.scans = 0
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            for proc in Path("/proc").glob("[0-9]*"):
+                for name in ("cmdline", "environ"):
+                    try:
+                        if self.secret in (proc / name).read_bytes():
+                            self.hits.append(f"{proc.name}/{name}")
+                    except OSError:
+                        continue
+            self.scans += 1
+            self.done.wait(0.05)
+
+
+def test_sudo_really_asks_for_the_password(ssh: SshTransport) -> None:
+    res = ssh.run("node1-sweeper", "sudo -n docker ps", timeout=30)
+    assert res.returncode != 0
+    assert "password is required" in res.stderr
+
+
+def test_matrix_over_ssh_docker_with_sudo(
+    tmp_path: Path,
+    nodes_dir: Path,
+    docker_node: str,
+    sweeper_password: str,
+    password_file: Path,
+    ssh: SshTransport,
+) -> None:
+    run_id = "it-cluster"
+    cfg = experiment_file(tmp_path, _config(nodes_dir, run_id))
+    watch = ProcessWatch(sweeper_password)
+    watch.start()
+    try:
+        proc = run_snakemake(
+            tmp_path,
+            "--cores",
+            "1",
+            "all",
+            "--configfile",
+            str(cfg),
+            env={"SUDO_PASSWORD_FILE": str(password_file)},
+        )
+    finally:
+        watch.done.set()
+        watch.join()
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_dir = tmp_path / "results" / run_id
+
+    # One image check per node, with smoke evidence.
+    for node in SWEEPERS:
+        evidence = yaml.safe_load((run_dir / "build" / f"{node}.json").read_text())
+        assert evidence["image_id"].startswith("sha256:")
+        assert evidence["smoke"][-1]["output"] == "sim importable"
+    # Exact docker commands per node, multi-node flags, labels; logs of every node collected.
+    service = run_dir / "service" / "moe_runner_backend~marlin,chunked_prefill_size~8192"
+    commands = (service / "commands.sh").read_text()
+    assert commands.count("sudo -S -p '' docker run -d") == 4
+    assert "--node-rank 3" in commands and "--dist-init-addr 127.0.0.2:" in commands
+    assert "--label servesweep.fingerprint=" in commands
+    for node in SWEEPERS[1:]:
+        assert (service / f"{node}.log").stat().st_size > 0
+    assert "The server is fired up" in (service / f"{SWEEPERS[0]}.log").read_text()
+    # GPU snapshots from every node (fake nvidia-smi replaying the recorded H200 output).
+    gpu = pd.read_csv(next(run_dir.glob("gpu/*/*/r1.csv")))
+    assert set(gpu["node"]) == set(SWEEPERS)
+    assert set(gpu["status"]) == {"ok"}
+    assert len(gpu) == 2 * 4 * 8
+    results = pd.read_csv(run_dir / "results.csv")
+    assert len(results) == 2
+    assert (results["gpu_mem_used_peak_mib"] == 21491).all()
+    assert (results["gpu_count"] == 32).all()
+    events = [e for _, e, _ in read_events(run_dir / "orchestrator.log")]
+    assert events.count("start") == 2 and events.count("ready") == 2
+
+    # Nothing left running.
+    left = ssh.run(docker_node, f"docker ps -aq --filter label=servesweep.run={run_id}", timeout=30)
+    assert left.ok and left.stdout.strip() == ""
+    # The password is nowhere: files, process argv/environment during the run.
+    assert watch.scans > 10 and watch.hits == []
+    secret = sweeper_password.encode()
+    for root in (run_dir, tmp_path / ".snakemake"):
+        for path in root.rglob("*"):
+            if path.is_file():
+                assert secret not in path.read_bytes(), f"password leaked into {path}"
+    assert sweeper_password not in proc.stdout + proc.stderr
+
+
+def test_failed_smoke_aborts_before_any_server_starts(
+    tmp_path: Path, nodes_dir: Path, docker_node: str, password_file: Path
+) -> None:
+    run_id = "it-smoke"
+    cfg = experiment_file(
+        tmp_path, _config(nodes_dir, run_id, runtime={"smoke": ["echo broken kernel; exit 3"]})
+    )
+    proc = run_snakemake(
+        tmp_path,
+        "--cores",
+        "1",
+        "all",
+        "--configfile",
+        str(cfg),
+        env={"SUDO_PASSWORD_FILE": str(password_file)},
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "SmokeFailed" in out and "exit 3" in out
+    assert f"results/{run_id}/build/" in out
+    run_dir = tmp_path / "results" / run_id
+    assert not list(run_dir.glob("build/*.json"))
+    events = [e for _, e, _ in read_events(run_dir / "orchestrator.log")]
+    assert "start" not in events
+    assert "broken kernel" in "".join(p.read_text() for p in run_dir.glob("build/*.log"))
+
+
+def test_unsafe_password_file_is_refused_before_anything_starts(
+    tmp_path: Path, nodes_dir: Path, docker_node: str, password_file: Path
+) -> None:
+    password_file.chmod(0o644)
+    cfg = experiment_file(tmp_path, _config(nodes_dir, "it-badfile"))
+    proc = run_snakemake(
+        tmp_path,
+        "--cores",
+        "1",
+        "all",
+        "--configfile",
+        str(cfg),
+        env={"SUDO_PASSWORD_FILE": str(password_file)},
+    )
+    assert proc.returncode != 0
+    assert "SecretError" in proc.stdout + proc.stderr
+    assert not (tmp_path / "results" / "it-badfile" / "orchestrator.log").exists()
