@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 from pathlib import Path
@@ -210,3 +211,33 @@ def test_unsafe_password_file_is_refused_before_anything_starts(
     assert proc.returncode != 0
     assert "SecretError" in proc.stdout + proc.stderr
     assert not (tmp_path / "results" / "it-badfile" / "orchestrator.log").exists()
+
+
+def test_bench_serving_client_runs_in_the_image(
+    tmp_path: Path, nodes_dir: Path, docker_node: str, staged_bench: Path, tokenizer_dir: Path
+) -> None:
+    """SGLang's own bench_serving in a one-shot container on the client node; record copied
+    back and validated like the builtin client's."""
+    run_id = "it-bench"
+    config = _config(nodes_dir, run_id)
+    config["cluster"] |= {"nodes": ["node1"], "addresses": {"node1": ADDRESSES["node1"]}}
+    config["runtime"]["sudo"] = False
+    config["runtime"]["mounts"] += [
+        f"{staged_bench}:{staged_bench}:ro",
+        f"{tokenizer_dir}:{tokenizer_dir}:ro",
+    ]
+    config["runtime"]["env"]["PYTHONPATH"] = str(staged_bench)
+    config["server"] = {"tp_size": 8, "ep_size": 8}
+    config["matrix"]["server"]["moe_runner_backend"] = ["marlin"]
+    config["client"] = {"kind": "bench_serving", "tokenizer": str(tokenizer_dir)}
+    cfg = experiment_file(tmp_path, config)
+    proc = run_snakemake(tmp_path, "--cores", "1", "all", "--configfile", str(cfg))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_dir = tmp_path / "results" / run_id
+    [raw] = run_dir.glob("raw/*/*/r1.jsonl")
+    record = json.loads(raw.read_text())
+    assert record["backend"] == "sglang" and "client" not in record, "bench_serving's record"
+    assert record["completed"] == 8 and record["total_input_tokens"] == 8 * 2048
+    bench_log = run_dir / "bench" / raw.relative_to(run_dir / "raw").with_suffix(".log")
+    assert "Serving Benchmark Result" in bench_log.read_text()
+    assert len(pd.read_csv(run_dir / "results.csv")) == 1
