@@ -15,17 +15,21 @@ DEFAULT_CONFIG = "config/config.yaml"
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="servesweep", description=__doc__)
-    parser.add_argument(
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
         "--configfile",
         default=DEFAULT_CONFIG,
         help=f"experiment YAML (default {DEFAULT_CONFIG}); env narrowing applies",
     )
-    parser.add_argument("--results", default="results", help="results directory")
+    common.add_argument("--results", default="results", help="results directory")
+    parser = argparse.ArgumentParser(prog="servesweep", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("down", help="stop every server of the run (current and stale by label)")
-    sub.add_parser("status", help="per node and rank: handle, running, health")
-    sub.add_parser("commands", help="print every server launch command per node; touches no node")
+    for name, text in (
+        ("down", "stop every server of the run (current and stale by label)"),
+        ("status", "per node and rank: handle, running, health"),
+        ("commands", "print every server launch command per node; touches no node"),
+    ):
+        sub.add_parser(name, parents=[common], help=text, description=text)
     return parser
 
 

@@ -64,12 +64,6 @@ class ClusterConfig(Strict):
             raise ValueError(f"addresses given for nodes not in cluster.nodes: {unknown}")
         return self
 
-    def address(self, node: str) -> str:
-        """The IP/host other nodes and the client use to reach `node`."""
-        if node in self.addresses:
-            return self.addresses[node]
-        return "127.0.0.1" if self.transport == "local" else node
-
 
 class ImageBuild(Strict):
     """How `build_image` gets the image onto every node (paths are on the nodes)."""
@@ -413,7 +407,7 @@ def fingerprint(exp: Experiment, args: ServerArgs) -> str:
         "runtime": exp.runtime.model_dump(),
         "cluster": {
             "nodes": exp.cluster.nodes,
-            "addresses": {n: exp.cluster.address(n) for n in exp.cluster.nodes},
+            "addresses": exp.cluster.addresses,
             "gpus_per_node": exp.cluster.gpus_per_node,
         },
         "server": args.model_dump(),

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from servesweep.config import Experiment, ServerArgs, ServerSpec
 from servesweep.errors import ConfigError
+from servesweep.transport import node_address
 
 # MoE runner choices of `--moe-runner-backend` per SGLang version (SGLANG.md section 3).
 MOE_RUNNERS_0_5_9 = (
@@ -67,7 +68,7 @@ def server_host(exp: Experiment) -> str:
 def base_url(exp: Experiment) -> str:
     """URL clients and health checks use for rank 0."""
     node0 = exp.cluster.nodes[0]
-    return f"http://{exp.cluster.address(node0)}:{exp.engine.port}"
+    return f"http://{node_address(exp.cluster, node0)}:{exp.engine.port}"
 
 
 def _server_flags(exp: Experiment, args: ServerArgs, rank: int) -> list[str]:
@@ -79,7 +80,7 @@ def _server_flags(exp: Experiment, args: ServerArgs, rank: int) -> list[str]:
     flags += ["--tp-size", str(args.tp_size), "--ep-size", str(args.ep_size)]
     flags += ["--dp-size", str(args.dp_size), "--pp-size", str(args.pp_size)]
     if len(nodes) > 1:
-        addr = f"{exp.cluster.address(nodes[0])}:{exp.engine.dist_init_port}"
+        addr = f"{node_address(exp.cluster, nodes[0])}:{exp.engine.dist_init_port}"
         flags += ["--nnodes", str(len(nodes)), "--node-rank", str(rank)]
         flags += ["--dist-init-addr", addr]
     optional = {

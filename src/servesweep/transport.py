@@ -25,7 +25,7 @@ import paramiko
 from paramiko import Channel, PKey, RejectPolicy
 from paramiko.auth_strategy import AuthFailure, AuthStrategy, InMemoryPrivateKey, PrivateKey
 
-from servesweep.config import SshOptions
+from servesweep.config import ClusterConfig, SshOptions
 from servesweep.errors import TransportError
 
 logger = logging.getLogger(__name__)
@@ -79,6 +79,19 @@ class Transport(Protocol):
     def close(self) -> None:
         """Release connections."""
         ...
+
+
+def node_address(cluster: ClusterConfig, node: str) -> str:
+    """The address other nodes and the client use for `node`: `cluster.addresses`, else
+    127.0.0.1 locally, else the HostName of its `~/.ssh/config` alias."""
+    if node in cluster.addresses:
+        return cluster.addresses[node]
+    if cluster.transport == "local":
+        return "127.0.0.1"
+    path = Path(cluster.ssh.config_file).expanduser()
+    if not path.is_file():
+        return node
+    return paramiko.SSHConfig.from_path(str(path)).lookup(node).get("hostname", node)
 
 
 def run_all(

@@ -1,0 +1,96 @@
+"""Tests of servesweep.cells on the real sim: files appear only for a valid cell-repeat."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from servesweep.cells import client_timeout, run_cell
+from servesweep.config import RunPaths, cell_repeats, load_experiment
+from servesweep.errors import CellFailed
+from servesweep.events import read_events
+from servesweep.records import read_record
+from servesweep.runtime import ProcessRuntime
+from servesweep.servers import ServerManager
+from servesweep.transport import LocalTransport
+from tests.helpers import DEFAULT_CONFIG, deep_update, free_port
+
+
+def _setup(tmp_path: Path, faults: dict | None = None):
+    raw = deep_update(
+        yaml.safe_load(DEFAULT_CONFIG.read_text()),
+        {
+            "run_id": "unit-cells",
+            "engine": {
+                "port": free_port(),
+                "dist_init_port": free_port(),
+                "sim": {"time_scale": 0.001, "startup_s": 1, "faults": faults or {}},
+            },
+            "matrix": {
+                "server": {"moe_runner_backend": ["marlin"], "chunked_prefill_size": [8192]},
+                "client": {"concurrency": [2]},
+            },
+            "workload": {"input_len": 1024, "num_requests": 4},
+            "repeats": 1,
+        },
+    )
+    exp = load_experiment(raw, {})
+    paths = RunPaths(tmp_path / "results" / exp.run_id)
+    transport = LocalTransport()
+    manager = ServerManager(exp, paths, transport=transport, runtime=ProcessRuntime(transport))
+    return exp, paths, manager, cell_repeats(exp)[0]
+
+
+def test_valid_cell_writes_record_and_gpu_snapshot(tmp_path: Path) -> None:
+    exp, paths, manager, cell = _setup(tmp_path)
+    try:
+        run_cell(
+            exp=exp,
+            cell=cell,
+            paths=paths,
+            manager=manager,
+            raw_out=paths.raw(cell),
+            gpu_out=paths.gpu(cell),
+            bench_log=paths.bench_log(cell),
+        )
+    finally:
+        manager.stop_all(reason="test")
+    record = read_record(paths.raw(cell))
+    assert record.completed == 4 and record.tag == cell.key
+    gpu = pd.read_csv(paths.gpu(cell))
+    assert list(gpu["phase"]) == ["before", "after"]
+    assert "nvidia-smi" in gpu["detail"][0]
+    done = [f for _, e, f in read_events(paths.orchestrator_log) if e == "cell-done"]
+    assert done[0]["cell"] == cell.key and float(done[0]["client_seconds"]) > 0
+    assert not list(paths.raw(cell).parent.glob(".*")), "no temp file left"
+
+
+def test_invalid_record_leaves_no_raw_file(tmp_path: Path) -> None:
+    exp, paths, manager, cell = _setup(tmp_path, {"midstream_error_at": [1]})
+    with pytest.raises(CellFailed) as info:
+        try:
+            run_cell(
+                exp=exp,
+                cell=cell,
+                paths=paths,
+                manager=manager,
+                raw_out=paths.raw(cell),
+                gpu_out=paths.gpu(cell),
+                bench_log=paths.bench_log(cell),
+            )
+        finally:
+            manager.stop_all(reason="test")
+    assert f"cell {cell.key}" in str(info.value)
+    assert str(paths.bench_log(cell)) in str(info.value)
+    assert not paths.raw(cell).exists() and not paths.gpu(cell).exists()
+    assert paths.bench_log(cell).exists()
+    assert [e for _, e, _ in read_events(paths.orchestrator_log)].count("cell-failed") == 1
+
+
+def test_client_timeout_scales_with_waves(tmp_path: Path) -> None:
+    _, _, _, cell = _setup(tmp_path)
+    w = cell.client.workload
+    assert client_timeout(cell) == 2 * w.request_timeout_s + 600

@@ -1,0 +1,58 @@
+"""Tests of the servesweep CLI: commands (no node touched), status, down, one-line errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from servesweep.cli import main
+from tests.helpers import REPO
+
+SEED = str(REPO / "config" / "experiments" / "moe_prefill_gate.yaml")
+
+
+def test_commands_prints_every_docker_and_launch_command(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SUDO_PASSWORD", raising=False)
+    monkeypatch.delenv("SUDO_PASSWORD_FILE", raising=False)
+    assert main(["commands", "--configfile", SEED]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    commands = [line for line in lines if not line.startswith("#")]
+    assert len(commands) == 4 * 4  # 4 server configs x 4 nodes, one command per line
+    assert all(c.startswith("sudo -S -p '' docker run -d") for c in commands)
+    assert all("python3 -m sglang.launch_server" in c for c in commands)
+    assert sum("--node-rank 3" in c for c in commands) == 4
+    assert sum("--moe-runner-backend flashinfer_mxfp4" in c for c in commands) == 8
+
+
+def test_commands_apply_env_narrowing(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EP_SIZE", "4")
+    monkeypatch.setenv("BACKENDS_CSV", "marlin")
+    monkeypatch.setenv("CHUNKED_PREFILL_SIZES_CSV", "16384")
+    assert main(["commands", "--configfile", SEED]) == 0
+    commands = [c for c in capsys.readouterr().out.splitlines() if not c.startswith("#")]
+    assert len(commands) == 4
+    assert all("--tp-size 32 --ep-size 4" in c for c in commands)
+
+
+def test_bad_config_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(Path(SEED).read_text().replace("repeats: 3", "repeats: 3\nrepeat: 2"))
+    assert main(["commands", "--configfile", str(bad)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == "servesweep: ConfigError: config key 'repeat': unknown key"
+
+
+def test_status_and_down_without_a_server(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RUN_ID", "cli-test")
+    default = str(REPO / "config" / "config.yaml")
+    assert main(["status", "--configfile", default, "--results", str(tmp_path)]) == 0
+    assert "run cli-test: no server running" in capsys.readouterr().out
+    assert main(["down", "--configfile", default, "--results", str(tmp_path)]) == 0
+    assert "every server stopped" in capsys.readouterr().out

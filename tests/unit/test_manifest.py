@@ -1,0 +1,32 @@
+"""Tests of servesweep.manifest: config, fingerprints, versions, git SHA."""
+
+from pathlib import Path
+
+from servesweep.config import RunPaths, load_experiment_file, server_specs
+from servesweep.manifest import build_manifest, git_sha, package_versions
+from tests.helpers import DEFAULT_CONFIG, REPO
+
+
+def test_manifest_has_config_fingerprints_versions(tmp_path: Path) -> None:
+    exp = load_experiment_file(DEFAULT_CONFIG)
+    paths = RunPaths(tmp_path / exp.run_id)
+    spec = server_specs(exp)[0]
+    info = paths.service(spec.id) / "server_info.json"
+    info.parent.mkdir(parents=True)
+    info.write_text('{"version": "0.5.23-sim"}')
+    manifest = build_manifest(exp=exp, paths=paths, repo=REPO)
+    assert manifest["run_id"] == exp.run_id
+    assert [s["fingerprint"] for s in manifest["servers"]] == [
+        s.fingerprint for s in server_specs(exp)
+    ]
+    assert manifest["servers"][0]["engine_version_reported"] == "0.5.23-sim"
+    assert manifest["servers"][1]["engine_version_reported"] is None
+    assert manifest["config"]["workload"]["input_len"] == 16384
+    assert manifest["engine"]["version_pinned"] == "0.5.23"
+    assert "snakemake" in manifest["versions"]
+
+
+def test_git_sha_outside_git_is_unknown(tmp_path: Path) -> None:
+    assert git_sha(tmp_path) == "unknown"
+    assert len(git_sha(REPO).split("+")[0]) == 40
+    assert package_versions()["servesweep"]
