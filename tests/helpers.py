@@ -51,11 +51,19 @@ def run_snakemake(
     exe = shutil.which("snakemake")
     assert exe, "snakemake is not installed"
     full_env = {**os.environ, **(env or {})}
-    for var in ("RUN_ID", "BACKENDS_CSV", "CHUNKED_PREFILL_SIZES_CSV", "CONCURRENCIES_CSV",
-                "EP_SIZE"):
+    for var in (
+        "RUN_ID",
+        "BACKENDS_CSV",
+        "CHUNKED_PREFILL_SIZES_CSV",
+        "CONCURRENCIES_CSV",
+        "EP_SIZE",
+    ):
         if env is None or var not in env:
             full_env.pop(var, None)
     return subprocess.run(
         [exe, "-s", str(REPO / "Snakefile"), "-d", str(workdir), *args],
-        capture_output=True, text=True, env=full_env, timeout=timeout,
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
     )

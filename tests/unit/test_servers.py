@@ -18,14 +18,26 @@ from tests.helpers import DEFAULT_CONFIG, deep_update, free_port
 
 def _manager(tmp_path: Path, **changes) -> ServerManager:
     raw = yaml.safe_load(DEFAULT_CONFIG.read_text())
-    raw = deep_update(raw, {"run_id": "unit-servers",
-                            "engine": {"port": free_port(), "dist_init_port": free_port(),
-                                       "ready_timeout_s": 30,
-                                       "sim": {"time_scale": 0.001, "startup_s": 1}}})
+    raw = deep_update(
+        raw,
+        {
+            "run_id": "unit-servers",
+            "engine": {
+                "port": free_port(),
+                "dist_init_port": free_port(),
+                "ready_timeout_s": 30,
+                "sim": {"time_scale": 0.001, "startup_s": 1},
+            },
+        },
+    )
     exp = load_experiment(deep_update(raw, changes), {})
     transport = LocalTransport()
-    return ServerManager(exp, RunPaths(tmp_path / "results" / exp.run_id),
-                         transport=transport, runtime=ProcessRuntime(transport))
+    return ServerManager(
+        exp,
+        RunPaths(tmp_path / "results" / exp.run_id),
+        transport=transport,
+        runtime=ProcessRuntime(transport),
+    )
 
 
 @pytest.fixture()
@@ -81,8 +93,9 @@ def test_failed_start_names_node_and_log_and_leaves_nothing(tmp_path: Path) -> N
 
 
 def test_ready_timeout(tmp_path: Path) -> None:
-    m = _manager(tmp_path, engine={"ready_timeout_s": 1, "sim": {"startup_s": 600,
-                                                                   "time_scale": 1.0}})
+    m = _manager(
+        tmp_path, engine={"ready_timeout_s": 1, "sim": {"startup_s": 600, "time_scale": 1.0}}
+    )
     spec = server_specs(m.exp)[0]
     with pytest.raises(ServerStartError, match="not ready after 1s"):
         m.ensure(spec)

@@ -16,8 +16,10 @@ pytestmark = pytest.mark.workflow
 
 SMALL = {
     "engine": {"sim": {"time_scale": 0.001, "startup_s": 5}},
-    "matrix": {"server": {"moe_runner_backend": ["marlin"], "chunked_prefill_size": [8192]},
-               "client": {"concurrency": [4]}},
+    "matrix": {
+        "server": {"moe_runner_backend": ["marlin"], "chunked_prefill_size": [8192]},
+        "client": {"concurrency": [4]},
+    },
     "workload": {"input_len": 2048, "num_requests": 8},
     "repeats": 2,
 }
@@ -34,10 +36,14 @@ def test_failed_request_aborts_and_leaves_no_raw_file(
     tmp_path: Path, fault: dict, expected: str
 ) -> None:
     run_id = "wf-fault"
-    cfg = experiment_file(tmp_path, {**SMALL, "run_id": run_id,
-                                     "engine": {**SMALL["engine"],
-                                                "sim": {**SMALL["engine"]["sim"],
-                                                        "faults": fault}}})
+    cfg = experiment_file(
+        tmp_path,
+        {
+            **SMALL,
+            "run_id": run_id,
+            "engine": {**SMALL["engine"], "sim": {**SMALL["engine"]["sim"], "faults": fault}},
+        },
+    )
     proc = run_snakemake(tmp_path, "--cores", "1", "all", "--configfile", str(cfg))
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
