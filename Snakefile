@@ -5,9 +5,13 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
+report: "report/method.rst"
+
+
 include: "rules/common.smk"
 include: "rules/cells.smk"
 include: "rules/analysis.smk"
+include: "rules/compare.smk"
 
 
 rule all:

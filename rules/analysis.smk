@@ -21,6 +21,7 @@ rule collect_results:
 
 rule summarize:
     input:
+        raw=all_raw(),
         csv=PATHS.results_csv,
     output:
         json=report(

@@ -1,17 +1,19 @@
-"""Adapter for rule summarize: medians over repeats, deltas vs the baseline."""
-
-import pandas as pd
+"""Adapter for rule summarize: medians, bootstrap intervals and verdicts vs the baseline."""
 
 from servesweep import analysis, scripting
 
 
 def main() -> None:
-    exp, _ = scripting.experiment(snakemake)
+    exp, paths = scripting.experiment(snakemake)
+    results = analysis.read_results_csv(snakemake.input.csv)
+    # Per-request details come from the raw records next to results.csv (rule input `raw`).
+    requests = analysis.load_requests(results=results, run_dir=paths.root)
     summary = analysis.summarize(
-        results=pd.read_csv(snakemake.input.csv),
+        results=results,
         baseline=exp.baseline,
         server_axes=list(exp.matrix.server),
         client_axes=list(exp.matrix.client),
+        requests=requests,
     )
     analysis.write_summary(summary, snakemake.output.json)
 

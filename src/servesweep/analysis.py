@@ -1,4 +1,4 @@
-"""Records to results.csv (one row per cell-repeat) and summary.json (medians, deltas)."""
+"""Records to results.csv (one row per cell-repeat), summary.json (medians, intervals, deltas)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import json
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import numpy as np
 import pandas as pd
 from pydantic import ValidationError
 
-from servesweep import telemetry
+from servesweep import stats, telemetry
 from servesweep.config import CellRepeat, RunPaths
 from servesweep.errors import CellFailed
 from servesweep.files import atomic_open, write_text_atomic
@@ -201,6 +202,11 @@ def _py(value: Any) -> Any:
     return value
 
 
+def json_value(value: Any) -> Any:
+    """A JSON-ready Python scalar (numpy unwrapped, NaN/NA -> None)."""
+    return _py(value)
+
+
 def _key(value: Any) -> str:
     """Comparable form of an axis value: 8192, 8192.0 and "8192" are the same cell."""
     value = _py(value)
@@ -218,10 +224,15 @@ def group_cells(
     groups: dict[tuple[str, ...], list[int]] = {}
     for pos, row in enumerate(results[list(axes)].itertuples(index=False, name=None)):
         groups.setdefault(tuple(_key(v) for v in row), []).append(pos)
+    # One reordering, then contiguous slices: much cheaper than a take per cell.
+    order = [pos for positions in groups.values() for pos in positions]
+    ordered = results.iloc[order]
     out = []
+    start = 0
     for positions in groups.values():
-        rows = results.iloc[positions]
-        first = rows.iloc[0]
+        rows = ordered.iloc[start : start + len(positions)]
+        start += len(positions)
+        first = results.iloc[positions[0]]
         out.append(({a: _py(first[a]) for a in axes}, rows))
     return out
 
@@ -233,30 +244,85 @@ def cell_metric_names(rows: pd.DataFrame) -> list[str]:
     return [m for m in SUMMARY_METRICS if multi_token or m not in OUTPUT_DEPENDENT]
 
 
-def metric_stats(values: pd.Series) -> dict[str, Any]:
-    """Spread of one metric over a cell's repeats (extension point: intervals)."""
-    v = pd.to_numeric(values, errors="coerce").dropna()
-    if v.empty:
-        return {"median": None, "min": None, "max": None}
-    return {"median": _py(v.median()), "min": _py(v.min()), "max": _py(v.max())}
+def _floats(values: pd.Series | np.ndarray | Sequence[float]) -> np.ndarray:
+    if isinstance(values, np.ndarray) and values.dtype == float:
+        return values
+    if isinstance(values, pd.Series) and pd.api.types.is_numeric_dtype(values.dtype):
+        return values.to_numpy(dtype=float, na_value=np.nan)
+    return pd.to_numeric(pd.Series(values), errors="coerce").to_numpy(float)
 
 
-def compare(candidate: pd.Series, baseline: pd.Series, *, better: str) -> dict[str, Any]:
-    """Candidate vs baseline medians of one metric (extension point: bootstrap, verdict)."""
-    cand = metric_stats(candidate)["median"]
-    base = metric_stats(baseline)["median"]
+def _median(values: pd.Series | np.ndarray | Sequence[float]) -> float | None:
+    v = np.sort(_floats(values))
+    v = v[np.isfinite(v)]
+    return stats.figure_stat(v, 50.0) if v.size else None
+
+
+def metric_stats(
+    values: pd.Series | np.ndarray | Sequence[float],
+    *,
+    replicates: stats.Replicates | None = None,
+    level: float = stats.LEVEL,
+    bootstrapped: bool = False,
+) -> dict[str, Any]:
+    """Spread of one metric over a cell's repeats; with `bootstrapped`, its interval too.
+
+    `ci_low`/`ci_high` bound the bootstrap interval of the median (None without replicates,
+    or for one repeat without per-request data: nothing measures its noise), `resampled`
+    says what was resampled (`repeats+requests`, `repeats`, None).
+    """
+    v = np.sort(_floats(values))
+    v = v[np.isfinite(v)]
+    out: dict[str, Any] = {"median": None, "min": None, "max": None}
+    if v.size:
+        out = {"median": stats.figure_stat(v, 50.0), "min": float(v[0]), "max": float(v[-1])}
+    if not bootstrapped and replicates is None:
+        return out
+    bounds = None
+    if replicates is not None and replicates.spread_known:  # else no honest interval
+        bounds = stats.interval(replicates.values, level=level)
+    out["ci_low"], out["ci_high"] = bounds if bounds else (None, None)
+    out["resampled"] = replicates.resampled if replicates is not None else None
+    return out
+
+
+def compare(
+    candidate: pd.Series | np.ndarray | Sequence[float],
+    baseline: pd.Series | np.ndarray | Sequence[float],
+    *,
+    better: str,
+    candidate_replicates: stats.Replicates | None = None,
+    baseline_replicates: stats.Replicates | None = None,
+    level: float = stats.LEVEL,
+) -> dict[str, Any]:
+    """Candidate vs baseline medians of one metric, the % delta's interval and the verdict.
+
+    `better` (bool) is the direction of the point change alone; `verdict` is the honest one:
+    `better`/`worse` only when the interval of the % delta excludes 0 (stats.verdict).
+    """
+    cand = _median(candidate)
+    base = _median(baseline)
     out: dict[str, Any] = {
         "candidate_median": cand,
         "baseline_median": base,
         "delta_abs": None,
         "delta_pct": None,
         "better": None,
+        "ci_low": None,
+        "ci_high": None,
+        "verdict": stats.UNKNOWN,
     }
     if cand is None or base is None:
         return out
     out["delta_abs"] = cand - base
     out["delta_pct"] = 100.0 * (cand - base) / base if base != 0 else None
     out["better"] = cand < base if better == "lower" else cand > base
+    if out["delta_pct"] is None:
+        return out
+    delta = stats.compare_replicates(
+        candidate_replicates, baseline_replicates, better=better, level=level
+    )
+    out["ci_low"], out["ci_high"], out["verdict"] = delta.low, delta.high, delta.verdict
     return out
 
 
@@ -265,71 +331,278 @@ def cell_label(axes: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={_key(v)}" for k, v in axes.items()) or "default"
 
 
+# ---------------------------------------------------------------- bootstrap inputs
+
+# (server_id, client_id, repeat) -> per-request figures of that cell-repeat (None: none).
+RequestData = Mapping[tuple[str, str, int], "stats.Requests | None"]
+
+
+def raw_path(run_dir: str | Path, *, server_id: str, client_id: str, repeat: int) -> Path:
+    """The raw record of a cell-repeat of a run directory (the layout of RunPaths.raw)."""
+    return Path(run_dir) / "raw" / server_id / client_id / f"r{int(repeat)}.jsonl"
+
+
+def load_requests(
+    *, results: pd.DataFrame, run_dir: str | Path
+) -> dict[tuple[str, str, int], stats.Requests | None]:
+    """Per-request figures of every cell-repeat in results.csv, from the run's raw records.
+
+    Keyed by (server_id, client_id, repeat); a record without usable per-request details
+    (or a raw file that is gone or unreadable) gives None, and its cell is resampled at the
+    repeat level only.
+    """
+    out: dict[tuple[str, str, int], stats.Requests | None] = {}
+    keys = results[["server_id", "client_id", "repeat"]].itertuples(index=False, name=None)
+    missing = 0
+    for server_id, client_id, repeat in keys:
+        key = (str(server_id), str(client_id), int(repeat))
+        path = raw_path(run_dir, server_id=key[0], client_id=key[1], repeat=key[2])
+        try:
+            out[key] = stats.requests_of(read_record(path))
+        except (OSError, ValueError, ValidationError) as exc:
+            log.warning("%s: no per-request data (%s)", path, str(exc).splitlines()[0])
+            out[key] = None
+        missing += out[key] is None
+    if missing:
+        log.warning("%d of %d cell-repeats have no per-request details", missing, len(out))
+    log.info("loaded per-request details of %d cell-repeats", len(out) - missing)
+    return out
+
+
+def _cell_key(rows: pd.DataFrame, axes: Mapping[str, Any]) -> str:
+    ids = [str(rows[c].iloc[0]) for c in ("run_id", "server_id", "client_id") if c in rows]
+    return "|".join(ids) if len(ids) == 3 else cell_label(axes)
+
+
+def cell_replicates(
+    rows: pd.DataFrame,
+    *,
+    metrics: Sequence[str],
+    requests: RequestData | None = None,
+    bootstrap: stats.Bootstrap = stats.DEFAULT,
+    key: str | None = None,
+    values: Mapping[str, np.ndarray] | None = None,
+) -> dict[str, stats.Replicates | None]:
+    """Bootstrap replicates of each metric's median over a cell's repeat rows.
+
+    `values` (metric -> the rows' values as floats) saves converting the columns again.
+    """
+    reqs = None
+    if requests is not None and {"server_id", "client_id", "repeat"} <= set(rows.columns):
+        ids = zip(
+            rows["server_id"].tolist(),
+            rows["client_id"].tolist(),
+            rows["repeat"].tolist(),
+            strict=True,
+        )
+        reqs = [requests.get((str(s), str(c), int(r))) for s, c, r in ids]
+    if values is None:
+        values = {m: _floats(rows[m]) for m in metrics}
+    else:
+        values = {m: values[m] for m in metrics}
+    return stats.cell_replicates(
+        values=values, requests=reqs, key=key or _cell_key(rows, {}), bootstrap=bootstrap
+    )
+
+
+# ---------------------------------------------------------------- summary
+
+
+def _twins(
+    groups: Sequence[tuple[dict[str, Any], pd.DataFrame]], baseline: Mapping[str, Any]
+) -> tuple[dict[int, int], str | None]:
+    """Candidate group index -> its baseline twin's index, and a note when there are none."""
+    if not baseline:
+        return {}, "no baseline in this run (none configured, or narrowed out of the matrix)"
+    if not groups:
+        return {}, "no results in this run"
+    (axis, value), *_ = baseline.items()
+    axes_known = list(groups[0][0])
+    if axis not in axes_known:
+        return {}, f"baseline axis {axis} is not an axis of this run"
+    want = _key(value)
+    others = [a for a in axes_known if a != axis]
+    index = {
+        tuple(_key(ax[a]) for a in others): i
+        for i, (ax, _) in enumerate(groups)
+        if _key(ax[axis]) == want
+    }
+    if not index:
+        return {}, f"baseline {axis}={want} has no results in this run"
+    twins = {}
+    for i, (ax, _) in enumerate(groups):
+        if _key(ax[axis]) == want:
+            continue
+        twin = index.get(tuple(_key(ax[a]) for a in others))
+        if twin is None:
+            log.warning("cell %s has no baseline twin with %s=%s", cell_label(ax), axis, want)
+            continue
+        twins[i] = twin
+    if not twins:
+        return {}, f"only the baseline {axis}={want} ran: no other value to compare"
+    return twins, None
+
+
+@dataclass(frozen=True)
+class _Cell:
+    """One cell's rows as plain arrays (pandas per-metric calls dominate large summaries)."""
+
+    axes: dict[str, Any]
+    rows: pd.DataFrame
+    metrics: list[str]
+    values: dict[str, np.ndarray]
+
+    @classmethod
+    def of(cls, axes: dict[str, Any], rows: pd.DataFrame) -> _Cell:
+        metrics = cell_metric_names(rows)
+        return cls(axes, rows, metrics, {m: _floats(rows[m]) for m in metrics})
+
+
+def _cell_entry(
+    cell: _Cell,
+    reps: Mapping[str, stats.Replicates | None] | None,
+    bootstrap: stats.Bootstrap | None,
+) -> dict[str, Any]:
+    rows = cell.rows
+    entry: dict[str, Any] = {
+        "axes": cell.axes,
+        "label": cell_label(cell.axes),
+        "server_id": _py(rows["server_id"].iloc[0]) if "server_id" in rows else None,
+        "client_id": _py(rows["client_id"].iloc[0]) if "client_id" in rows else None,
+        "n": len(rows),
+    }
+    if bootstrap is not None:
+        entry["repeat_resamples"] = stats.distinct_resamples(len(rows))
+        entry["coarse"] = stats.is_coarse(len(rows))
+    entry["metrics"] = {
+        m: metric_stats(
+            cell.values[m],
+            replicates=(reps or {}).get(m),
+            level=bootstrap.level if bootstrap else stats.LEVEL,
+            bootstrapped=bootstrap is not None,
+        )
+        for m in cell.metrics
+    }
+    return entry
+
+
+def _delta_entry(
+    cand: _Cell,
+    base: _Cell,
+    *,
+    axis: str,
+    value: Any,
+    reps: Mapping[str, stats.Replicates | None] | None,
+    base_reps: Mapping[str, stats.Replicates | None] | None,
+    bootstrap: stats.Bootstrap | None,
+) -> dict[str, Any]:
+    n_cand, n_base = len(cand.rows), len(base.rows)
+    entry: dict[str, Any] = {
+        "axes": cand.axes,
+        "label": cell_label(cand.axes),
+        "baseline_axes": {**cand.axes, axis: _py(value)},
+        "n_candidate": n_cand,
+        "n_baseline": n_base,
+    }
+    if bootstrap is not None:
+        entry["coarse"] = stats.is_coarse(n_cand) or stats.is_coarse(n_base)
+    entry["metrics"] = {
+        m: compare(
+            cand.values[m],
+            base.values[m],
+            better=SUMMARY_METRICS[m],
+            candidate_replicates=(reps or {}).get(m),
+            baseline_replicates=(base_reps or {}).get(m),
+            level=bootstrap.level if bootstrap else stats.LEVEL,
+        )
+        for m in cand.metrics
+        if m in base.values
+    }
+    return entry
+
+
+def _analyse(
+    groups: Sequence[tuple[dict[str, Any], pd.DataFrame]],
+    *,
+    baseline: Mapping[str, Any],
+    requests: RequestData | None,
+    bootstrap: stats.Bootstrap | None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str | None]:
+    """Cells and deltas in one pass; only baseline cells' replicates are kept in memory."""
+    twins, note = _twins(groups, baseline)
+    cells = [_Cell.of(axes, rows) for axes, rows in groups]
+    kept: dict[int, dict[str, stats.Replicates | None]] = {}
+    keep = set(twins.values())
+
+    def replicates(i: int) -> dict[str, stats.Replicates | None] | None:
+        if bootstrap is None:
+            return None
+        if i in kept:
+            return kept[i]
+        cell = cells[i]
+        reps = cell_replicates(
+            cell.rows,
+            metrics=cell.metrics,
+            requests=requests,
+            bootstrap=bootstrap,
+            key=_cell_key(cell.rows, cell.axes),
+            values=cell.values,
+        )
+        if i in keep:
+            kept[i] = reps
+        return reps
+
+    axis, value = next(iter(baseline.items())) if baseline else (None, None)
+    cell_entries, deltas = [], []
+    for i, cell in enumerate(cells):
+        reps = replicates(i)
+        cell_entries.append(_cell_entry(cell, reps, bootstrap))
+        if i in twins:
+            deltas.append(
+                _delta_entry(
+                    cell,
+                    cells[twins[i]],
+                    axis=str(axis),
+                    value=value,
+                    reps=reps,
+                    base_reps=replicates(twins[i]),
+                    bootstrap=bootstrap,
+                )
+            )
+    return cell_entries, deltas, note
+
+
 def summarize_cells(
     groups: Sequence[tuple[dict[str, Any], pd.DataFrame]],
+    *,
+    requests: RequestData | None = None,
+    bootstrap: stats.Bootstrap | None = stats.DEFAULT,
 ) -> list[dict[str, Any]]:
-    """Per cell: ids, number of repeats and median/min/max of each summary metric."""
-    cells = []
-    for axes, rows in groups:
-        cells.append(
-            {
-                "axes": axes,
-                "label": cell_label(axes),
-                "server_id": _py(rows["server_id"].iloc[0]) if "server_id" in rows else None,
-                "client_id": _py(rows["client_id"].iloc[0]) if "client_id" in rows else None,
-                "n": len(rows),
-                "metrics": {m: metric_stats(rows[m]) for m in cell_metric_names(rows)},
-            }
-        )
-    return cells
+    """Per cell: ids, number of repeats, median/min/max and interval of each summary metric."""
+    return _analyse(groups, baseline={}, requests=requests, bootstrap=bootstrap)[0]
 
 
 def baseline_deltas(
     groups: Sequence[tuple[dict[str, Any], pd.DataFrame]],
     *,
     baseline: Mapping[str, Any],
+    requests: RequestData | None = None,
+    bootstrap: stats.Bootstrap | None = stats.DEFAULT,
 ) -> tuple[list[dict[str, Any]], str | None]:
     """Deltas of every non-baseline cell vs its baseline twin, and a note when there are none."""
-    if not baseline:
-        return [], "no baseline in this run (none configured, or narrowed out of the matrix)"
-    if not groups:
-        return [], "no results in this run"
-    (axis, value), *_ = baseline.items()
-    axes_known = list(groups[0][0])
-    if axis not in axes_known:
-        return [], f"baseline axis {axis} is not an axis of this run"
-    want = _key(value)
-    others = [a for a in axes_known if a != axis]
-    twins = {
-        tuple(_key(ax[a]) for a in others): rows for ax, rows in groups if _key(ax[axis]) == want
-    }
-    if not twins:
-        return [], f"baseline {axis}={_key(value)} has no results in this run"
-    deltas = []
-    for ax, rows in groups:
-        if _key(ax[axis]) == want:
-            continue
-        base_rows = twins.get(tuple(_key(ax[a]) for a in others))
-        if base_rows is None:
-            log.warning("cell %s has no baseline twin with %s=%s", cell_label(ax), axis, want)
-            continue
-        base_axes = {**ax, axis: _py(value)}
-        metrics = [m for m in cell_metric_names(rows) if m in cell_metric_names(base_rows)]
-        deltas.append(
-            {
-                "axes": ax,
-                "label": cell_label(ax),
-                "baseline_axes": base_axes,
-                "n_candidate": len(rows),
-                "n_baseline": len(base_rows),
-                "metrics": {
-                    m: compare(rows[m], base_rows[m], better=SUMMARY_METRICS[m]) for m in metrics
-                },
-            }
-        )
-    if not deltas:
-        return [], f"only the baseline {axis}={want} ran: no other value to compare"
-    return deltas, None
+    _, deltas, note = _analyse(
+        groups, baseline=dict(baseline), requests=requests, bootstrap=bootstrap
+    )
+    return deltas, note
+
+
+def _resampled(cells: Sequence[Mapping[str, Any]]) -> dict[str, str | None]:
+    """metric -> how it was resampled over all cells (`mixed` if cells differ)."""
+    seen: dict[str, set[str | None]] = {}
+    for cell in cells:
+        for m, s in cell["metrics"].items():
+            seen.setdefault(m, set()).add(s.get("resampled"))
+    return {m: next(iter(v)) if len(v) == 1 else "mixed" for m, v in seen.items()}
 
 
 def summarize(
@@ -338,25 +611,40 @@ def summarize(
     baseline: Mapping[str, Any],
     server_axes: Sequence[str],
     client_axes: Sequence[str],
+    requests: RequestData | None = None,
+    bootstrap: stats.Bootstrap | None = stats.DEFAULT,
 ) -> dict[str, Any]:
-    """JSON-ready summary: per-cell medians over repeats and deltas vs the baseline value."""
+    """JSON-ready summary: per-cell medians and intervals, deltas vs the baseline, verdicts.
+
+    `requests` (from load_requests) enables request-level resampling; `bootstrap=None`
+    gives medians and point deltas only (no intervals, verdicts `unknown`).
+    """
     axes = [*server_axes, *client_axes]
     missing = [a for a in axes if a not in results.columns]
     if missing and len(results):
         raise ValueError(f"results have no column(s) for axes {missing}")
     groups = group_cells(results, axes) if len(results) else []
-    deltas, note = baseline_deltas(groups, baseline=dict(baseline))
+    cells, deltas, note = _analyse(
+        groups, baseline=dict(baseline), requests=requests, bootstrap=bootstrap
+    )
     run_ids = sorted({str(r) for r in results["run_id"]}) if "run_id" in results else []
-    return {
+    summary: dict[str, Any] = {
         "run_id": run_ids[0] if len(run_ids) == 1 else None,
         "baseline": {k: _py(v) for k, v in baseline.items()},
         "server_axes": list(server_axes),
         "client_axes": list(client_axes),
         "metrics": {m: {"better": d} for m, d in SUMMARY_METRICS.items()},
-        "cells": summarize_cells(groups),
+        "cells": cells,
         "deltas": deltas,
         "note": note,
     }
+    if bootstrap is not None:
+        summary["method"] = stats.method(
+            bootstrap=bootstrap,
+            repeats=[c["n"] for c in cells],
+            resampled=_resampled(cells),
+        )
+    return summary
 
 
 def write_summary(summary: Mapping[str, Any], path: str | Path) -> None:

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import textwrap
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
+from servesweep import stats
 from servesweep.analysis import SUMMARY_METRICS
 from servesweep.files import atomic_open
 
@@ -20,8 +24,16 @@ from servesweep.files import atomic_open
 
 log = logging.getLogger(__name__)
 
-OUTCOME_COLORS = {"better": "#1b9e77", "worse": "#d95f02", "no change": "#7f7f7f"}
+# Verdict colours (stats.VERDICTS); OUTCOME_COLORS is the older name.
+VERDICT_COLORS = {
+    stats.BETTER: "#1b9e77",
+    stats.WORSE: "#d95f02",
+    stats.NOISE: "#8c8c8c",
+    stats.UNKNOWN: "#d0d0d0",
+}
+OUTCOME_COLORS = VERDICT_COLORS
 DPI = 120
+DELTA_COLUMNS = ["cell", "delta_pct", "ci_low", "ci_high", "verdict"]
 
 
 def _direction(metric: str) -> str | None:
@@ -44,10 +56,10 @@ def _baseline_text(summary: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in base.items()) or "none"
 
 
-def _outcome(m: Mapping[str, Any]) -> str:
-    if m["delta_abs"] == 0:
-        return "no change"
-    return "better" if m["better"] else "worse"
+def _verdict(m: Mapping[str, Any]) -> str:
+    """The delta's verdict; `unknown` for summaries written before intervals existed."""
+    v = m.get("verdict")
+    return v if v in VERDICT_COLORS else stats.UNKNOWN
 
 
 def _short_label(axes: Mapping[str, Any], baseline: Mapping[str, Any]) -> str:
@@ -57,53 +69,168 @@ def _short_label(axes: Mapping[str, Any], baseline: Mapping[str, Any]) -> str:
     return "\n".join(part for part in (" ".join(first), rest) if part) or "default"
 
 
+def _delta_row(cell: str, m: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "cell": cell,
+        "delta_pct": m["delta_pct"],
+        "ci_low": m.get("ci_low"),
+        "ci_high": m.get("ci_high"),
+        "verdict": _verdict(m),
+    }
+
+
 def _delta_rows(summary: Mapping[str, Any], metric: str) -> pd.DataFrame:
     rows = []
     for delta in summary.get("deltas") or []:
         m = (delta.get("metrics") or {}).get(metric)
         if not m or m.get("delta_pct") is None:
             continue
-        label = _short_label(delta["axes"], summary.get("baseline") or {})
-        rows.append({"cell": label, "delta_pct": m["delta_pct"], "outcome": _outcome(m)})
-    return pd.DataFrame(rows, columns=["cell", "delta_pct", "outcome"])
+        rows.append(_delta_row(_short_label(delta["axes"], summary.get("baseline") or {}), m))
+    return pd.DataFrame(rows, columns=DELTA_COLUMNS)
+
+
+def _interval_text(delta: float, low: float, high: float, verdict: str) -> str:
+    text = f"{delta:+.1f}%"
+    if np.isfinite(low) and np.isfinite(high):
+        text += f" [{low:+.1f}, {high:+.1f}]"
+    return f"{text} {verdict}"
+
+
+def _draw_deltas(ax: Axes, rows: pd.DataFrame, *, legend: bool = True) -> None:
+    """Bars of % delta (one colour per verdict), whiskers for the interval, a zero line.
+
+    Rows without a delta keep their place (empty), so panels sharing a y axis line up.
+    """
+    rows = rows.reset_index(drop=True)
+    pos = np.arange(len(rows), dtype=float)
+    delta = pd.to_numeric(rows["delta_pct"], errors="coerce").to_numpy(float)
+    low = pd.to_numeric(rows["ci_low"], errors="coerce").to_numpy(float)
+    high = pd.to_numeric(rows["ci_high"], errors="coerce").to_numpy(float)
+    has_delta = np.isfinite(delta)
+    for verdict, color in VERDICT_COLORS.items():
+        mask = has_delta & (rows["verdict"] == verdict).to_numpy()
+        if mask.any():
+            ax.barh(pos[mask], delta[mask], height=0.6, color=color, label=verdict)
+    has_ci = has_delta & np.isfinite(low) & np.isfinite(high)
+    if has_ci.any():
+        ax.hlines(pos[has_ci], low[has_ci], high[has_ci], color="black", linewidth=1.4)
+        for ends in (low, high):
+            ax.plot(ends[has_ci], pos[has_ci], "|", color="black", markersize=9)
+    ax.axvline(0, color="black", linewidth=1)
+    ax.set_yticks(pos, labels=list(rows["cell"]))
+    ax.set_ylim(len(rows) - 0.5, -0.5)  # first cell on top
+    values = np.concatenate([delta[has_delta], low[has_ci], high[has_ci], [0.0]])
+    lo, hi = float(values.min()), float(values.max())
+    span = max(hi - lo, 1.0)
+    ax.set_xlim(lo - 0.1 * span, hi + 0.75 * span)
+    for i in np.flatnonzero(has_delta):
+        right = float(np.nanmax([delta[i], high[i], 0.0]))
+        text = _interval_text(delta[i], low[i], high[i], rows["verdict"].iloc[i])
+        ax.text(right + 0.02 * span, pos[i], text, va="center", fontsize=8)
+    ax.grid(True, axis="x", alpha=0.3)
+    if legend and has_delta.any():
+        ax.legend(title=None, loc="lower right", fontsize=8)
+
+
+def _rule_text(direction: str | None) -> str:
+    sign = {"lower": "negative", "higher": "positive"}.get(direction or "")
+    return f"\n{direction} is better: {sign} bars are improvements" if sign else ""
+
+
+def _coarse_text(entries: Sequence[Mapping[str, Any]], n_keys: Sequence[str]) -> str:
+    if not any(e.get("coarse") for e in entries):
+        return ""
+    ns = sorted({int(e[k]) for e in entries for k in n_keys if e.get(k) is not None})
+    return f"; coarse intervals (repeats per cell: {'/'.join(map(str, ns))}, see method)"
 
 
 def plot_deltas(summary: Mapping[str, Any], *, metric: str) -> Figure:
     """Horizontal bars: change of `metric` (median over repeats, %) per candidate cell.
 
-    Without deltas (no baseline in the run, or only the baseline ran) the figure says why.
+    Whiskers are the bootstrap interval of the % delta, colour and legend the verdict
+    (better / worse / within noise / unknown). Without deltas (no baseline in the run, or
+    only the baseline ran) the figure says why.
     """
     rows = _delta_rows(summary, metric)
-    fig = Figure(figsize=(10, 2.0 + 0.65 * max(len(rows), 2)), layout="constrained")
+    fig = Figure(figsize=(10, 2.4 + 0.65 * max(len(rows), 2)), layout="constrained")
     ax = fig.subplots()
-    fig.suptitle(f"{metric}: change of the median vs baseline {_baseline_text(summary)}")
+    level = (summary.get("method") or {}).get("level", stats.LEVEL)
+    coarse = _coarse_text(summary.get("deltas") or [], ("n_candidate", "n_baseline"))
+    fig.suptitle(
+        f"{metric}: change of the median vs baseline {_baseline_text(summary)}\n"
+        f"whiskers: {100 * level:g}% bootstrap interval; colour: verdict{coarse}"
+    )
     if rows.empty:
         why = summary.get("note") or f"no {metric} deltas in this run"
         _message(ax, f"No deltas to plot.\n{why}")
         return fig
-    direction = _direction(metric)
-    sns.barplot(
-        data=rows,
-        x="delta_pct",
-        y="cell",
-        hue="outcome",
-        palette=OUTCOME_COLORS,
-        hue_order=[o for o in OUTCOME_COLORS if o in set(rows["outcome"])],
-        dodge=False,
-        orient="h",
-        ax=ax,
+    _draw_deltas(ax, rows)
+    ax.set_xlabel(
+        "change vs baseline, % = 100 x (candidate - baseline) / baseline"
+        + _rule_text(_direction(metric))
     )
-    for container in ax.containers:
-        ax.bar_label(container, fmt="%+.1f%%", padding=3, fontsize=9)
-    ax.axvline(0, color="black", linewidth=1)
-    lo, hi = min(rows["delta_pct"].min(), 0), max(rows["delta_pct"].max(), 0)
-    pad = 0.4 * max(hi - lo, 1.0)
-    ax.set_xlim(lo - pad, hi + pad)
-    sign = {"lower": "negative", "higher": "positive"}.get(direction or "")
-    rule = f"\n{direction} is better: {sign} bars are improvements" if sign else ""
-    ax.set_xlabel(f"change vs baseline, % = 100 x (candidate - baseline) / baseline{rule}")
     ax.set_ylabel("candidate cell")
-    ax.legend(title=None, loc="best", fontsize=9)
+    return fig
+
+
+def _comparison_rows(comparison: Mapping[str, Any], metric: str) -> pd.DataFrame:
+    rows = []
+    for cell in comparison.get("cells") or []:
+        m = (cell.get("metrics") or {}).get(metric) or {}
+        label = cell.get("label") or f"{cell.get('server_id')} / {cell.get('client_id')}"
+        label = textwrap.fill(label, 48) + (" *" if cell.get("fingerprint_changed") else "")
+        if m.get("delta_pct") is None:
+            rows.append(
+                {
+                    "cell": label,
+                    "delta_pct": None,
+                    "ci_low": None,
+                    "ci_high": None,
+                    "verdict": stats.UNKNOWN,
+                }
+            )
+        else:
+            rows.append(_delta_row(label, m))
+    return pd.DataFrame(rows, columns=DELTA_COLUMNS)
+
+
+def plot_comparison(
+    comparison: Mapping[str, Any], *, metrics: Sequence[str] | None = None
+) -> Figure:
+    """One panel per metric (stacked): % delta of run B vs run A per common cell.
+
+    Whiskers are the bootstrap interval, colour the verdict for B; `*` marks cells whose
+    server fingerprint differs between the runs.
+    """
+    metrics = list(metrics or comparison.get("metrics") or SUMMARY_METRICS)
+    cells = comparison.get("cells") or []
+    a, b = comparison.get("run_a"), comparison.get("run_b")
+    panel = 1.3 + 0.55 * max(len(cells), 1)
+    fig = Figure(figsize=(11, 1.2 + panel * len(metrics)), layout="constrained")
+    axes = fig.subplots(len(metrics), 1, squeeze=False)[:, 0]
+    level = (comparison.get("method") or {}).get("level", stats.LEVEL)
+    coarse = _coarse_text(cells, ("n_a", "n_b"))
+    fig.suptitle(
+        f"run {b} vs run {a}: % change of the median per cell = 100 x (B - A) / A\n"
+        f"whiskers: {100 * level:g}% bootstrap interval; colour: verdict for B\n"
+        f"* = server fingerprint differs{coarse}"
+    )
+    if not cells:
+        _message(axes[0], f"No cells in common.\n{comparison.get('note') or ''}")
+        for ax in axes[1:]:
+            ax.set_axis_off()
+        return fig
+    shown: set[str] = set()
+    for ax, metric in zip(axes, metrics, strict=True):
+        rows = _comparison_rows(comparison, metric)
+        _draw_deltas(ax, rows, legend=False)
+        shown |= set(rows.loc[rows["delta_pct"].notna(), "verdict"])
+        direction = _direction(metric)
+        ax.set_title(metric + (f" ({direction} is better)" if direction else ""), fontsize=10)
+        ax.set_xlabel(f"% change, run {b} vs {a}", fontsize=9)
+    handles = [Patch(color=c, label=v) for v, c in VERDICT_COLORS.items() if v in shown]
+    if handles:
+        fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=9)
     return fig
 
 

@@ -265,10 +265,18 @@ def test_summary_cells(default_results):
         "input_tps",
     ]
     ttft = template(REC_0523)["median_ttft_ms"]
+    # 3 repeats, no per-request details: the 95% interval of the median is [min, max].
     assert first["metrics"]["ttft_p50_ms"] == {
         "median": pytest.approx(ttft),
         "min": pytest.approx(ttft * 0.98),
         "max": pytest.approx(ttft * 1.02),
+        "ci_low": pytest.approx(ttft * 0.98),
+        "ci_high": pytest.approx(ttft * 1.02),
+        "resampled": "repeats",
+    }
+    assert first["repeat_resamples"] == 10 and first["coarse"] is True
+    assert s["method"]["repeats"] == {
+        "3": {"cells": 8, "distinct_repeat_resamples": 10, "coarse": True}
     }
     assert s["metrics"]["input_tps"] == {"better": "higher"}
     assert s["metrics"]["ttft_p99_ms"] == {"better": "lower"}
@@ -323,9 +331,17 @@ def test_summary_of_old_records_without_p95(tmp_path):
     paths = make_run(tmp_path, exp, base=REC_059)
     df = analysis.collect_results(cells=cell_repeats(exp), paths=paths)
     s = summary_of(exp, df)
-    assert s["cells"][0]["metrics"]["ttft_p95_ms"] == {"median": None, "min": None, "max": None}
+    assert s["cells"][0]["metrics"]["ttft_p95_ms"] == {
+        "median": None,
+        "min": None,
+        "max": None,
+        "ci_low": None,
+        "ci_high": None,
+        "resampled": None,
+    }
     p95 = s["deltas"][0]["metrics"]["ttft_p95_ms"]
     assert p95["delta_pct"] is None and p95["better"] is None
+    assert p95["ci_low"] is None and p95["verdict"] == "unknown"
     analysis.write_summary(s, tmp_path / "summary.json")
     assert analysis.read_summary(tmp_path / "summary.json") == json.loads(json.dumps(s))
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import matplotlib.colors
 import numpy as np
 import pandas as pd
 import pytest
-from matplotlib.collections import PathCollection
+from matplotlib.collections import LineCollection, PathCollection
 from matplotlib.figure import Figure
 
 from servesweep import analysis, plots
@@ -24,13 +25,14 @@ EFFECT = {
 REPEAT = {1: 1.0, 2: 1.1, 3: 0.95}
 
 
-def results_for(**env: str) -> tuple[object, pd.DataFrame]:
+def results_for(effect: dict | None = None, **env: str) -> tuple[object, pd.DataFrame]:
     """A results table as collect_results builds it, with known effects, no files."""
     exp = load_experiment_file(CONFIG, env)
+    effect = effect or EFFECT
     rows = []
     for cell in cell_repeats(exp):
         s = cell.server.axes
-        f = EFFECT[(s["moe_runner_backend"], s["chunked_prefill_size"])] * REPEAT[cell.repeat]
+        f = effect[(s["moe_runner_backend"], s["chunked_prefill_size"])] * REPEAT[cell.repeat]
         f *= 2.0 if cell.client.axes["concurrency"] == 16 else 1.0
         metrics = {m: np.nan for m in analysis.METRICS}
         metrics |= {
@@ -92,6 +94,61 @@ def test_plot_deltas_default_matrix(default, tmp_path):
     plots.save_figure(fig, path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in path.parent.iterdir()] == ["delta_ttft_p50_ms.png"]
+
+
+def whiskers(ax) -> list[tuple[float, float]]:
+    segs = [s for c in ax.collections if isinstance(c, LineCollection) for s in c.get_segments()]
+    return sorted((float(s[0][0]), float(s[1][0])) for s in segs)
+
+
+def test_plot_deltas_intervals_and_verdicts():
+    # flashinfer_mxfp4 at chunk 16384 is 3% slower: the repeat spread (+-10%) swamps it.
+    exp, df = results_for({**EFFECT, ("flashinfer_mxfp4", 16384): 1.03})
+    summary = summary_for(exp, df)
+    fig = plots.plot_deltas(summary, metric="ttft_p50_ms")
+    ax = fig.axes[0]
+    assert bar_widths(fig) == pytest.approx([-20.0, -20.0, 3.0, 3.0])
+    assert {t.get_text() for t in ax.get_legend().get_texts()} == {"better", "within noise"}
+    want = sorted(
+        (d["metrics"]["ttft_p50_ms"]["ci_low"], d["metrics"]["ttft_p50_ms"]["ci_high"])
+        for d in summary["deltas"]
+    )
+    assert whiskers(ax) == pytest.approx(want)
+    # 3 repeats, record values only: the interval is [min/max, max/min] of the two cells.
+    assert want[0] == pytest.approx((100 * (0.8 * 0.95 / 1.1 - 1), 100 * (0.8 * 1.1 / 0.95 - 1)))
+    texts = [t.get_text() for t in ax.texts]
+    assert any(t.startswith("+3.0% [") and t.endswith("within noise") for t in texts)
+    assert any(t.startswith("-20.0% [") and t.endswith("better") for t in texts)
+    assert "95% bootstrap interval" in fig.get_suptitle()
+    assert "coarse intervals (repeats per cell: 3," in fig.get_suptitle()
+    colors = {tuple(p.get_facecolor()[:3]) for p in ax.patches if p.get_width() > 0}
+    assert colors == {matplotlib.colors.to_rgb(plots.VERDICT_COLORS["within noise"])}
+
+
+def test_plot_deltas_one_repeat_is_unknown_without_whiskers():
+    exp, df = results_for()
+    summary = summary_for(exp, df[df.repeat == 1])
+    d = summary["deltas"][0]["metrics"]["ttft_p50_ms"]
+    assert d["verdict"] == "unknown" and d["ci_low"] is None and d["better"] is True
+    fig = plots.plot_deltas(summary, metric="ttft_p50_ms")
+    assert {t.get_text() for t in fig.axes[0].get_legend().get_texts()} == {"unknown"}
+    assert whiskers(fig.axes[0]) == []
+    assert "coarse intervals (repeats per cell: 1," in fig.get_suptitle()
+
+
+def test_plot_deltas_of_a_summary_without_intervals():
+    exp, df = results_for()
+    old = analysis.summarize(
+        results=df,
+        baseline=exp.baseline,
+        server_axes=list(exp.matrix.server),
+        client_axes=list(exp.matrix.client),
+        bootstrap=None,
+    )
+    assert "method" not in old and "ci_low" not in old["cells"][0]["metrics"]["ttft_p50_ms"]
+    fig = plots.plot_deltas(old, metric="ttft_p50_ms")
+    assert bar_widths(fig) == pytest.approx([-20.0, -20.0, 25.0, 25.0])
+    assert {t.get_text() for t in fig.axes[0].get_legend().get_texts()} == {"unknown"}
 
 
 def test_plot_deltas_throughput_sign_convention(default):

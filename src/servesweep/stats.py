@@ -1,0 +1,437 @@
+"""Hierarchical bootstrap over repeats and requests: intervals, % deltas and verdicts."""
+
+from __future__ import annotations
+
+import logging
+import math
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from servesweep.records import BenchRecord
+
+log = logging.getLogger(__name__)
+
+REPLICATES = 2000
+SEED = 20250917
+LEVEL = 0.95
+# Fewer distinct repeat resamples than this (n <= 4 repeats) and a cell's interval is coarse.
+COARSE_BELOW = 100
+# Elements drawn per request-resampling chunk (bounds memory for repeats with many requests).
+CHUNK_ELEMENTS = 2_000_000
+
+BETTER, WORSE, NOISE, UNKNOWN = "better", "worse", "within noise", "unknown"
+VERDICTS = (BETTER, WORSE, NOISE, UNKNOWN)
+RESAMPLED_REQUESTS = "repeats+requests"
+RESAMPLED_REPEATS = "repeats"
+
+# Metrics recomputable from per-request details: metric -> (per-request figure, statistic),
+# the statistic being a percentile (numpy's linear one, as bench_serving uses) or "mean".
+REQUEST_METRICS: dict[str, tuple[str, float | str]] = {
+    "ttft_p50_ms": ("ttft", 50.0),
+    "ttft_p95_ms": ("ttft", 95.0),
+    "ttft_p99_ms": ("ttft", 99.0),
+    "ttft_mean_ms": ("ttft", "mean"),
+    "e2e_p50_ms": ("e2e", 50.0),
+    "e2e_p99_ms": ("e2e", 99.0),
+    "e2e_mean_ms": ("e2e", "mean"),
+    "tpot_p50_ms": ("tpot", 50.0),
+    "tpot_p95_ms": ("tpot", 95.0),
+}
+FIGURES = ("ttft", "e2e", "tpot")
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """Bootstrap settings: replicates B, base seed and interval level."""
+
+    replicates: int = REPLICATES
+    seed: int = SEED
+    level: float = LEVEL
+
+    def __post_init__(self) -> None:
+        if self.replicates < 1:
+            raise ValueError(f"replicates must be >= 1, not {self.replicates}")
+        if not 0 < self.level < 1:
+            raise ValueError(f"level must be in (0, 1), not {self.level}")
+
+
+DEFAULT = Bootstrap()
+
+
+@dataclass(frozen=True)
+class Requests:
+    """Per-request figures (ms) of one repeat's successful requests, each sorted ascending."""
+
+    ttft: np.ndarray
+    e2e: np.ndarray
+    tpot: np.ndarray  # only requests with more than one output token
+
+    def figure(self, name: str) -> np.ndarray:
+        return getattr(self, name)
+
+
+@dataclass(frozen=True)
+class Replicates:
+    """Bootstrap replicates of one cell statistic (the median over repeats of a figure)."""
+
+    values: np.ndarray  # shape (B,)
+    n_repeats: int
+    requests: bool  # requests were resampled within each drawn repeat
+
+    @property
+    def resampled(self) -> str:
+        return RESAMPLED_REQUESTS if self.requests else RESAMPLED_REPEATS
+
+    @property
+    def spread_known(self) -> bool:
+        """False for one repeat without per-request data: nothing says how noisy it is."""
+        return self.n_repeats > 1 or self.requests
+
+    @property
+    def coarse(self) -> bool:
+        return is_coarse(self.n_repeats)
+
+
+# ---------------------------------------------------------------- per-request data
+
+
+def requests_of(record: BenchRecord) -> Requests | None:
+    """Per-request figures from a record's details; None without usable details.
+
+    Successful requests are those with an empty error. E2E per request is ttft + sum(itls)
+    (bench_serving's latency also includes the wait for the end of the stream); TPOT is
+    sum(itls) / (output_len - 1) for requests with more than one output token.
+    """
+    ttfts, itls = record.ttfts, record.itls
+    if ttfts is None or itls is None or len(ttfts) != len(itls):
+        return None
+    n = len(ttfts)
+    errors = record.errors if record.errors is not None else [""] * n
+    outs = record.output_lens if record.output_lens is not None else [len(i) + 1 for i in itls]
+    if len(errors) != n or len(outs) != n:
+        log.warning("record %s: per-request details of unequal lengths; ignored", record.tag)
+        return None
+    ok = [i for i in range(n) if not errors[i]]
+    if not ok:
+        return None
+    ttft = np.array([ttfts[i] for i in ok], dtype=float)
+    gen = np.array([math.fsum(itls[i]) for i in ok], dtype=float)
+    out = np.array([outs[i] for i in ok], dtype=float)
+    multi = out > 1
+    return Requests(
+        ttft=np.sort(ttft * 1000.0),
+        e2e=np.sort((ttft + gen) * 1000.0),
+        tpot=np.sort(gen[multi] / (out[multi] - 1) * 1000.0),
+    )
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def distinct_resamples(n: int) -> int:
+    """Distinct multisets of n repeats drawn with replacement from n: C(2n-1, n)."""
+    return math.comb(2 * n - 1, n) if n > 0 else 0
+
+
+def is_coarse(n: int) -> bool:
+    return distinct_resamples(n) < COARSE_BELOW
+
+
+def _stat_of_sorted(v: np.ndarray, order: np.ndarray, stat: float | str) -> np.ndarray:
+    """The statistic of each row of v[order], where order rows are ascending and v is sorted."""
+    m = order.shape[1]
+    if stat == "mean":
+        return v[order].mean(axis=1)
+    h = (m - 1) * float(stat) / 100.0
+    lo = int(math.floor(h))
+    hi = min(lo + 1, m - 1)
+    below = v[order[:, lo]]
+    return below + (h - lo) * (v[order[:, hi]] - below)
+
+
+def figure_stat(values: np.ndarray, stat: float | str) -> float:
+    """One statistic of sorted values (numpy's linear percentile, or the mean)."""
+    if stat == "mean":
+        return float(values.mean())
+    h = (len(values) - 1) * float(stat) / 100.0
+    lo = int(math.floor(h))
+    hi = min(lo + 1, len(values) - 1)
+    return float(values[lo] + (h - lo) * (values[hi] - values[lo]))
+
+
+def _row_median(x: np.ndarray) -> np.ndarray:
+    """Median of each row (np.median's answer, cheaper for the few columns of repeats)."""
+    n = x.shape[1]
+    if n == 1:
+        return x[:, 0].copy()
+    s = np.sort(x, axis=1)
+    mid = n // 2
+    return s[:, mid] if n % 2 else 0.5 * (s[:, mid - 1] + s[:, mid])
+
+
+def _rng(bootstrap: Bootstrap, *parts: str) -> np.random.Generator:
+    words = tuple(zlib.crc32(p.encode()) for p in parts)
+    return np.random.default_rng(np.random.SeedSequence(bootstrap.seed, spawn_key=words))
+
+
+def _resampled_stats(
+    figures: Sequence[tuple[np.ndarray, float | str]], count: int, rng: np.random.Generator
+) -> np.ndarray:
+    """(count, len(figures)): statistics of `count` resamples with replacement.
+
+    Every (sorted values, statistic) pair has the same number of values m; one draw of
+    resampled positions serves them all (each statistic's bootstrap distribution is exact;
+    statistics are never combined across figures, so the shared draw does not matter).
+    """
+    m = len(figures[0][0])
+    dtype = np.int16 if m < 2**15 else np.int32
+    out = np.empty((count, len(figures)))
+    rows = max(1, CHUNK_ELEMENTS // m)
+    for start in range(0, count, rows):
+        stop = min(count, start + rows)
+        # Sorting resampled positions of a sorted array sorts the resampled values.
+        order = np.sort(rng.integers(0, m, size=(stop - start, m), dtype=dtype), axis=1)
+        for k, (v, stat) in enumerate(figures):
+            out[start:stop, k] = _stat_of_sorted(v, order, stat)
+    return out
+
+
+def cell_replicates(
+    *,
+    values: Mapping[str, Sequence[float] | np.ndarray],
+    requests: Sequence[Requests | None] | None,
+    key: str,
+    bootstrap: Bootstrap = DEFAULT,
+) -> dict[str, Replicates | None]:
+    """Bootstrap replicates of the median over repeats of each metric of one cell.
+
+    `values[metric]` are the record values of the cell's repeats; `requests` (same order, or
+    None) their per-request figures. Repeats are resampled with replacement; for metrics in
+    REQUEST_METRICS whose repeats all have per-request data the requests of each drawn repeat
+    are resampled too and the per-repeat figure recomputed, shifted by (record value - figure
+    of the repeat's own requests) so it stays anchored on the record. Repeats with a missing
+    value are left out; a metric without any value gives None. `key` seeds the streams: one
+    per (repeats used, request counts), so a metric's replicates do not depend on which other
+    metrics are asked for.
+    """
+    out: dict[str, Replicates | None] = {}
+    groups: dict[tuple[tuple[int, ...], tuple[int, ...] | None], list[str]] = {}
+    arrays = {m: np.asarray(v, dtype=float) for m, v in values.items()}
+    for metric, vals in arrays.items():
+        used = tuple(int(i) for i in np.flatnonzero(np.isfinite(vals)))
+        if not used:
+            out[metric] = None
+            continue
+        groups.setdefault((used, _request_sizes(metric, requests, used)), []).append(metric)
+    for (used, sizes), metrics in groups.items():
+        tag = "record" if sizes is None else "requests:" + ",".join(map(str, sizes))
+        rng = _rng(bootstrap, key, tag, ",".join(map(str, used)))
+        picks = rng.integers(0, len(used), size=(bootstrap.replicates, len(used)))
+        if sizes is None:
+            for metric in metrics:
+                per_repeat = arrays[metric][list(used)][picks]
+                out[metric] = Replicates(_row_median(per_repeat), len(used), False)
+            continue
+        assert requests is not None
+        per_repeat = np.empty((len(metrics), *picks.shape))
+        for j, repeat in enumerate(used):
+            reqs = requests[repeat]
+            assert reqs is not None
+            figures = [(reqs.figure(REQUEST_METRICS[m][0]), REQUEST_METRICS[m][1]) for m in metrics]
+            slots = picks == j
+            drawn = _resampled_stats(figures, int(slots.sum()), rng)
+            for k, (metric, (v, stat)) in enumerate(zip(metrics, figures, strict=True)):
+                offset = arrays[metric][repeat] - figure_stat(v, stat)
+                per_repeat[k][slots] = drawn[:, k] + offset
+        for k, metric in enumerate(metrics):
+            out[metric] = Replicates(_row_median(per_repeat[k]), len(used), True)
+    return {m: out[m] for m in values}
+
+
+def _request_sizes(
+    metric: str, requests: Sequence[Requests | None] | None, used: Iterable[int]
+) -> tuple[int, ...] | None:
+    """Request counts of the metric's figure in the used repeats; None: repeats only."""
+    if metric not in REQUEST_METRICS or requests is None:
+        return None
+    figure = REQUEST_METRICS[metric][0]
+    sizes = []
+    for i in used:
+        r = requests[i] if i < len(requests) else None
+        if r is None or len(r.figure(figure)) == 0:
+            return None
+        sizes.append(len(r.figure(figure)))
+    return tuple(sizes)
+
+
+def interval(values: np.ndarray, *, level: float = LEVEL) -> tuple[float, float] | None:
+    """Percentile interval of bootstrap replicates (non-finite ones dropped); None if none."""
+    finite = np.sort(values[np.isfinite(values)])
+    if finite.size == 0:
+        return None
+    tail = 50.0 * (1.0 - level)
+    return figure_stat(finite, tail), figure_stat(finite, 100.0 - tail)
+
+
+def delta_pct(candidate: np.ndarray, baseline: np.ndarray) -> np.ndarray:
+    """% delta per replicate: 100 x (candidate - baseline) / baseline (inf/NaN where 0)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return 100.0 * (candidate - baseline) / baseline
+
+
+def verdict(
+    *, low: float | None, high: float | None, better: str, spread_known: bool = True
+) -> str:
+    """`within noise` if [low, high] holds 0, else `better`/`worse` by the metric's direction.
+
+    `unknown` without an interval, or when a side has no spread estimate (one repeat and no
+    per-request data): a single number cannot tell a change from noise.
+    """
+    if low is None or high is None or not spread_known:
+        return UNKNOWN
+    if low <= 0.0 <= high:
+        return NOISE
+    up = low > 0.0
+    if better == "lower":
+        return WORSE if up else BETTER
+    if better == "higher":
+        return BETTER if up else WORSE
+    raise ValueError(f"better must be 'lower' or 'higher', not {better!r}")
+
+
+@dataclass(frozen=True)
+class Delta:
+    """A % delta of a candidate vs a baseline with its bootstrap interval and verdict."""
+
+    low: float | None
+    high: float | None
+    verdict: str
+    coarse: bool
+
+
+def compare_replicates(
+    candidate: Replicates | None,
+    baseline: Replicates | None,
+    *,
+    better: str,
+    level: float = LEVEL,
+) -> Delta:
+    """Interval of the % delta (independent resamples of both sides) and its verdict."""
+    if candidate is None or baseline is None:
+        return Delta(None, None, UNKNOWN, True)
+    coarse = candidate.coarse or baseline.coarse
+    if not (candidate.spread_known and baseline.spread_known):
+        return Delta(None, None, UNKNOWN, coarse)  # a zero-width interval would be a lie
+    bounds = interval(delta_pct(candidate.values, baseline.values), level=level)
+    low, high = bounds if bounds else (None, None)
+    return Delta(low, high, verdict(low=low, high=high, better=better), coarse)
+
+
+# ---------------------------------------------------------------- method description
+
+VERDICT_RULE = (
+    "within noise if the bootstrap interval of the % delta contains 0; otherwise better or "
+    "worse by the metric's direction (lower is better for latencies, higher for throughputs); "
+    "unknown when a median is missing or a side has one repeat and no per-request data"
+)
+DIRECTION = (
+    "delta_pct = 100 x (candidate - baseline) / baseline of the medians over repeats, so its "
+    "sign is the sign of the raw change: for latencies negative is an improvement, for "
+    "throughputs positive; the verdict already accounts for the direction"
+)
+
+
+def method(
+    *,
+    bootstrap: Bootstrap,
+    repeats: Iterable[int],
+    resampled: Mapping[str, str | None] | None = None,
+) -> dict[str, Any]:
+    """The `method` block of summary.json / comparison.json: what was done, and its limits.
+
+    `repeats` are the repeat counts of the cells; `resampled` maps metric -> how it was
+    resampled (`repeats+requests`, `repeats`, None) in the cells.
+    """
+    counts: dict[int, int] = {}
+    for n in repeats:
+        counts[n] = counts.get(n, 0) + 1
+    level_pct = f"{100 * bootstrap.level:g}%"
+    return {
+        "statistic": (
+            "per repeat: the record's figure (e.g. p99 of the repeat's request TTFTs); "
+            "per cell: the median over repeats (median, min and max are of the record values)"
+        ),
+        "interval": f"percentile bootstrap, {level_pct}",
+        "level": bootstrap.level,
+        "replicates": bootstrap.replicates,
+        "seed": bootstrap.seed,
+        "seeding": (
+            "one random stream per (seed, run, server id, client id, figure): output is "
+            "deterministic and adding cells does not change the intervals of others"
+        ),
+        "resampling": {
+            RESAMPLED_REQUESTS: (
+                "repeats with replacement, then the successful requests of each drawn repeat "
+                "with replacement; the repeat's figure is recomputed from the resampled requests"
+            ),
+            RESAMPLED_REPEATS: (
+                "repeats with replacement only (record-level figures such as input throughput, "
+                "or cells whose raw records have no per-request details)"
+            ),
+        },
+        "resampled": dict(resampled or {}),
+        "request_figures": {
+            "ttft": "details.ttfts of the successful requests (empty error)",
+            "e2e": "ttft + sum(itls) per request (a proxy: bench_serving's latency also waits "
+            "for the end of the stream)",
+            "tpot": "sum(itls) / (output_len - 1), requests with more than one output token",
+        },
+        "anchoring": (
+            "each resampled per-repeat figure is shifted by (record value - the figure "
+            "recomputed from that repeat's own requests), so intervals sit on the recorded "
+            "values even where the per-request proxy differs from the record (E2E)"
+        ),
+        "delta": (
+            "per replicate 100 x (candidate - baseline) / baseline, candidate and baseline "
+            f"resampled independently; the interval is the {level_pct} percentile interval "
+            "of those replicates"
+        ),
+        "direction": DIRECTION,
+        "verdict_rule": VERDICT_RULE,
+        "verdicts": list(VERDICTS),
+        "assumptions": [
+            "requests are i.i.d. within a repeat (they share the server's queue, so at high "
+            "concurrency neighbouring requests are correlated and request resampling "
+            "understates within-repeat variance)",
+            "repeats are i.i.d. draws of the same conditions",
+        ],
+        "limits": [
+            "n repeats have only C(2n-1, n) distinct resamples (3 repeats: 10), so intervals "
+            f"of cells with fewer than {COARSE_BELOW} (n <= 4) are flagged coarse; with 3 "
+            "repeats and record-level figures the interval is about [min, max] over repeats",
+            "percentile intervals are too narrow at small n: [min, max] of 3 repeats covers "
+            "the median of the repeat distribution only 75% of the time (1 - 2 x 0.5^3), "
+            f"not {level_pct}; for a delta between two cells of 3 repeats on a figure resampled "
+            "over repeats only, better/worse means the two sets of 3 values do not overlap, "
+            "which happens by chance in 2 of 20 orderings (10%) even when nothing changed",
+            "repeats that run back to back on one server start cannot show run-to-run drift "
+            "(another day, node or server start); compare whole runs for that",
+            "one repeat gives no run-to-run spread: with per-request details its interval is "
+            "request-level noise only; without them there is no interval and the verdict is "
+            "unknown",
+            "tail percentiles (p95, p99) of a few dozen requests rest on the slowest one or two",
+        ],
+        "coarse_below": COARSE_BELOW,
+        "repeats": {
+            str(n): {
+                "cells": c,
+                "distinct_repeat_resamples": distinct_resamples(n),
+                "coarse": is_coarse(n),
+            }
+            for n, c in sorted(counts.items())
+        },
+    }
