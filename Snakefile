@@ -22,6 +22,7 @@ rule all:
         summary=PATHS.summary_json,
         plots=all_plots(),
         manifest=PATHS.manifest,
+        cases=all_case_tables(),
 
 
 onsuccess:

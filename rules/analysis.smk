@@ -23,6 +23,7 @@ rule summarize:
     input:
         raw=all_raw(),
         csv=PATHS.results_csv,
+        logscan=f"{RUN_DIR}/logscan.json",
     output:
         json=report(
             f"{RUN_DIR}/summary.json",
@@ -35,6 +36,37 @@ rule summarize:
         "summary.json: medians over repeats and deltas vs the baseline"
     script:
         "../scripts/summarize.py"
+
+
+rule scan_logs:
+    input:
+        raw=all_raw(),
+    output:
+        json=f"{RUN_DIR}/logscan.json",
+    log:
+        f"{RUN_DIR}/logs/scan_logs.log",
+    params:
+        evidence=EXP.evidence,
+    message:
+        "final scan of every server log: fatal patterns and evidence counts"
+    script:
+        "../scripts/scan_logs.py"
+
+
+rule write_case_table:
+    input:
+        csv=PATHS.results_csv,
+    output:
+        md=f"{RUN_DIR}/cases.md",
+        html=report(
+            f"{RUN_DIR}/cases.html", caption="../report/cases.rst", category="Tables"
+        ),
+    log:
+        f"{RUN_DIR}/logs/write_case_table.log",
+    message:
+        "case table (Case | Requests | Input TPS | TTFT | TPOT)"
+    script:
+        "../scripts/write_case_table.py"
 
 
 rule plot_deltas:

@@ -5,6 +5,7 @@ rule run_cell:
     input:
         # ancient(): a re-smoked image must not rerun finished cells.
         builds=ancient(all_builds()),
+        preflight=ancient(f"{RUN_DIR}/preflight.json"),
     output:
         raw=f"{RUN_DIR}/raw/{{server}}/{{client}}/r{{repeat}}.jsonl",
         gpu=f"{RUN_DIR}/gpu/{{server}}/{{client}}/r{{repeat}}.csv",
@@ -20,6 +21,19 @@ rule run_cell:
         "cell {wildcards.server}/{wildcards.client} repeat {wildcards.repeat}"
     script:
         "../scripts/run_cell.py"
+
+
+rule preflight:
+    input:
+        builds=ancient(all_builds()),
+    output:
+        json=f"{RUN_DIR}/preflight.json",
+    log:
+        f"{RUN_DIR}/logs/preflight.log",
+    message:
+        "preflight: P/D agreement, IB devices, image, free ports"
+    script:
+        "../scripts/preflight.py"
 
 
 rule build_image:

@@ -2,7 +2,13 @@
 import os
 import sys
 
-from servesweep.config import cell_repeats, load_experiment, RunPaths, server_specs
+from servesweep.config import (
+    axis_names,
+    cell_repeats,
+    load_experiment,
+    RunPaths,
+    server_specs,
+)
 from servesweep.engines import check_experiment
 from servesweep.errors import ConfigError
 from servesweep.servers import shutdown
@@ -26,7 +32,7 @@ PATHS = RunPaths.for_run(EXP)
 RUN_DIR = str(PATHS.root)
 CELLS = {cell.key: cell for cell in cell_repeats(EXP)}
 PLOT_METRICS = ["ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "input_tps"]
-PLOT_X = next(iter(EXP.matrix.client), None)
+PLOT_X = next(iter(axis_names(EXP)[1]), None) if not EXP.cases else None
 
 
 wildcard_constraints:
@@ -72,6 +78,10 @@ def all_plots():
     if PLOT_X is not None:
         plots += [f"{RUN_DIR}/plots/{m}_vs_{PLOT_X}.png" for m in PLOT_METRICS]
     return plots
+
+
+def all_case_tables():
+    return [f"{RUN_DIR}/cases.md", f"{RUN_DIR}/cases.html"] if EXP.cases else []
 
 
 def stop_servers(reason):

@@ -1,6 +1,10 @@
-"""Adapter for rule summarize: medians, bootstrap intervals and verdicts vs the baseline."""
+"""Adapter for rule summarize: medians, intervals, verdicts, final log scan and warm-ups."""
+
+import json
+from pathlib import Path
 
 from servesweep import analysis, scripting
+from servesweep.config import axis_names
 
 
 def main() -> None:
@@ -8,13 +12,17 @@ def main() -> None:
     results = analysis.read_results_csv(snakemake.input.csv)
     # Per-request details come from the raw records next to results.csv (rule input `raw`).
     requests = analysis.load_requests(results=results, run_dir=paths.root)
+    server_axes, client_axes = axis_names(exp)
     summary = analysis.summarize(
         results=results,
         baseline=exp.baseline,
-        server_axes=list(exp.matrix.server),
-        client_axes=list(exp.matrix.client),
+        server_axes=server_axes,
+        client_axes=client_axes,
         requests=requests,
     )
+    scan = json.loads(Path(snakemake.input.logscan).read_text())
+    summary["log_scan"] = {k: v for k, v in scan.items() if k != "per_log"}
+    summary["warmup"] = analysis.warmups(paths.root / "service")
     analysis.write_summary(summary, snakemake.output.json)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from servesweep import loadgen, telemetry, validation
-from servesweep.config import CellRepeat, Experiment, RunPaths
+from servesweep.config import CellRepeat, Experiment, RunPaths, Workload
 from servesweep.errors import ClientError, ServesweepError
 from servesweep.records import BenchRecord, read_record, write_record
 from servesweep.runtime import ONESHOT_DIR, Launch
@@ -24,19 +24,19 @@ SNAPSHOT_TIMEOUT_S = 60.0
 CLIENT_SLACK_S = 600.0
 
 
-def client_timeout(cell: CellRepeat) -> float:
+def client_timeout(workload: Workload) -> float:
     """Upper bound for one client invocation (requests run in waves of `concurrency`)."""
-    w = cell.client.workload
-    waves = math.ceil(w.num_requests / w.concurrency) + w.warmup_requests
-    return waves * w.request_timeout_s + CLIENT_SLACK_S
+    waves = math.ceil(workload.num_requests / workload.concurrency) + workload.warmup_requests
+    return waves * workload.request_timeout_s + CLIENT_SLACK_S
 
 
 def run_client(
     *,
     exp: Experiment,
-    cell: CellRepeat,
     manager: ServerManager,
     state: ServerState,
+    workload: Workload,
+    tag: str,
     bench_log: Path,
 ) -> BenchRecord:
     """Run the configured client on the client node (in the runtime); return its record."""
@@ -46,22 +46,22 @@ def run_client(
     # Locally without docker the client writes straight into the run folder; otherwise into
     # the node directory shared with one-shot containers, copied back afterwards.
     direct = exp.cluster.transport == "local" and exp.runtime.kind == "process"
+    digest = hashlib.sha256(tag.encode()).hexdigest()[:12]
     if direct:
         node_out, node_log = str(local_out.resolve()), str(bench_log.resolve())
     else:
-        digest = hashlib.sha256(cell.key.encode()).hexdigest()[:12]
         base = f"{ONESHOT_DIR}/{exp.run_id}/client/{digest}"
         node_out, node_log = f"{base}.jsonl", f"{base}.log"
         manager.transport.run(node, f"rm -f {shlex.quote(node_out)}", timeout=60)
     launch = Launch(
-        name=f"servesweep-{exp.run_id}-client-{cell.server.fingerprint[:8]}-r{cell.repeat}",
+        name=f"servesweep-{exp.run_id}-client-{digest}",
         node=node,
         argv=loadgen.client_argv(
             kind=exp.client.kind,
-            workload=cell.client.workload,
+            workload=workload,
             base_url=state.base_url,
             output_file=node_out,
-            tag=cell.key,
+            tag=tag,
             tokenizer=exp.client.tokenizer or exp.engine.model_path,
             python=exp.engine.python,
             sglang_version=exp.engine.version,
@@ -72,21 +72,59 @@ def run_client(
     )
     bench_log.parent.mkdir(parents=True, exist_ok=True)
     try:
-        result = manager.runtime.run_oneshot(launch, timeout=client_timeout(cell))
+        result = manager.runtime.run_oneshot(launch, timeout=client_timeout(workload))
         if not direct:
             manager.transport.get(node, node_log, bench_log)
         if not result.ok:
             raise ClientError(
-                f"cell {cell.key}: client exited {result.returncode} on node {node}; "
+                f"cell {tag}: client exited {result.returncode} on node {node}; "
                 f"bench log {bench_log}"
             )
         if not direct:
             manager.transport.get(node, node_out, local_out)
         if not local_out.exists():
-            raise ClientError(f"cell {cell.key}: client wrote no record; bench log {bench_log}")
+            raise ClientError(f"cell {tag}: client wrote no record; bench log {bench_log}")
         return read_record(local_out)
     finally:
         local_out.unlink(missing_ok=True)
+
+
+def server_logs(manager: ServerManager, state: ServerState) -> list[str]:
+    """Local copies of every process log of a server set."""
+    return [str(manager.local_log_path(state.server_id, r.role, r.node)) for r in state.ranks]
+
+
+def run_warmup(
+    *, exp: Experiment, cell: CellRepeat, manager: ServerManager, state: ServerState
+) -> None:
+    """The first request(s) after a start, recorded apart from the figures
+    (service/<server>/warmup.jsonl): e.g. RDMA endpoint setup inflates the first TTFT."""
+    service = manager.paths.service(cell.server.id)
+    workload = cell.client.workload.model_copy(
+        update={"num_requests": exp.warmup_after_start, "concurrency": 1, "warmup_requests": 0}
+    )
+    log = service / "warmup.log"
+    record = run_client(
+        exp=exp,
+        manager=manager,
+        state=state,
+        workload=workload,
+        tag=f"{cell.server.id}/warmup",
+        bench_log=log,
+    )
+    validation.check_record(
+        record,
+        workload,
+        cell=f"{cell.server.id}/warmup",
+        logs=[str(log), *server_logs(manager, state)],
+    )
+    write_record(service / "warmup.jsonl", record)
+    manager.events.emit(
+        "warmup",
+        fp=cell.server.fingerprint,
+        server=cell.server.id,
+        ttft_ms=f"{record.mean_ttft_ms:.1f}",
+    )
 
 
 def run_cell(
@@ -104,21 +142,32 @@ def run_cell(
     started = time.monotonic()
     events.emit("cell-start", cell=cell.key, fp=cell.server.fingerprint)
     try:
-        state = manager.ensure(cell.server)
+        state, fresh = manager.ensure(cell.server)
+        if fresh and exp.warmup_after_start:
+            run_warmup(exp=exp, cell=cell, manager=manager, state=state)
         client_started = time.monotonic()
         nodes = exp.cluster.nodes
         before = telemetry.take_snapshot(
             transport=manager.transport, nodes=nodes, phase="before", timeout=SNAPSHOT_TIMEOUT_S
         )
-        record = run_client(exp=exp, cell=cell, manager=manager, state=state, bench_log=bench_log)
+        record = run_client(
+            exp=exp,
+            manager=manager,
+            state=state,
+            workload=cell.client.workload,
+            tag=cell.key,
+            bench_log=bench_log,
+        )
         after = telemetry.take_snapshot(
             transport=manager.transport, nodes=nodes, phase="after", timeout=SNAPSHOT_TIMEOUT_S
         )
         client_seconds = time.monotonic() - client_started
         manager.check_alive(state)
-        server_logs = [str(manager.local_log_path(cell.server.id, n)) for n in nodes]
         validation.check_record(
-            record, cell.client.workload, cell=cell.key, logs=[str(bench_log), *server_logs]
+            record,
+            cell.client.workload,
+            cell=cell.key,
+            logs=[str(bench_log), *server_logs(manager, state)],
         )
         telemetry.write_snapshot(gpu_out, pd.concat([before, after], ignore_index=True))
         write_record(raw_out, record)

@@ -1,4 +1,4 @@
-"""`servesweep` command line: down, status, commands (nothing here starts a benchmark)."""
+"""`servesweep` command line: commands, up, status, down (nothing here runs a benchmark)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import sys
 
 from servesweep.config import RunPaths, load_experiment_file, server_specs
-from servesweep.errors import ServesweepError
+from servesweep.errors import ConfigError, ServesweepError
 from servesweep.servers import ServerManager, connect, open_runtime, shutdown
 from servesweep.transport import LocalTransport
 
@@ -28,8 +28,10 @@ def _parser() -> argparse.ArgumentParser:
         ("down", "stop every server of the run (current and stale by label)"),
         ("status", "per node and rank: handle, running, health"),
         ("commands", "print every server launch command per node; touches no node"),
+        ("up", "start a server set and leave it running for manual checks"),
     ):
         sub.add_parser(name, parents=[common], help=text, description=text)
+    sub.choices["up"].add_argument("--server", help="server id (default: the first)")
     return parser
 
 
@@ -42,10 +44,7 @@ def cmd_commands(args: argparse.Namespace) -> None:
         exp, paths, transport=transport, runtime=open_runtime(exp, transport, for_commands=True)
     )
     for spec in server_specs(exp):
-        print(f"# server {spec.id} fingerprint {spec.fingerprint}")
-        for launch in manager.launches(spec):
-            print(f"# node {launch.node} rank {launch.labels['rank']}")
-            print(manager.runtime.command_line(launch))
+        print(manager.commands_script(spec).removeprefix("#!/bin/sh\n"), end="")
 
 
 def cmd_status(args: argparse.Namespace) -> None:
@@ -58,6 +57,21 @@ def cmd_status(args: argparse.Namespace) -> None:
         print("  ".join(f"{k}={v}" for k, v in row.items()))
 
 
+def cmd_up(args: argparse.Namespace) -> None:
+    exp = load_experiment_file(args.configfile, os.environ)
+    specs = server_specs(exp)
+    chosen = [s for s in specs if args.server in (None, s.id)]
+    if not chosen:
+        raise ConfigError(f"--server {args.server!r}: not one of {[s.id for s in specs]}")
+    with connect(exp, RunPaths.for_run(exp, args.results)) as manager:
+        state, fresh = manager.ensure(chosen[0])
+    verb = "started" if fresh else "already running"
+    print(
+        f"run {exp.run_id}: server {state.server_id} (fp {state.fingerprint}) {verb} at "
+        f"{state.base_url}; stop it with `servesweep down`"
+    )
+
+
 def cmd_down(args: argparse.Namespace) -> None:
     exp = load_experiment_file(args.configfile, os.environ)
     shutdown(exp, RunPaths.for_run(exp, args.results), reason="servesweep down")
@@ -66,7 +80,7 @@ def cmd_down(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handlers = {"down": cmd_down, "status": cmd_status, "commands": cmd_commands}
+    handlers = {"down": cmd_down, "status": cmd_status, "commands": cmd_commands, "up": cmd_up}
     try:
         handlers[args.command](args)
     except ServesweepError as exc:

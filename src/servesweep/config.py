@@ -6,6 +6,7 @@ import hashlib
 import itertools
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,6 +122,7 @@ class SimConfig(Strict):
     time_scale: float = Field(default=0.02, gt=0)
     seed: int = 0
     startup_s: float = Field(default=60.0, ge=0)
+    profile: str | None = None
     faults: SimFaults = SimFaults()
 
 
@@ -153,6 +155,10 @@ class ServerArgs(Strict):
     mem_fraction_static: float | None = Field(default=None, gt=0, le=1)
     max_running_requests: int | None = Field(default=None, ge=1)
     trust_remote_code: bool = True
+    disaggregation_transfer_backend: str | None = None
+    disaggregation_ib_device: str | None = None
+    disaggregation_bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
+    speculative_algorithm: str | None = None
     extra_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
 
@@ -165,6 +171,28 @@ class ServerArgs(Strict):
         ):
             raise ValueError("chunked_prefill_size must be positive or -1 (disabled)")
         return self
+
+
+PD_ROLES = ("prefill", "decode")
+SINGLE_ROLE = "server"
+
+
+class RoleConfig(Strict):
+    """One role of a PD server set: its nodes, ports and argument overrides."""
+
+    nodes: list[str] = Field(min_length=1)
+    port: int | None = Field(default=None, ge=1, le=65535)
+    dist_init_port: int | None = Field(default=None, ge=1, le=65535)
+    server: dict[str, Any] = Field(default_factory=dict)
+
+
+class RouterConfig(Strict):
+    """The PD router (SGLang's mini load balancer) in front of prefill and decode."""
+
+    node: str
+    port: int = Field(default=31000, ge=1, le=65535)
+    policy: Literal["random", "round_robin"] = "random"
+    mini_lb: bool = True
 
 
 class Workload(Strict):
@@ -222,21 +250,40 @@ class Experiment(Strict):
     server: ServerArgs = ServerArgs()
     matrix: Matrix = Matrix()
     workload: Workload
+    roles: dict[str, RoleConfig] = Field(default_factory=dict)
+    router: RouterConfig | None = None
+    cases: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    suites: dict[str, list[str]] = Field(default_factory=dict)
+    suite: str | None = None
+    warmup_after_start: int = Field(default=0, ge=0)
+    evidence: dict[str, str] = Field(default_factory=dict)
     repeats: int = Field(default=1, ge=1)
     baseline: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _check_combinations(self) -> Experiment:
-        world = len(self.cluster.nodes) * self.cluster.gpus_per_node
+        self._check_roles()
         for axes in _combinations(self.matrix.server):
-            args = _validated(ServerArgs, self.server, axes, "matrix.server")
-            if args.tp_size * args.pp_size != world:
-                raise ValueError(
-                    f"server.tp_size*pp_size = {args.tp_size}*{args.pp_size} must equal "
-                    f"nodes*gpus_per_node = {world}"
-                )
+            for role in role_layouts(self):
+                where = "matrix.server" if role.name == SINGLE_ROLE else f"roles.{role.name}"
+                args = _validated(ServerArgs, role.base, axes, where)
+                world = len(role.nodes) * self.cluster.gpus_per_node
+                if args.tp_size * args.pp_size != world:
+                    prefix = "server" if role.name == SINGLE_ROLE else f"roles.{role.name}.server"
+                    raise ValueError(
+                        f"{prefix}.tp_size*pp_size = {args.tp_size}*{args.pp_size} must equal "
+                        f"nodes*gpus_per_node = {len(role.nodes)}*{self.cluster.gpus_per_node}"
+                    )
+            if self.roles:
+                _check_pd_pair(self, axes)
         for axes in _combinations(self.matrix.client):
             _validated(Workload, self.workload, axes, "matrix.client")
+        self._check_cases()
+        for name, pattern in self.evidence.items():
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"evidence.{name}: bad regular expression: {exc}") from None
         if len(self.baseline) > 1:
             raise ValueError("baseline: name exactly one axis and its value")
         for axis, value in self.baseline.items():
@@ -246,6 +293,85 @@ class Experiment(Strict):
             if value not in values:
                 raise ValueError(f"baseline.{axis}: {value!r} is not in the matrix {values}")
         return self
+
+
+    def _check_roles(self) -> None:
+        if not self.roles:
+            if self.router is not None:
+                raise ValueError("router: needs roles prefill and decode")
+            return
+        if sorted(self.roles) != sorted(PD_ROLES):
+            raise ValueError(f"roles: exactly {list(PD_ROLES)} (got {sorted(self.roles)})")
+        if self.router is None:
+            raise ValueError("router: required with PD roles (clients talk to the router)")
+        known = set(self.cluster.nodes)
+        for name, role in self.roles.items():
+            unknown = [n for n in role.nodes if n not in known]
+            if unknown:
+                raise ValueError(f"roles.{name}.nodes: {unknown} not in cluster.nodes")
+            bad = sorted(set(role.server) - set(ServerArgs.model_fields))
+            if bad:
+                raise ValueError(f"roles.{name}.server.{bad[0]}: unknown key")
+        if self.router.node not in known:
+            raise ValueError(f"router.node: {self.router.node!r} not in cluster.nodes")
+
+    def _check_cases(self) -> None:
+        if self.cases and self.matrix.client:
+            raise ValueError("cases: give either cases or matrix.client axes, not both")
+        for name, overrides in self.cases.items():
+            if not re.match(NAME_PATTERN, name):
+                raise ValueError(f"cases.{name}: names are letters, digits, '.', '_', '-'")
+            _validated(Workload, self.workload, overrides, f"cases.{name}")
+        for suite, names in self.suites.items():
+            missing = [n for n in names if n not in self.cases]
+            if missing or not names:
+                raise ValueError(f"suites.{suite}: unknown or no cases {missing}")
+        if self.suite is not None and self.suite not in {*self.suites, "all"}:
+            raise ValueError(f"suite: {self.suite!r} is not one of {[*self.suites, 'all']}")
+
+
+@dataclass(frozen=True)
+class RoleLayout:
+    """Where one role runs and its base arguments (before matrix axes)."""
+
+    name: str
+    nodes: tuple[str, ...]
+    port: int
+    dist_init_port: int
+    base: ServerArgs
+
+
+def role_layouts(exp: Experiment) -> list[RoleLayout]:
+    """The roles of every server set: one `server` role, or prefill then decode."""
+    if not exp.roles:
+        return [
+            RoleLayout(SINGLE_ROLE, tuple(exp.cluster.nodes), exp.engine.port,
+                       exp.engine.dist_init_port, exp.server)
+        ]
+    layouts = []
+    for name in PD_ROLES:
+        role = exp.roles[name]
+        base = _validated(ServerArgs, exp.server, role.server, f"roles.{name}.server")
+        layouts.append(
+            RoleLayout(name, tuple(role.nodes), role.port or exp.engine.port,
+                       role.dist_init_port or exp.engine.dist_init_port, base)
+        )
+    return layouts
+
+
+def _check_pd_pair(exp: Experiment, axes: dict[str, Any]) -> None:
+    """Prefill and decode must agree on what a KV transfer needs (SGLang refuses otherwise)."""
+    args = {
+        r.name: _validated(ServerArgs, r.base, axes, f"roles.{r.name}") for r in role_layouts(exp)
+    }
+    for key, what in (("page_size", "KV page size"), ("kv_cache_dtype", "KV cache dtype")):
+        p, d = getattr(args["prefill"], key), getattr(args["decode"], key)
+        if p != d:
+            raise ValueError(
+                f"roles.decode.server.{key}: {d!r} differs from prefill's {p!r}; the {what} "
+                f"must be equal on P and D (SGLang fails the first transfer: "
+                f"'{'Page size' if key == 'page_size' else 'KV cache dtype'} mismatch')"
+            )
 
 
 def _combinations(axes: Mapping[str, list[Any]]) -> list[dict[str, Any]]:
@@ -287,6 +413,8 @@ def apply_env(raw: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
     data = json.loads(json.dumps(dict(raw), default=str))
     if env.get("RUN_ID"):
         data["run_id"] = env["RUN_ID"]
+    if env.get("SUITE"):
+        data["suite"] = env["SUITE"]
     for var, arg in SERVER_ARG_ENV.items():
         if env.get(var):
             data.setdefault("server", {})[arg] = env[var]
@@ -368,12 +496,24 @@ def _fmt(value: Any) -> str:
 
 
 @dataclass(frozen=True)
+class RoleSpec:
+    """One role of a server set with its resolved launch arguments."""
+
+    name: str
+    nodes: tuple[str, ...]
+    port: int
+    dist_init_port: int
+    args: ServerArgs
+
+
+@dataclass(frozen=True)
 class ServerSpec:
-    """One server config: the args that need a restart, and their fingerprint."""
+    """One server config (a set of roles, plus a router for PD) and its fingerprint."""
 
     id: str
     axes: dict[str, Any]
-    args: ServerArgs
+    roles: tuple[RoleSpec, ...]
+    router: RouterConfig | None
     fingerprint: str
     priority: int
 
@@ -400,17 +540,18 @@ class CellRepeat:
         return f"{self.server.id}/{self.client.id}/r{self.repeat}"
 
 
-def fingerprint(exp: Experiment, args: ServerArgs) -> str:
-    """Short hash of exactly what needs a (re)started server."""
+def fingerprint(exp: Experiment, roles: tuple[RoleSpec, ...]) -> str:
+    """Short hash of exactly what needs a (re)started server set."""
     payload = {
         "engine": exp.engine.model_dump(exclude={"ready_timeout_s"}),
         "runtime": exp.runtime.model_dump(),
-        "cluster": {
-            "nodes": exp.cluster.nodes,
-            "addresses": exp.cluster.addresses,
-            "gpus_per_node": exp.cluster.gpus_per_node,
-        },
-        "server": args.model_dump(),
+        "cluster": {"addresses": exp.cluster.addresses, "gpus_per_node": exp.cluster.gpus_per_node},
+        "roles": [
+            {"name": r.name, "nodes": r.nodes, "port": r.port,
+             "dist_init_port": r.dist_init_port, "args": r.args.model_dump()}
+            for r in roles
+        ],
+        "router": exp.router.model_dump() if exp.router else None,
     }
     blob = json.dumps(payload, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
@@ -419,23 +560,50 @@ def fingerprint(exp: Experiment, args: ServerArgs) -> str:
 def server_specs(exp: Experiment) -> list[ServerSpec]:
     """Every server config in matrix order; earlier configs get higher priority."""
     combos = _combinations(exp.matrix.server)
+    layouts = role_layouts(exp)
     specs = []
     for i, axes in enumerate(combos):
-        args = ServerArgs.model_validate({**exp.server.model_dump(), **axes})
+        roles = tuple(
+            RoleSpec(
+                name=layout.name,
+                nodes=layout.nodes,
+                port=layout.port,
+                dist_init_port=layout.dist_init_port,
+                args=ServerArgs.model_validate({**layout.base.model_dump(), **axes}),
+            )
+            for layout in layouts
+        )
         specs.append(
             ServerSpec(
-                id=_segment(axes, "default"),
-                axes={k: getattr(args, k) for k in axes},
-                args=args,
-                fingerprint=fingerprint(exp, args),
+                id=_segment(axes, "pd" if exp.roles else "default"),
+                axes=dict(axes),
+                roles=roles,
+                router=exp.router,
+                fingerprint=fingerprint(exp, roles),
                 priority=len(combos) - i,
             )
         )
     return specs
 
 
+def selected_cases(exp: Experiment) -> list[str]:
+    """Case names of the selected suite (all cases when no suite or suite 'all')."""
+    if exp.suite is None or exp.suite == "all":
+        return list(exp.cases)
+    return list(exp.suites[exp.suite])
+
+
 def client_specs(exp: Experiment) -> list[ClientSpec]:
-    """Every client config in matrix order."""
+    """Every client config: the selected cases, or the client-axis combinations."""
+    if exp.cases:
+        return [
+            ClientSpec(
+                id=f"case~{name}",
+                axes={"case": name},
+                workload=Workload.model_validate({**exp.workload.model_dump(), **exp.cases[name]}),
+            )
+            for name in selected_cases(exp)
+        ]
     specs = []
     for axes in _combinations(exp.matrix.client):
         workload = Workload.model_validate({**exp.workload.model_dump(), **axes})
@@ -515,3 +683,8 @@ class RunPaths:
     @property
     def plots(self) -> Path:
         return self.root / "plots"
+
+
+def axis_names(exp: Experiment) -> tuple[list[str], list[str]]:
+    """(server axes, client axes) as columns of results.csv; cases form one axis `case`."""
+    return list(exp.matrix.server), ["case"] if exp.cases else list(exp.matrix.client)

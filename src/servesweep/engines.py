@@ -5,7 +5,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
-from servesweep.config import Experiment, ServerArgs, ServerSpec
+from servesweep.config import PD_ROLES, Experiment, RoleSpec, ServerSpec
 from servesweep.errors import ConfigError
 from servesweep.transport import node_address
 
@@ -40,49 +40,63 @@ def moe_runners(version: str) -> list[str]:
     return MOE_RUNNERS_0_5_9
 
 
-def check_supported(exp: Experiment, args: ServerArgs) -> None:
+def check_supported(exp: Experiment, spec: ServerSpec) -> None:
     """Refuse arguments the pinned SGLang version would reject at launch."""
-    runner = args.moe_runner_backend
-    if runner is not None and runner not in moe_runners(exp.engine.version):
-        raise ConfigError(
-            f"config key 'moe_runner_backend': {runner!r} is not a MoE runner of SGLang "
-            f"{exp.engine.version} (choices: {', '.join(moe_runners(exp.engine.version))})"
-        )
+    for role in spec.roles:
+        runner = role.args.moe_runner_backend
+        if runner is not None and runner not in moe_runners(exp.engine.version):
+            raise ConfigError(
+                f"config key 'moe_runner_backend': {runner!r} is not a MoE runner of SGLang "
+                f"{exp.engine.version} (choices: {', '.join(moe_runners(exp.engine.version))})"
+            )
 
 
 @dataclass(frozen=True)
 class RankCommand:
-    """The launch command of one rank of a server config on one node."""
+    """The launch command of one rank of one role (or the router) on one node."""
 
+    role: str
     node: str
     rank: int
     argv: list[str]
     env: dict[str, str]
 
 
+ROUTER_ROLE = "router"
+DEFAULT_BOOTSTRAP_PORT = 8998
+
+
 def server_host(exp: Experiment) -> str:
-    """Interface rank 0 listens on: loopback locally, every interface on a cluster."""
+    """Interface HTTP servers listen on: loopback locally, every interface on a cluster."""
     return "127.0.0.1" if exp.cluster.transport == "local" else "0.0.0.0"
 
 
-def base_url(exp: Experiment) -> str:
-    """URL clients and health checks use for rank 0."""
-    node0 = exp.cluster.nodes[0]
-    return f"http://{node_address(exp.cluster, node0)}:{exp.engine.port}"
+def role_url(exp: Experiment, role: RoleSpec) -> str:
+    """URL of a role's rank 0."""
+    return f"http://{node_address(exp.cluster, role.nodes[0])}:{role.port}"
 
 
-def _server_flags(exp: Experiment, args: ServerArgs, rank: int) -> list[str]:
-    nodes = exp.cluster.nodes
+def base_url(exp: Experiment, spec: ServerSpec) -> str:
+    """URL clients use: the router of a PD set, else rank 0 of the only role."""
+    if spec.router is not None:
+        return f"http://{node_address(exp.cluster, spec.router.node)}:{spec.router.port}"
+    return role_url(exp, spec.roles[0])
+
+
+def _server_flags(exp: Experiment, role: RoleSpec, rank: int) -> list[str]:
+    args = role.args
     flags = ["--model-path", exp.engine.model_path]
     if exp.engine.served_model_name:
         flags += ["--served-model-name", exp.engine.served_model_name]
-    flags += ["--host", server_host(exp), "--port", str(exp.engine.port)]
+    flags += ["--host", server_host(exp), "--port", str(role.port)]
     flags += ["--tp-size", str(args.tp_size), "--ep-size", str(args.ep_size)]
     flags += ["--dp-size", str(args.dp_size), "--pp-size", str(args.pp_size)]
-    if len(nodes) > 1:
-        addr = f"{node_address(exp.cluster, nodes[0])}:{exp.engine.dist_init_port}"
-        flags += ["--nnodes", str(len(nodes)), "--node-rank", str(rank)]
+    if len(role.nodes) > 1:
+        addr = f"{node_address(exp.cluster, role.nodes[0])}:{role.dist_init_port}"
+        flags += ["--nnodes", str(len(role.nodes)), "--node-rank", str(rank)]
         flags += ["--dist-init-addr", addr]
+    if role.name in PD_ROLES:
+        flags += ["--disaggregation-mode", role.name]
     optional = {
         "--moe-runner-backend": args.moe_runner_backend,
         "--chunked-prefill-size": args.chunked_prefill_size,
@@ -90,6 +104,10 @@ def _server_flags(exp: Experiment, args: ServerArgs, rank: int) -> list[str]:
         "--kv-cache-dtype": args.kv_cache_dtype,
         "--mem-fraction-static": args.mem_fraction_static,
         "--max-running-requests": args.max_running_requests,
+        "--disaggregation-transfer-backend": args.disaggregation_transfer_backend,
+        "--disaggregation-ib-device": args.disaggregation_ib_device,
+        "--disaggregation-bootstrap-port": args.disaggregation_bootstrap_port,
+        "--speculative-algorithm": args.speculative_algorithm,
     }
     for flag, value in optional.items():
         if value is not None:
@@ -107,6 +125,8 @@ def _sim_flags(exp: Experiment, spec: ServerSpec) -> list[str]:
     seed = (sim.seed + zlib.crc32(spec.fingerprint.encode())) % 2**31
     flags = ["--sim-time-scale", str(sim.time_scale), "--sim-seed", str(seed)]
     flags += ["--sim-startup-s", str(sim.startup_s)]
+    if sim.profile:
+        flags += ["--sim-profile", sim.profile]
     faults = sim.faults
     if faults.fail_start:
         flags.append("--sim-fail-start")
@@ -122,23 +142,49 @@ def _sim_flags(exp: Experiment, spec: ServerSpec) -> list[str]:
     return flags
 
 
+def router_command(exp: Experiment, spec: ServerSpec) -> RankCommand:
+    """The PD router in front of rank 0 of prefill and decode."""
+    router = spec.router
+    assert router is not None
+    prefill, decode = (next(r for r in spec.roles if r.name == n) for n in PD_ROLES)
+    bootstrap = prefill.args.disaggregation_bootstrap_port or DEFAULT_BOOTSTRAP_PORT
+    if exp.engine.kind == "sglang":
+        module = ["-m", "sglang_router.launch_router"]
+    else:
+        module = ["-m", "servesweep.sim.router"]
+    argv = [exp.engine.python, *module, "--pd-disaggregation"]
+    if router.mini_lb:
+        argv.append("--mini-lb")
+    argv += ["--prefill", role_url(exp, prefill), str(bootstrap)]
+    argv += ["--decode", role_url(exp, decode)]
+    argv += ["--host", server_host(exp), "--port", str(router.port), "--policy", router.policy]
+    return RankCommand(role=ROUTER_ROLE, node=router.node, rank=0, argv=argv, env={})
+
+
 def rank_commands(exp: Experiment, spec: ServerSpec) -> list[RankCommand]:
-    """One launch command per node of the cluster, rank 0 first."""
-    check_supported(exp, spec.args)
+    """Every process of a server set in start order: each role's ranks (rank 0 first),
+    then the router."""
+    check_supported(exp, spec)
     if exp.engine.kind == "sglang":
         module = ["-m", "sglang.launch_server"]
     else:
         module = ["-m", "servesweep.sim"]
     commands = []
-    for rank, node in enumerate(exp.cluster.nodes):
-        argv = [exp.engine.python, *module, *_server_flags(exp, spec.args, rank)]
-        if exp.engine.kind == "sim":
-            argv += _sim_flags(exp, spec)
-        commands.append(RankCommand(node=node, rank=rank, argv=argv, env=dict(spec.args.env)))
+    for role in spec.roles:
+        for rank, node in enumerate(role.nodes):
+            argv = [exp.engine.python, *module, *_server_flags(exp, role, rank)]
+            if exp.engine.kind == "sim":
+                argv += _sim_flags(exp, spec)
+            commands.append(
+                RankCommand(role=role.name, node=node, rank=rank, argv=argv,
+                            env=dict(role.args.env))
+            )
+    if spec.router is not None:
+        commands.append(router_command(exp, spec))
     return commands
 
 
 def check_experiment(exp: Experiment, specs: list[ServerSpec]) -> None:
     """Check every server config against the pinned engine version (before anything starts)."""
     for spec in specs:
-        check_supported(exp, spec.args)
+        check_supported(exp, spec)

@@ -35,3 +35,7 @@ class SmokeFailed(ServesweepError):
 
 class SecretError(ServesweepError):
     """The sudo password is missing or its file is unsafe."""
+
+
+class PreflightFailed(ServesweepError):
+    """A check before any server start failed (ports, IB devices, image, P/D agreement)."""

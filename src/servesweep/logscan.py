@@ -6,6 +6,7 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,9 @@ class Finding:
     def __str__(self) -> str:
         return f"{self.name} at line {self.line_no}: {self.line.strip()}"
 
+    def as_dict(self) -> dict[str, Any]:
+        return {"pattern": self.name, "line_no": self.line_no, "line": self.line.strip()}
+
 
 def scan_text(text: str) -> list[Finding]:
     """Every (pattern, line) match in a log text, in line order then pattern order.
@@ -96,3 +100,28 @@ def scan_file(path: str | Path) -> list[Finding]:
 def is_ready(text: str) -> bool:
     """True if the log contains the ready line."""
     return READY_LINE in text
+
+
+CLIENT_LOGS = ("warmup.log",)  # client logs kept beside server logs in service/<server>/
+
+
+def scan_run(*, service_root: str | Path, evidence: dict[str, str]) -> dict[str, Any]:
+    """Final scan of every server log of a run: fatal findings and evidence-pattern counts.
+
+    `evidence` maps a name to a regular expression (e.g. the P-side KV transfer lines and the
+    D-side RDMA-ready acknowledgements that prove the real P-to-D path).
+    """
+    patterns = {name: re.compile(rx) for name, rx in evidence.items()}
+    logs: dict[str, Any] = {}
+    for path in sorted(Path(service_root).glob("*/*.log")):
+        if path.name in CLIENT_LOGS:
+            continue
+        text = path.read_text(errors="replace")
+        rel = str(path.relative_to(service_root))
+        logs[rel] = {
+            "fatal": [f.as_dict() for f in scan_text(text)],
+            "evidence": {name: len(rx.findall(text)) for name, rx in patterns.items()},
+        }
+    totals = {name: sum(entry["evidence"][name] for entry in logs.values()) for name in patterns}
+    fatal = sum(len(entry["fatal"]) for entry in logs.values())
+    return {"logs_scanned": len(logs), "fatal_findings": fatal, "evidence": totals, "per_log": logs}

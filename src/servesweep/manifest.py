@@ -55,7 +55,16 @@ def build_manifest(*, exp: Experiment, paths: RunPaths, repo: Path) -> dict[str,
                 "id": spec.id,
                 "fingerprint": spec.fingerprint,
                 "axes": spec.axes,
-                "args": spec.args.model_dump(),
+                "roles": [
+                    {
+                        "role": r.name,
+                        "nodes": list(r.nodes),
+                        "port": r.port,
+                        "args": r.args.model_dump(),
+                    }
+                    for r in spec.roles
+                ],
+                "router": spec.router.model_dump() if spec.router else None,
                 "engine_version_reported": info.get("version"),
             }
         )

@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from servesweep import logscan
-from servesweep.config import Experiment, RunPaths, ServerSpec
-from servesweep.engines import base_url, rank_commands
+from servesweep.config import SINGLE_ROLE, Experiment, RunPaths, ServerSpec
+from servesweep.engines import ROUTER_ROLE, RankCommand, base_url, rank_commands, role_url
 from servesweep.errors import ServerDied, ServerStartError
 from servesweep.events import EventLog
 from servesweep.files import write_json_atomic, write_text_atomic
-from servesweep.runtime import Launch, ProcessRuntime, Runtime
+from servesweep.runtime import ONESHOT_DIR, Launch, ProcessRuntime, Runtime
 from servesweep.transport import LocalTransport, Transport
 
 logger = logging.getLogger(__name__)
@@ -32,12 +32,14 @@ FATAL_SCAN_EVERY_S = 2.0
 
 @dataclass
 class RankState:
-    """One running rank: where it runs and how to find it again."""
+    """One running process of a server set: where it runs and how to find it again."""
 
+    role: str
     node: str
     rank: int
     handle: str
     log_path: str
+    url: str | None = None  # the role's HTTP endpoint, on rank 0 and the router
 
 
 @dataclass
@@ -61,6 +63,11 @@ class ServerState:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def log_name(role: str, node: str) -> str:
+    """File name of one process's log in service/<server>/."""
+    return f"{node}.log" if role == SINGLE_ROLE else f"{role}-{node}.log"
 
 
 def http_status(url: str, timeout: float = 2.0) -> int | None:
@@ -108,71 +115,78 @@ class ServerManager:
             labels |= {"fingerprint": spec.fingerprint}
         return labels
 
-    def node_log_path(self, server_id: str, node: str) -> str:
-        """Where a rank writes its log on its node."""
+    def node_log_path(self, server_id: str, role: str, node: str) -> str:
+        """Where a process writes its log on its node."""
         if self.exp.cluster.transport == "local":
-            return str((self.paths.service(server_id) / f"{node}.log").resolve())
-        return f"/tmp/servesweep/{self.exp.run_id}/{server_id}/{node}.log"
+            return str(self.local_log_path(server_id, role, node).resolve())
+        return f"{ONESHOT_DIR}/{self.exp.run_id}/{server_id}/{log_name(role, node)}"
 
-    def local_log_path(self, server_id: str, node: str) -> Path:
-        return self.paths.service(server_id) / f"{node}.log"
+    def local_log_path(self, server_id: str, role: str, node: str) -> Path:
+        return self.paths.service(server_id) / log_name(role, node)
 
-    def launches(self, spec: ServerSpec) -> list[Launch]:
-        """The launches of every rank of a server config (rank 0 first)."""
+    def launches(self, spec: ServerSpec) -> list[tuple[RankCommand, Launch]]:
+        """Every process of a server set in start order, with its launch."""
         out = []
         for cmd in rank_commands(self.exp, spec):
-            labels = self.labels(spec) | {"server": spec.id, "rank": str(cmd.rank)}
-            out.append(
-                Launch(
-                    name=f"servesweep-{self.exp.run_id}-{spec.fingerprint}-r{cmd.rank}",
-                    node=cmd.node,
-                    argv=cmd.argv,
-                    log_path=self.node_log_path(spec.id, cmd.node),
-                    env=cmd.env,
-                    labels=labels,
-                )
+            labels = self.labels(spec) | {
+                "server": spec.id, "role": cmd.role, "rank": str(cmd.rank)
+            }
+            launch = Launch(
+                name=f"servesweep-{self.exp.run_id}-{spec.fingerprint}-{cmd.role}-r{cmd.rank}",
+                node=cmd.node,
+                argv=cmd.argv,
+                log_path=self.node_log_path(spec.id, cmd.role, cmd.node),
+                env=cmd.env,
+                labels=labels,
             )
+            out.append((cmd, launch))
         return out
 
     def commands_script(self, spec: ServerSpec) -> str:
-        """service/<server>/commands.sh: the exact command run on each node."""
+        """service/<server>/commands.sh: the exact command run on each node, in start order."""
         lines = ["#!/bin/sh", f"# server {spec.id} fingerprint {spec.fingerprint}"]
-        for launch in self.launches(spec):
-            lines.append(f"# node {launch.node}")
+        for cmd, launch in self.launches(spec):
+            lines.append(f"# role {cmd.role} rank {cmd.rank} node {cmd.node}")
             lines.append(self.runtime.command_line(launch))
         return "\n".join(lines) + "\n"
+
+    def _url(self, spec: ServerSpec, cmd: RankCommand) -> str | None:
+        if cmd.role == ROUTER_ROLE:
+            return base_url(self.exp, spec)
+        if cmd.rank != 0:
+            return None
+        return role_url(self.exp, next(r for r in spec.roles if r.name == cmd.role))
 
     # ------------------------------------------------------------ lifecycle
     def current(self) -> ServerState | None:
         return ServerState.load(self.paths.current_server)
 
-    def ensure(self, spec: ServerSpec) -> ServerState:
-        """Reuse the running server if it has `spec`'s fingerprint and is healthy, else restart."""
+    def ensure(self, spec: ServerSpec) -> tuple[ServerState, bool]:
+        """Reuse the running set if it has `spec`'s fingerprint and is healthy, else restart.
+
+        Returns the state and whether it was started just now."""
         state = self.current()
         if state is not None and state.fingerprint == spec.fingerprint:
             if self._healthy(state):
                 self.events.emit("reuse", fp=spec.fingerprint, server=spec.id)
-                return state
+                return state, False
             self.events.emit("unhealthy", fp=state.fingerprint, server=state.server_id)
         if state is not None:
-            self.stop(
-                state,
-                reason="fingerprint change"
-                if state.fingerprint != spec.fingerprint
-                else "unhealthy",
-            )
+            reason = "fingerprint change" if state.fingerprint != spec.fingerprint else "unhealthy"
+            self.stop(state, reason=reason)
         self._remove_stale()
-        return self.start(spec)
+        return self.start(spec), True
 
     def start(self, spec: ServerSpec) -> ServerState:
-        """Start every rank, then wait for readiness; on failure stop what started."""
+        """Start role by role (prefill, decode, router), each ready before the next;
+        on failure stop everything that started."""
         service = self.paths.service(spec.id)
         service.mkdir(parents=True, exist_ok=True)
         write_text_atomic(service / "commands.sh", self.commands_script(spec))
         state = ServerState(
             fingerprint=spec.fingerprint,
             server_id=spec.id,
-            base_url=base_url(self.exp),
+            base_url=base_url(self.exp, spec),
             started_at=time.time(),
         )
         self.transport.check_reachable(self.exp.cluster.nodes)
@@ -180,13 +194,22 @@ class ServerManager:
             "start", fp=spec.fingerprint, server=spec.id, nodes=",".join(self.exp.cluster.nodes)
         )
         try:
-            for launch in self.launches(spec):
-                handle = self.runtime.start(launch)
-                state.ranks.append(
-                    RankState(launch.node, len(state.ranks), handle, launch.log_path)
-                )
-                write_json_atomic(self.paths.current_server, state.to_dict())
-            self._wait_ready(state, spec)
+            launches = self.launches(spec)
+            for role in dict.fromkeys(cmd.role for cmd, _ in launches):
+                role_started = time.time()
+                for cmd, launch in launches:
+                    if cmd.role != role:
+                        continue
+                    handle = self.runtime.start(launch)
+                    state.ranks.append(
+                        RankState(cmd.role, cmd.node, cmd.rank, handle, launch.log_path,
+                                  self._url(spec, cmd))
+                    )
+                    write_json_atomic(self.paths.current_server, state.to_dict())
+                self._wait_ready(state, spec, role)
+                if role != SINGLE_ROLE:
+                    self.events.emit("role-ready", fp=spec.fingerprint, server=spec.id,
+                                     role=role, seconds=f"{time.time() - role_started:.2f}")
         except BaseException as exc:
             self.events.emit(
                 "start-failed",
@@ -199,7 +222,7 @@ class ServerManager:
         state.ready_at = time.time()
         write_json_atomic(self.paths.current_server, state.to_dict())
         write_json_atomic(service / "server.json", state.to_dict())
-        info = http_json(f"{state.base_url}/server_info")
+        info = http_json(f"{state.ranks[0].url}/server_info")
         if info is not None:
             write_json_atomic(service / "server_info.json", info)
         self.events.emit(
@@ -210,59 +233,64 @@ class ServerManager:
         )
         return state
 
-    def _wait_ready(self, state: ServerState, spec: ServerSpec) -> None:
+    def _wait_ready(self, state: ServerState, spec: ServerSpec, role: str) -> None:
+        """Wait until `role`'s endpoint answers /health 200 (and, for an engine, rank 0 has
+        logged SGLang's ready line); fail fast on a dead rank or a fatal log pattern."""
+        head = next(r for r in state.ranks if r.role == role and r.url)
         deadline = time.monotonic() + self.exp.engine.ready_timeout_s
         next_scan = 0.0
         while True:
-            if http_status(f"{state.base_url}/health") == 200:
-                rank0 = state.ranks[0]
-                log = self.runtime.logs(rank0.node, rank0.handle, rank0.log_path)
+            if http_status(f"{head.url}/health") == 200:
+                if role == ROUTER_ROLE:
+                    break
+                log = self.runtime.logs(head.node, head.handle, head.log_path)
                 if logscan.READY_LINE in log:
-                    self.check_alive(state)
-                    return
+                    break
             now = time.monotonic()
             if now >= next_scan:
                 self._check_ranks(state, starting=True)
                 next_scan = now + FATAL_SCAN_EVERY_S
             if now > deadline:
                 raise ServerStartError(
-                    f"server {spec.id} (fp {spec.fingerprint}) not ready after "
-                    f"{self.exp.engine.ready_timeout_s:.0f}s: no /health 200 + ready line on "
-                    f"node {state.ranks[0].node}; log "
-                    f"{self.local_log_path(spec.id, state.ranks[0].node)}"
+                    f"server {spec.id} (fp {spec.fingerprint}) {role} not ready after "
+                    f"{self.exp.engine.ready_timeout_s:.0f}s: no /health 200"
+                    f"{'' if role == ROUTER_ROLE else ' + ready line'} on node {head.node}; "
+                    f"log {self.local_log_path(spec.id, role, head.node)}"
                 )
             time.sleep(POLL_S)
+        self._check_ranks(state, starting=True)
 
     def _check_ranks(self, state: ServerState, *, starting: bool) -> None:
-        """Raise naming the node and log if a rank died or logged a fatal pattern."""
+        """Save every process's log; raise naming node and log if one died or logged a
+        fatal pattern."""
         error = ServerStartError if starting else ServerDied
         for rank in state.ranks:
-            local_log = self.local_log_path(state.server_id, rank.node)
+            local_log = self.local_log_path(state.server_id, rank.role, rank.node)
             text = self.runtime.logs(rank.node, rank.handle, rank.log_path)
+            self._save_log(state.server_id, rank, text)
+            where = (
+                f"server {state.server_id} (fp {state.fingerprint}) {rank.role} rank "
+                f"{rank.rank} on node {rank.node}"
+            )
             findings = logscan.scan_text(text)
             if findings:
-                self._save_log(state.server_id, rank, text)
                 first = findings[0]
                 raise error(
-                    f"server {state.server_id} (fp {state.fingerprint}) rank {rank.rank} on "
-                    f"node {rank.node}: fatal pattern '{first.name}' at line {first.line_no}: "
+                    f"{where}: fatal pattern '{first.name}' at line {first.line_no}: "
                     f"{first.line.strip()[:160]}; log {local_log}"
                 )
             if not self.runtime.is_running(rank.node, rank.handle):
-                self._save_log(state.server_id, rank, text)
-                raise error(
-                    f"server {state.server_id} (fp {state.fingerprint}) rank {rank.rank} on "
-                    f"node {rank.node} exited; log {local_log}"
-                )
+                raise error(f"{where} exited; log {local_log}")
 
     def check_alive(self, state: ServerState) -> None:
-        """After a cell: every rank running, no fatal pattern, rank 0 healthy."""
+        """After a cell: every process running, no fatal pattern, the entry point healthy."""
         self._check_ranks(state, starting=False)
         if http_status(f"{state.base_url}/health", timeout=30.0) != 200:
+            head = state.ranks[0]
             raise ServerDied(
-                f"server {state.server_id} (fp {state.fingerprint}) on node "
-                f"{state.ranks[0].node} is unhealthy (/health not 200); log "
-                f"{self.local_log_path(state.server_id, state.ranks[0].node)}"
+                f"server {state.server_id} (fp {state.fingerprint}) at {state.base_url} is "
+                f"unhealthy (/health not 200); log "
+                f"{self.local_log_path(state.server_id, head.role, head.node)}"
             )
 
     def _healthy(self, state: ServerState) -> bool:
@@ -273,7 +301,7 @@ class ServerManager:
         return True
 
     def _save_log(self, server_id: str, rank: RankState, text: str) -> None:
-        target = self.local_log_path(server_id, rank.node)
+        target = self.local_log_path(server_id, rank.role, rank.node)
         if str(target.resolve()) != rank.log_path:
             write_text_atomic(target, text)
 
@@ -317,11 +345,10 @@ class ServerManager:
         rows = []
         for rank in state.ranks:
             running = self.runtime.is_running(rank.node, rank.handle)
-            health = ""
-            if rank.rank == 0:
-                health = str(http_status(f"{state.base_url}/health") or "no answer")
+            health = str(http_status(f"{rank.url}/health") or "no answer") if rank.url else ""
             rows.append(
                 {
+                    "role": rank.role,
                     "server": state.server_id,
                     "fp": state.fingerprint,
                     "node": rank.node,

@@ -93,4 +93,4 @@ def test_invalid_record_leaves_no_raw_file(tmp_path: Path) -> None:
 def test_client_timeout_scales_with_waves(tmp_path: Path) -> None:
     _, _, _, cell = _setup(tmp_path)
     w = cell.client.workload
-    assert client_timeout(cell) == 2 * w.request_timeout_s + 600
+    assert client_timeout(w) == 2 * w.request_timeout_s + 600

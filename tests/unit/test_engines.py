@@ -38,7 +38,7 @@ def test_sim_command_has_sglang_flags_and_sim_flags(raw: dict) -> None:
     assert _flag(cmd.argv, "--sim-time-scale") == str(exp.engine.sim.time_scale)
     seeds = {_flag(rank_commands(exp, s)[0].argv, "--sim-seed") for s in server_specs(exp)}
     assert len(seeds) == 4, "each server config gets its own noise stream"
-    assert base_url(exp) == "http://127.0.0.1:30000"
+    assert base_url(exp, spec) == "http://127.0.0.1:30000"
 
 
 def test_multi_node_sglang_ranks(raw: dict) -> None:

@@ -55,13 +55,15 @@ def test_ensure_starts_then_reuses_then_restarts_on_new_fingerprint(
     manager: ServerManager,
 ) -> None:
     first, second = server_specs(manager.exp)[:2]
-    state = manager.ensure(first)
+    state, fresh = manager.ensure(first)
+    assert fresh
     assert http_status(f"{state.base_url}/health") == 200
-    assert manager.ensure(first).ranks[0].handle == state.ranks[0].handle
+    again, fresh = manager.ensure(first)
+    assert not fresh and again.ranks[0].handle == state.ranks[0].handle
     commands = (manager.paths.service(first.id) / "commands.sh").read_text()
     assert "--moe-runner-backend marlin" in commands
     assert (manager.paths.service(first.id) / "server_info.json").exists()
-    new = manager.ensure(second)
+    new, _ = manager.ensure(second)
     assert new.fingerprint == second.fingerprint
     assert not manager.runtime.is_running("local", state.ranks[0].handle)
     log = (manager.paths.service(first.id) / "local.log").read_text()
@@ -71,7 +73,7 @@ def test_ensure_starts_then_reuses_then_restarts_on_new_fingerprint(
 
 def test_stale_server_is_found_by_label_and_removed(manager: ServerManager) -> None:
     spec = server_specs(manager.exp)[0]
-    state = manager.ensure(spec)
+    state, _ = manager.ensure(spec)
     manager.paths.current_server.unlink()  # as after a SIGKILL of the orchestrator
     assert manager.runtime.find("local", manager.labels()) == [state.ranks[0].handle]
     manager.stop_all(reason="down")
@@ -86,7 +88,7 @@ def test_failed_start_names_node_and_log_and_leaves_nothing(tmp_path: Path) -> N
         m.ensure(spec)
     message = str(info.value)
     assert "node local" in message
-    assert str(m.local_log_path(spec.id, "local")) in message
+    assert str(m.local_log_path(spec.id, "server", "local")) in message
     assert m.runtime.find("local", m.labels()) == []
     assert m.current() is None
     assert _events(m)[-2:] == ["start-failed", "stop"]

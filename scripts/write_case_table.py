@@ -1,0 +1,17 @@
+"""Adapter for rule write_case_table: the seed's PD table (markdown and HTML)."""
+
+from servesweep import analysis, scripting
+from servesweep.config import client_specs
+from servesweep.files import write_text_atomic
+
+
+def main() -> None:
+    exp, _ = scripting.experiment(snakemake)
+    table = analysis.case_table(
+        results=analysis.read_results_csv(snakemake.input.csv), clients=client_specs(exp)
+    )
+    write_text_atomic(snakemake.output.md, analysis.markdown_table(table))
+    write_text_atomic(snakemake.output.html, table.to_html(index=False, border=0))
+
+
+scripting.run(main)

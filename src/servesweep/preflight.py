@@ -1,0 +1,96 @@
+"""Preflight before any server start: P/D agreement, IB devices, image, free ports."""
+
+from __future__ import annotations
+
+import datetime as dt
+import shlex
+from typing import Any
+
+from servesweep.config import PD_ROLES, Experiment, ServerSpec, server_specs
+from servesweep.engines import DEFAULT_BOOTSTRAP_PORT
+from servesweep.errors import PreflightFailed
+from servesweep.servers import ServerManager
+from servesweep.transport import node_address
+
+PROBE_TIMEOUT_S = 30.0
+
+
+def pd_agreement(spec: ServerSpec) -> dict[str, Any]:
+    """Page size and KV-cache dtype of P and D (config validation already refused a mismatch)."""
+    if spec.router is None:
+        return {}
+    roles = {r.name: r.args for r in spec.roles}
+    out: dict[str, Any] = {}
+    for key in ("page_size", "kv_cache_dtype"):
+        p, d = getattr(roles["prefill"], key), getattr(roles["decode"], key)
+        if p != d:
+            raise PreflightFailed(f"server {spec.id}: {key} differs: prefill {p!r}, decode {d!r}")
+        out[key] = p
+    return out
+
+
+def listening_ports(exp: Experiment, spec: ServerSpec) -> list[tuple[str, int]]:
+    """(node, port) pairs the server set will listen on."""
+    ports: list[tuple[str, int]] = []
+    for role in spec.roles:
+        ports.append((role.nodes[0], role.port))
+        if len(role.nodes) > 1:
+            ports.append((role.nodes[0], role.dist_init_port))
+        if role.name == "prefill":
+            bootstrap = role.args.disaggregation_bootstrap_port or DEFAULT_BOOTSTRAP_PORT
+            ports.append((role.nodes[0], bootstrap))
+    if spec.router is not None:
+        ports.append((spec.router.node, spec.router.port))
+    return list(dict.fromkeys(ports))
+
+
+def _ib_devices(spec: ServerSpec) -> list[tuple[str, str]]:
+    pairs = []
+    for role in spec.roles:
+        if role.name in PD_ROLES and role.args.disaggregation_ib_device:
+            for dev in role.args.disaggregation_ib_device.split(","):
+                pairs += [(node, dev.strip()) for node in role.nodes]
+    return list(dict.fromkeys(pairs))
+
+
+def run_preflight(*, exp: Experiment, manager: ServerManager) -> dict[str, Any]:
+    """Every check for every server config; raise PreflightFailed naming node and reason."""
+    transport = manager.transport
+    transport.check_reachable(exp.cluster.nodes)
+    # A server set of this run that is still up holds its ports; ensure() replaces it.
+    current = manager.current()
+    checks: dict[str, Any] = {"pd": {}, "ib_devices": [], "image": [], "ports": []}
+    for spec in server_specs(exp):
+        checks["pd"][spec.id] = pd_agreement(spec)
+        for node, dev in _ib_devices(spec):
+            res = transport.run(
+                node, f"test -e /sys/class/infiniband/{shlex.quote(dev)}", timeout=PROBE_TIMEOUT_S
+            )
+            if not res.ok:
+                raise PreflightFailed(
+                    f"node {node}: IB device {dev} not present (/sys/class/infiniband/{dev})"
+                )
+            checks["ib_devices"].append({"node": node, "device": dev})
+        if current is not None:
+            checks["ports"].append(
+                {"server": spec.id, "skipped": f"server {current.server_id} of this run is up"}
+            )
+            continue
+        for node, port in listening_ports(exp, spec):
+            probe = f"bash -c 'exec 3<>/dev/tcp/{node_address(exp.cluster, node)}/{port}'"
+            if transport.run(node, f"{probe} 2>/dev/null", timeout=PROBE_TIMEOUT_S).ok:
+                raise PreflightFailed(
+                    f"node {node}: port {port} is already in use (server {spec.id} needs it); "
+                    f"stop what holds it or change the port"
+                )
+            checks["ports"].append({"node": node, "port": port, "free": True})
+    if exp.runtime.kind == "docker":
+        fmt = shlex.quote("{{.Id}}")
+        for node in exp.cluster.nodes:
+            res = manager.runtime.run_docker(  # type: ignore[attr-defined]
+                node, f"image inspect -f {fmt} {shlex.quote(exp.runtime.image or '')}"
+            )
+            if not res.ok:
+                raise PreflightFailed(f"node {node}: image {exp.runtime.image} not present")
+            checks["image"].append({"node": node, "image_id": res.stdout.strip()})
+    return {"run_id": exp.run_id, "checked_at": dt.datetime.now(dt.UTC).isoformat(), **checks}
