@@ -12,6 +12,7 @@ include: "rules/common.smk"
 include: "rules/cells.smk"
 include: "rules/analysis.smk"
 include: "rules/compare.smk"
+include: "rules/ops.smk"
 
 
 rule all:

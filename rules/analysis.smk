@@ -120,12 +120,3 @@ rule write_manifest:
         "manifest.json: resolved config, fingerprints, versions"
     script:
         "../scripts/write_manifest.py"
-
-
-rule down:
-    log:
-        f"{RUN_DIR}/logs/down.log",
-    message:
-        "stop every server of run {EXP.run_id}"
-    script:
-        "../scripts/down.py"

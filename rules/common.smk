@@ -85,4 +85,7 @@ def all_case_tables():
 
 
 def stop_servers(reason):
-    shutdown(EXP, PATHS, reason=reason)
+    # `snakemake plan` only inspects: it must not stop a server left up (`servesweep up`).
+    targets = set(workflow.dag_settings.targets)
+    if PATHS.current_server.exists() and not (targets and targets <= {"plan"}):
+        shutdown(EXP, PATHS, reason=reason)

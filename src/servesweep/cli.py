@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from servesweep.config import RunPaths, load_experiment_file, server_specs
 from servesweep.errors import ConfigError, ServesweepError
+from servesweep.plan import make_plan
 from servesweep.servers import ServerManager, connect, open_runtime, shutdown
 from servesweep.transport import LocalTransport
 
@@ -29,6 +31,7 @@ def _parser() -> argparse.ArgumentParser:
         ("status", "per node and rank: handle, running, health"),
         ("commands", "print every server launch command per node; touches no node"),
         ("up", "start a server set and leave it running for manual checks"),
+        ("plan", "missing cell-repeats, server starts, estimated wall time; touches no node"),
     ):
         sub.add_parser(name, parents=[common], help=text, description=text)
     sub.choices["up"].add_argument("--server", help="server id (default: the first)")
@@ -57,6 +60,12 @@ def cmd_status(args: argparse.Namespace) -> None:
         print("  ".join(f"{k}={v}" for k, v in row.items()))
 
 
+def cmd_plan(args: argparse.Namespace) -> None:
+    exp = load_experiment_file(args.configfile, os.environ)
+    paths = RunPaths.for_run(exp, args.results)
+    print(make_plan(exp=exp, paths=paths, results_dir=Path(args.results)).render(), end="")
+
+
 def cmd_up(args: argparse.Namespace) -> None:
     exp = load_experiment_file(args.configfile, os.environ)
     specs = server_specs(exp)
@@ -80,7 +89,13 @@ def cmd_down(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handlers = {"down": cmd_down, "status": cmd_status, "commands": cmd_commands, "up": cmd_up}
+    handlers = {
+        "down": cmd_down,
+        "status": cmd_status,
+        "commands": cmd_commands,
+        "up": cmd_up,
+        "plan": cmd_plan,
+    }
     try:
         handlers[args.command](args)
     except ServesweepError as exc:
