@@ -688,3 +688,8 @@ class RunPaths:
 def axis_names(exp: Experiment) -> tuple[list[str], list[str]]:
     """(server axes, client axes) as columns of results.csv; cases form one axis `case`."""
     return list(exp.matrix.server), ["case"] if exp.cases else list(exp.matrix.client)
+
+
+def json_schema() -> dict[str, Any]:
+    """JSON Schema of an experiment file, generated from the typed models."""
+    return Experiment.model_json_schema()

@@ -63,6 +63,9 @@ def run_preflight(*, exp: Experiment, manager: ServerManager) -> dict[str, Any]:
     for spec in server_specs(exp):
         checks["pd"][spec.id] = pd_agreement(spec)
         for node, dev in _ib_devices(spec):
+            if exp.engine.kind == "sim":  # simulated nodes have simulated RDMA devices
+                checks["ib_devices"].append({"node": node, "device": dev, "simulated": True})
+                continue
             res = transport.run(
                 node, f"test -e /sys/class/infiniband/{shlex.quote(dev)}", timeout=PROBE_TIMEOUT_S
             )

@@ -139,3 +139,14 @@ def test_load_experiment_file(tmp_path: Path) -> None:
     bad.write_text("- a list\n")
     with pytest.raises(ConfigError, match="top level must be a mapping"):
         load_experiment_file(bad)
+
+
+def test_committed_json_schema_matches_the_models() -> None:
+    import json
+
+    from servesweep.config import json_schema
+
+    committed = json.loads((ROOT / "schemas" / "experiment.schema.json").read_text())
+    assert committed == json.loads(json.dumps(json_schema())), (
+        "regenerate schemas/experiment.schema.json from servesweep.config.json_schema()"
+    )

@@ -1,0 +1,116 @@
+"""Tests of servesweep.images with a docker stand-in that runs smoke commands on this host."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from servesweep.config import load_experiment
+from servesweep.errors import SmokeFailed
+from servesweep.images import build_image, version_probe
+from servesweep.runtime import DockerRuntime
+from servesweep.transport import LocalTransport
+from tests.helpers import DEFAULT_CONFIG, deep_update
+
+# `docker image inspect` answers for one image; `docker run --rm ... IMAGE argv` runs argv here;
+# `docker build`/`pull` print a line. Every call is recorded.
+FAKE_DOCKER = r"""
+    import json, os, subprocess, sys
+    args = sys.argv[1:]
+    with open(os.environ["FAKE_DOCKER_CALLS"], "a") as fh:
+        fh.write(json.dumps(args) + "\n")
+    image = os.environ["FAKE_DOCKER_IMAGE"]
+    if args[:2] == ["image", "inspect"]:
+        if args[-1] != image:
+            sys.exit(f"Error: No such image: {args[-1]}")
+        print(json.dumps({"Id": "sha256:" + "ab" * 32, "RepoDigests": [image + "@sha256:cd"],
+                          "Created": "2026-11-01T00:00:00Z"}))
+    elif args[0] == "run":
+        argv = args[args.index(image) + 1:]
+        sys.exit(subprocess.run(argv).returncode)
+    elif args[0] in ("build", "pull"):
+        print(f"fake {args[0]} of {image} done")
+    else:
+        sys.exit(f"fake docker: unknown command {args}")
+"""
+
+
+@pytest.fixture()
+def docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    exe = tmp_path / "docker"
+    exe.write_text(f"#!{sys.executable}\n" + textwrap.dedent(FAKE_DOCKER))
+    exe.chmod(0o755)
+    calls = tmp_path / "calls.jsonl"
+    monkeypatch.setenv("FAKE_DOCKER_CALLS", str(calls))
+    monkeypatch.setenv("FAKE_DOCKER_IMAGE", "img:test")
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    return calls
+
+
+def _exp(**runtime: object):
+    raw = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    raw = deep_update(
+        raw,
+        {
+            "runtime": {"kind": "docker", "image": "img:test", "gpus": None, **runtime},
+            "engine": {"python": sys.executable},
+        },
+    )
+    return load_experiment(raw, {})
+
+
+def _runtime(exp) -> DockerRuntime:
+    return DockerRuntime(LocalTransport(), exp.runtime, sudo_password=None, gpus=None)
+
+
+def test_build_and_smoke_evidence(tmp_path: Path, docker: Path) -> None:
+    exp = _exp(
+        build={"dockerfile": "/ctx/Dockerfile", "context": "/ctx"},
+        smoke=["echo flashinfer_mxfp4 available"],
+    )
+    log = tmp_path / "build" / "n1.log"
+    evidence = build_image(exp=exp, node="n1", runtime=_runtime(exp), log=log)
+    assert evidence["method"] == "build"
+    assert evidence["image_id"] == "sha256:" + "ab" * 32
+    assert evidence["repo_digests"] == ["img:test@sha256:cd"]
+    assert evidence["engine_version"]  # servesweep's version, printed inside the "image"
+    assert evidence["smoke"][-1]["output"] == "flashinfer_mxfp4 available"
+    calls = [json.loads(line) for line in docker.read_text().splitlines()]
+    assert calls[0][:5] == ["build", "-t", "img:test", "-f", "/ctx/Dockerfile"]
+    assert "fake build of img:test done" in log.read_text()
+
+
+def test_failed_smoke_names_node_command_and_log(tmp_path: Path, docker: Path) -> None:
+    exp = _exp(smoke=["echo checking; exit 3"])
+    log = tmp_path / "n1.log"
+    with pytest.raises(SmokeFailed) as info:
+        build_image(exp=exp, node="n1", runtime=_runtime(exp), log=log)
+    message = str(info.value)
+    assert "node n1" in message and "exit 3" in message and str(log) in message
+    assert "checking" in log.read_text()
+
+
+def test_missing_image_and_engine_version_mismatch(
+    tmp_path: Path, docker: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exp = _exp()
+    rt = _runtime(exp)
+    rt.image = "other:tag"
+    with pytest.raises(SmokeFailed, match="not present on node n1"):
+        build_image(exp=exp, node="n1", runtime=rt, log=tmp_path / "a.log")
+    sglang = load_experiment(
+        deep_update(exp.model_dump(mode="json"), {"engine": {"kind": "sglang"}}), {}
+    )
+    assert "import sglang" in version_probe(sglang)
+    fake = tmp_path / "pkgs" / "sglang"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('__version__ = "0.5.9"\n')
+    monkeypatch.setenv("PYTHONPATH", str(fake.parent))
+    with pytest.raises(SmokeFailed, match="has SGLang 0.5.9, but engine.version pins 0.5.23"):
+        build_image(exp=sglang, node="n1", runtime=_runtime(sglang), log=tmp_path / "b.log")
