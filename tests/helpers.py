@@ -57,6 +57,7 @@ def run_snakemake(
         "CHUNKED_PREFILL_SIZES_CSV",
         "CONCURRENCIES_CSV",
         "EP_SIZE",
+        "SUITE",
     ):
         if env is None or var not in env:
             full_env.pop(var, None)
