@@ -1,6 +1,7 @@
 # Load + validate config, apply env narrowing, expand the matrix, constrain wildcards, helpers.
 import os
 import sys
+from pathlib import Path
 
 from servesweep.config import (
     axis_names,
@@ -9,6 +10,7 @@ from servesweep.config import (
     RunPaths,
     server_specs,
 )
+from servesweep.compare import run_inputs
 from servesweep.engines import check_experiment
 from servesweep.errors import ConfigError
 from servesweep.servers import shutdown
@@ -32,6 +34,7 @@ PATHS = RunPaths.for_run(EXP)
 RUN_DIR = str(PATHS.root)
 CELLS = {cell.key: cell for cell in cell_repeats(EXP)}
 PLOT_METRICS = ["ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "input_tps"]
+RESULTS_ROOT = str(PATHS.root.parent)
 PLOT_X = next(iter(axis_names(EXP)[1]), None) if not EXP.cases else None
 
 
@@ -41,6 +44,8 @@ wildcard_constraints:
     repeat=r"\d+",
     node=r"[^/]+",
     metric=r"[a-z0-9_]+",
+    run_a=r"[A-Za-z0-9][A-Za-z0-9._-]*",
+    run_b=r"[A-Za-z0-9][A-Za-z0-9._-]*",
 
 
 def cell_of(wildcards):
@@ -82,6 +87,17 @@ def all_plots():
 
 def all_case_tables():
     return [f"{RUN_DIR}/cases.md", f"{RUN_DIR}/cases.html"] if EXP.cases else []
+
+
+def compare_inputs(wildcards):
+    """results.csv (+ raw files where present) of runs A and B of a comparison."""
+    files = {}
+    for side, run in (("a", wildcards.run_a), ("b", wildcards.run_b)):
+        current = all_raw() if run == EXP.run_id else None
+        found = run_inputs(run_dir=Path(RESULTS_ROOT) / run, current_raw=current)
+        files[f"csv_{side}"] = found["csv"]
+        files[f"raw_{side}"] = found["raw"]
+    return files
 
 
 def stop_servers(reason):
