@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 import pytest
 
-from servesweep.sim.cli import MOE_RUNNER_BACKENDS, parse_args, resolved_args, split_addr
+from servesweep.sim.cli import (
+    MOE_RUNNER_BACKENDS,
+    parse_args,
+    parse_faults_env,
+    resolved_args,
+    split_addr,
+)
 
 
 def test_workflow_flags_parse_with_sglang_names_and_defaults() -> None:
@@ -120,7 +127,7 @@ def test_sglang_0_5_23_runner_choices() -> None:
         ["--model", "m", "--tp-size", "8", "--ep-size", "3"],
         ["--model", "m", "--chunked-prefill-size", "0"],
         ["--model", "m", "--sim-http-500-at", "a,b"],
-        ["--model", "m", "--sim-time-scale", "0"],
+        ["--model", "m", "--sim-time-scale", "-1"],
         ["--model", "m", "--cuda-graph-max-bs", "8"],  # unknown (removed in 0.5.20)
     ],
 )
@@ -147,3 +154,44 @@ def test_split_addr() -> None:
     assert split_addr("[::1]:5") == ("::1", 5)
     with pytest.raises(ValueError):
         split_addr("host")
+
+
+def test_zero_time_scale_is_the_zero_cost_mode_and_profiles_are_named() -> None:
+    ns = parse_args(["--model", "m", "--sim-time-scale", "0", "--sim-profile",
+                     "kimi-k3-rtx6000d-pd"], env={})  # fmt: skip
+    assert ns.sim_time_scale == 0.0 and ns.sim_profile == "kimi-k3-rtx6000d-pd"
+    assert parse_args(["--model", "m"], env={}).sim_profile == "default"
+
+
+def test_faults_from_env_merge_with_flags() -> None:
+    env = {
+        "SERVESWEEP_SIM_FAULTS": json.dumps(
+            {"http_500_at": [3, 1], "sim-hang-at": "7", "crash_after": 5, "fail_start": False}
+        )
+    }
+    ns = parse_args(["--model", "m", "--sim-http-500-at", "1,2"], env=env)
+    assert ns.sim_http_500_at == [1, 2, 3] and ns.sim_hang_at == [7]
+    assert ns.sim_crash_after == 5 and not ns.sim_fail_start
+    flag_wins = parse_args(["--model", "m", "--sim-crash-after", "2"], env=env)
+    assert flag_wins.sim_crash_after == 2
+    on = parse_args(["--model", "m"], env={"SERVESWEEP_SIM_FAULTS": '{"sim_fail_start": true}'})
+    assert on.sim_fail_start
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["not json", "[1]", '{"nope": 1}', '{"crash_after": -1}', '{"hang_at": ["a"]}',
+     '{"fail_start": 1}', '{"midstream_error_at": "x,y"}'],
+)  # fmt: skip
+def test_bad_fault_env_exits_2(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--model", "m"], env={"SERVESWEEP_SIM_FAULTS": value})
+    assert exc.value.code == 2
+    assert "SERVESWEEP_SIM_FAULTS" in capsys.readouterr().err
+
+
+def test_fault_env_keys_parse() -> None:
+    assert parse_faults_env('{"sim_http_500_at": "0,4", "crash-after": null}') == {
+        "http_500_at": [0, 4],
+        "crash_after": None,
+    }

@@ -105,3 +105,35 @@ def test_prompt_counter_uses_a_local_tokenizer_json_else_estimates(tmp_path: Pat
     assert exact.count("a b a b zzz") == 5 and "tokenizer.json" in exact.source
     guess = PromptCounter(paths=[str(tmp_path / "nothing"), "sim/label"])
     assert guess.count("a b a b zzz") == 3  # 11 characters / 4, rounded up
+
+
+def test_zero_time_scale_never_sleeps_and_delivers_every_token() -> None:
+    async def main() -> list[list[int]]:
+        eng = engine(0.0)
+        task = asyncio.create_task(eng.run())
+        streams = [
+            eng.submit(prompt_tokens=16384, max_new_tokens=5, counted=True) for _ in range(20)
+        ]
+        for s in streams:
+            while not s.finished:
+                await s.wait_change()
+        await eng.close(task)
+        return [s.output_ids for s in streams]
+
+    outputs = asyncio.run(asyncio.wait_for(main(), 30))
+    assert [len(o) for o in outputs] == [5] * 20
+
+
+def test_first_token_from_elsewhere_leads_the_output() -> None:
+    async def main() -> list[int]:
+        eng = engine(0.0)
+        task = asyncio.create_task(eng.run())
+        s = eng.submit(prompt_tokens=64, max_new_tokens=3, counted=True, prefilled=64,
+                       first_token=999)  # fmt: skip
+        while not s.finished:
+            await s.wait_change()
+        await eng.close(task)
+        return s.output_ids
+
+    ids = asyncio.run(main())
+    assert ids[0] == 999 and len(ids) == 3

@@ -140,3 +140,26 @@ def test_request_before_ready_is_refused_and_takes_no_index(tmp_path: Path) -> N
         assert status == 503
         proc.wait_ready()
         assert post(f"http://127.0.0.1:{port}/generate", gen(1))[0] == 500
+
+
+def test_faults_from_the_environment_act_like_the_flags(tmp_path: Path) -> None:
+    env = {"SERVESWEEP_SIM_FAULTS": json.dumps({"http_500_at": [0], "midstream_error_at": "1"})}
+    with start_sim(argv=FAST, log_path=tmp_path / "s.log", env=env) as proc:
+        proc.wait_ready()
+        status, raw = post(proc.url + "/generate", gen())  # index 0: HTTP 500
+        assert status == 500 and json.loads(raw)["error"]["code"] == 500
+        status, raw = post(proc.url + "/generate", gen())  # index 1: mid-stream error
+        events = sse_events(raw)
+        assert status == 200 and "error" in json.loads(events[0]) and events[-1] == "[DONE]"
+        status, raw = post(proc.url + "/generate", gen(stream=False))  # index 2: fine
+        assert status == 200 and json.loads(raw)["meta_info"]["completion_tokens"] == 4
+    log = proc.log()
+    assert "Fault injection from SERVESWEEP_SIM_FAULTS:" in log
+    assert "sim_http_500_at=[0], sim_midstream_error_at=[1]" in log
+
+
+def test_bad_fault_env_makes_the_process_exit_2(tmp_path: Path) -> None:
+    env = {"SERVESWEEP_SIM_FAULTS": '{"explode": true}'}
+    proc = start_sim(argv=FAST, log_path=tmp_path / "s.log", env=env)
+    assert proc.wait_exit() == 2
+    assert "SERVESWEEP_SIM_FAULTS: unknown key 'explode'" in proc.log()

@@ -256,3 +256,77 @@ def test_seeded_noise_reproduces_with_the_same_seed_and_differs_with_another() -
     ratios = [a / b for a, b in zip(durations(7), quiet, strict=True)]
     assert all(0.8 < r < 1.25 for r in ratios)
     assert len(set(ratios)) > 1
+
+
+# ---------------------------------------------------------------- PD and pipeline parallelism
+
+PIPED = dataclasses.replace(QUIET, pp_pipeline=True)
+PP8 = Topology(tp_size=4, ep_size=4, pp_size=8, nnodes=4, moe_runner_backend="flashinfer_mxfp4")
+
+
+def test_request_with_transferred_kv_emits_its_first_token_without_prefill() -> None:
+    s = sched(chunked_prefill_size=8192)
+    r = SimRequest(rid="d", prompt_tokens=16384, max_new_tokens=3, prefilled=16384)
+    s.submit(r)
+    first = s.step()
+    assert first.prefill_tokens == 0 and first.new_seqs == 1 and first.emitted == (r,)
+    assert r.first_token_at == first.end and r.generated == 1
+    assert first.duration_s == pytest.approx(step_cost(model=QUIET, topology=REF).overhead_s)
+    assert [s.step().decode_seqs for _ in range(2)] == [1, 1] and r.finished
+
+
+def test_transferred_requests_need_no_prefill_budget() -> None:
+    s = sched(chunked_prefill_size=8192)
+    s.submit(req("p", 8192, 1))  # takes the whole budget
+    s.submit(SimRequest(rid="d", prompt_tokens=4096, max_new_tokens=2, prefilled=4096))
+    step = s.step()
+    assert step.new_seqs == 2 and step.prefill_tokens == 8192
+
+
+def test_a_lone_micro_batch_crosses_every_pipeline_stage() -> None:
+    s = sched(topology=PP8, model=PIPED, chunked_prefill_size=8192)
+    r = req("a", 16384, 1)
+    s.submit(r)
+    steps = []
+    while s.has_work:
+        steps.append(s.step())
+    assert len(steps) == 2 * 8  # two chunks, each through 8 stages, no overlap
+    assert [x.prefill_tokens for x in steps if x.prefill_tokens] == [8192, 8192]
+    cost = step_cost(model=PIPED, topology=PP8)
+    assert r.first_token_at == pytest.approx(
+        prefill_seconds(cost=cost, prompt_tokens=16384, chunk=8192)
+    )
+
+
+def test_pipeline_overlaps_micro_batches_of_different_requests() -> None:
+    def finish_time(n: int) -> float:
+        s = sched(topology=PP8, model=PIPED, chunked_prefill_size=8192)
+        for i in range(n):
+            s.submit(req(str(i), 8192, 1))
+        while s.has_work:
+            s.step()
+        return s.now
+
+    one, eight = finish_time(1), finish_time(8)
+    assert eight < 2.5 * one  # 8 requests overlap in 8 stages (15 ticks, not 64)
+    assert eight > one
+
+
+def test_pipeline_mode_is_off_by_default_and_keeps_the_flat_step_model() -> None:
+    s = sched(topology=PP8, chunked_prefill_size=8192)
+    s.submit(req("a", 8192, 1))
+    assert s.step().finished  # one step: PP as more GPUs
+
+
+def test_abort_inside_the_pipeline_frees_its_kv_when_the_batch_retires() -> None:
+    s = sched(topology=PP8, model=PIPED, chunked_prefill_size=8192)
+    a, b = req("a", 4096, 4), req("b", 4096, 4)
+    s.submit(a)
+    s.submit(b)
+    s.step()
+    assert a.in_flight and b.in_flight
+    s.abort(a)
+    while s.has_work:
+        result = s.step()
+        assert a not in result.finished
+    assert b.finished and s.kv_used == 0 and not s.pipeline

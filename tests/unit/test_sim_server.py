@@ -313,3 +313,20 @@ def test_port_in_use_is_a_fatal_start(server: SimProcess, tmp_path: Path) -> Non
     proc = start_sim(argv=argv, log_path=tmp_path / "dup.log")
     assert proc.wait_exit() != 0
     assert "Address already in use" in proc.log()
+
+
+def test_zero_cost_mode_serves_concurrent_requests_exactly(tmp_path: Path) -> None:
+    argv = ["--model", "sim/m", "--port", "0", "--sim-time-scale", "0", "--sim-startup-s", "30"]
+    body = {"input_ids": list(range(1024)), "sampling_params": {"max_new_tokens": 1}}
+    with start_sim(argv=argv, log_path=tmp_path / "zero.log") as proc:
+        proc.wait_ready()  # 30 simulated seconds of startup take no time at scale 0
+        with ThreadPoolExecutor(16) as pool:
+            results = list(pool.map(lambda _: http("POST", proc.url + "/generate", body),
+                                    range(200)))  # fmt: skip
+        lines = stream_lines(proc.url + "/generate", {**body, "stream": True})
+    assert {status for status, _ in results} == {200}
+    metas = [json.loads(raw)["meta_info"] for _, raw in results]
+    assert {(m["prompt_tokens"], m["completion_tokens"]) for m in metas} == {(1024, 1)}
+    assert len({m["id"] for m in metas}) == 200
+    assert bench_parse(iter(lines))["output_len"] == 1
+    assert "Capture cuda graph end. Time elapsed: 0.00 s." in proc.log()

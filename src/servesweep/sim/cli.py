@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
+import os
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from servesweep.sim.profiles import DEFAULT_PROFILE, PROFILES
+
 logger = logging.getLogger(__name__)
+
+# JSON object with the fault flags' keys (fail_start, crash_after, http_500_at,
+# midstream_error_at, hang_at; a `sim_` prefix and dashes are accepted too), merged with the
+# --sim-* flags: lists are united, a flag given on the command line wins for scalars.
+FAULTS_ENV = "SERVESWEEP_SIM_FAULTS"
+FAULT_KEYS = ("fail_start", "crash_after", "http_500_at", "midstream_error_at", "hang_at")
 
 # --moe-runner-backend choices of sglang 0.5.23 (SGLANG.md section 3).
 MOE_RUNNER_BACKENDS = (
@@ -54,10 +64,10 @@ def _index_list(value: str) -> list[int]:
     return items
 
 
-def _positive_float(value: str) -> float:
+def _nonnegative_float(value: str) -> float:
     f = float(value)
-    if f <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value!r}")
+    if not f >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value!r}")
     return f
 
 
@@ -104,12 +114,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--skip-server-warmup", action="store_true")
     add("--watchdog-timeout", type=float, default=300.0)
+    add("--speculative-algorithm", type=str, default=None)
     sim = p.add_argument_group("simulator (not SGLang)")
     sim.add_argument(
         "--sim-time-scale",
-        type=_positive_float,
+        type=_nonnegative_float,
         default=1.0,
-        help="wall seconds per simulated second (0.01: 100x faster than the modelled GPUs)",
+        help="wall seconds per simulated second (0.01: 100x faster than the modelled GPUs; "
+        "0: zero-cost mode, no simulated compute at all, for benchmarking clients)",
+    )
+    sim.add_argument(
+        "--sim-profile",
+        type=str,
+        choices=sorted(PROFILES),
+        default=DEFAULT_PROFILE,
+        help="named cost/transfer coefficients (profiles.py)",
     )
     sim.add_argument("--sim-seed", type=int, default=0, help="seed of the step-time noise")
     sim.add_argument(
@@ -157,10 +176,71 @@ def split_addr(addr: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parse and cross-check the flags; errors exit 2 like argparse (and SGLang)."""
+def _index_items(value: Any, key: str) -> list[int]:
+    if isinstance(value, str):
+        return _index_list(value)
+    if isinstance(value, list) and all(
+        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value
+    ):
+        return list(value)
+    raise ValueError(f"{key} must be a list of indices >= 0 or 'I,J', got {value!r}")
+
+
+def parse_faults_env(text: str) -> dict[str, Any]:
+    """The fault settings of `SERVESWEEP_SIM_FAULTS` (ValueError names what is wrong)."""
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ValueError("must be a JSON object")
+    faults: dict[str, Any] = {}
+    for name, value in raw.items():
+        key = str(name).replace("-", "_").removeprefix("sim_")
+        if key not in FAULT_KEYS:
+            raise ValueError(f"unknown key {name!r} (keys: {', '.join(FAULT_KEYS)})")
+        if key == "fail_start":
+            if not isinstance(value, bool):
+                raise ValueError(f"fail_start must be true or false, got {value!r}")
+            faults[key] = value
+        elif key == "crash_after":
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 0
+            ):
+                raise ValueError(f"crash_after must be an integer >= 0 or null, got {value!r}")
+            faults[key] = value
+        else:
+            try:
+                faults[key] = _index_items(value, key)
+            except argparse.ArgumentTypeError as exc:
+                raise ValueError(f"{key}: {exc}") from None
+    return faults
+
+
+def apply_faults(ns: argparse.Namespace, faults: Mapping[str, Any]) -> None:
+    """Merge env faults into the parsed flags (lists united, command-line scalars win)."""
+    if faults.get("fail_start"):
+        ns.sim_fail_start = True
+    if ns.sim_crash_after is None and faults.get("crash_after") is not None:
+        ns.sim_crash_after = faults["crash_after"]
+    for key in ("http_500_at", "midstream_error_at", "hang_at"):
+        attr = f"sim_{key}"
+        setattr(ns, attr, sorted(set(getattr(ns, attr)) | set(faults.get(key, []))))
+
+
+def parse_args(
+    argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = None
+) -> argparse.Namespace:
+    """Parse and cross-check the flags (plus `SERVESWEEP_SIM_FAULTS` from `env`, default
+    os.environ); errors exit 2 like argparse (and SGLang)."""
     parser = build_parser()
     ns = parser.parse_args(argv)
+    env_text = (os.environ if env is None else env).get(FAULTS_ENV, "").strip()
+    if env_text:
+        try:
+            apply_faults(ns, parse_faults_env(env_text))
+        except ValueError as exc:
+            parser.error(f"{FAULTS_ENV}: {exc}")
     if ns.nnodes < 1 or not 0 <= ns.node_rank < ns.nnodes:
         parser.error(f"--node-rank {ns.node_rank} must be in [0, --nnodes {ns.nnodes})")
     if ns.nnodes > 1:
@@ -203,5 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ns = parse_args(argv)
     setup_logging(level=ns.log_level)
+    if os.environ.get(FAULTS_ENV, "").strip():
+        logger.info(f"Fault injection from {FAULTS_ENV}: {os.environ[FAULTS_ENV].strip()}")
     launch_command = shlex.join([sys.executable, "-m", "servesweep.sim", *argv])
     return asyncio.run(run_node(ns, launch_command=launch_command))

@@ -11,7 +11,8 @@ One scheduler step costs (before noise)::
                + n * comm_per_token
                + sum over chunks of attn_s_per_token_ctx / speedup * tokens * (ctx + tokens / 2)
     decode     = (decode_weights_s + decode_s_per_seq * seqs
-                  + decode_attn_s_per_ctx_token * sum(context)) / speedup     (if seqs > 0)
+                  + decode_attn_s_per_ctx_token * sum(context)
+                  + decode_attn_s_per_max_ctx_token * max(context)) / speedup  (if seqs > 0)
 
 with n the prefill tokens of the step and ctx the tokens of that request already prefilled.
 `1 + prefill_half_tokens / n` is the GEMM efficiency of small prefill batches (bigger chunks
@@ -21,7 +22,14 @@ nodes. The default coefficients are calibrated on the seed-000 reference (Kimi-c
 TP32/EP32 on 4 nodes x 8 GPUs, marlin): a 16K-token prompt prefills in ~5 s, a decode step of
 16 requests at 16K context takes ~40 ms; flashinfer_mxfp4 is 12 % faster on the MoE part
 (~5 % on the whole prefill). Step times are multiplied by lognormal noise (`noise_sigma`) in
-the scheduler. A later calibration replaces `CostModel()` by measured profiles.
+the scheduler. Named, calibrated coefficient sets live in `profiles.py`.
+
+Pipeline parallelism: by default (`pp_pipeline=False`) PP is treated like more GPUs plus
+`pp_stage_s` per extra stage and step. With `pp_pipeline=True` the scheduler runs SGLang's
+micro-batch pipeline instead: a step is one pipeline *tick* costing `overhead` plus the
+per-stage compute above (the batch's work over all tp x pp GPUs) of the slowest micro-batch in
+flight; a micro-batch completes `pp_size` ticks after it entered, so one batch alone sees pp x
+the per-stage time (latency) while pp micro-batches of different requests overlap (throughput).
 """
 
 from __future__ import annotations
@@ -85,7 +93,10 @@ class CostModel:
     decode_weights_s: float = 0.226
     decode_s_per_seq: float = 4.5e-3
     decode_attn_s_per_ctx_token: float = 2.6e-7
+    # Latency-bound part of decode attention: grows with the longest context in the batch.
+    decode_attn_s_per_max_ctx_token: float = 0.0
     noise_sigma: float = 0.03
+    pp_pipeline: bool = False
     moe_runner_factors: Mapping[str, float] = field(default_factory=lambda: MOE_RUNNER_FACTORS)
     # KV memory model: per-GPU HBM, model weights (sharded over gpus), KV bytes per token.
     hbm_gb_per_gpu: float = 96.0
@@ -114,6 +125,8 @@ class StepCost:
     decode_s_per_seq: float
     decode_attn_s_per_ctx_token: float
     noise_sigma: float
+    decode_attn_s_per_max_ctx_token: float = 0.0
+    pipeline_stages: int = 1
 
 
 @dataclass(frozen=True)
@@ -154,6 +167,8 @@ def step_cost(*, model: CostModel, topology: Topology) -> StepCost:
         decode_s_per_seq=model.decode_s_per_seq / s,
         decode_attn_s_per_ctx_token=model.decode_attn_s_per_ctx_token / s,
         noise_sigma=model.noise_sigma,
+        decode_attn_s_per_max_ctx_token=model.decode_attn_s_per_max_ctx_token / s,
+        pipeline_stages=t.pp_size if model.pp_pipeline else 1,
     )
 
 
@@ -161,7 +176,14 @@ def step_time(
     *, cost: StepCost, prefill: Sequence[PrefillChunk] = (), decode_contexts: Sequence[int] = ()
 ) -> float:
     """Noise-free simulated duration of one step (prefill chunks + one decode token per seq)."""
-    total = cost.overhead_s
+    return cost.overhead_s + step_work(cost=cost, prefill=prefill, decode_contexts=decode_contexts)
+
+
+def step_work(
+    *, cost: StepCost, prefill: Sequence[PrefillChunk] = (), decode_contexts: Sequence[int] = ()
+) -> float:
+    """The compute part of `step_time` (no per-step overhead): one pipeline stage's share."""
+    total = 0.0
     n = sum(c.tokens for c in prefill)
     if n > 0:
         total += n * cost.prefill_s_per_token * (1 + cost.prefill_half_tokens / n)
@@ -173,6 +195,7 @@ def step_time(
         total += cost.decode_base_s
         total += cost.decode_s_per_seq * len(decode_contexts)
         total += cost.decode_attn_s_per_ctx_token * sum(decode_contexts)
+        total += cost.decode_attn_s_per_max_ctx_token * max(decode_contexts)
     return total
 
 
@@ -196,12 +219,14 @@ def max_total_num_tokens(
 
 
 def prefill_seconds(*, cost: StepCost, prompt_tokens: int, chunk: int | None = None) -> float:
-    """Noise-free time to prefill one prompt alone in chunks of `chunk` (None: one step)."""
+    """Noise-free time to prefill one prompt alone in chunks of `chunk` (None: one step); with
+    a micro-batch pipeline each chunk passes all stages before the next one starts."""
     size = chunk if chunk and chunk > 0 else prompt_tokens
     total, done = 0.0, 0
     while done < prompt_tokens:
         take = min(size, prompt_tokens - done)
-        total += step_time(cost=cost, prefill=[PrefillChunk(tokens=take, context=done)])
+        chunk_s = step_time(cost=cost, prefill=[PrefillChunk(tokens=take, context=done)])
+        total += chunk_s * cost.pipeline_stages
         done += take
     return total
 

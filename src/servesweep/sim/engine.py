@@ -38,6 +38,7 @@ class RequestStream:
     finished: bool = False
     finish_wall: float | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    first_token: int | None = None  # sampled elsewhere (PD: by the prefill server)
 
     @property
     def rid(self) -> str:
@@ -68,6 +69,8 @@ class EngineStats:
 class Engine:
     """Runs the scheduler in (scaled) real time and feeds RequestStreams.
 
+    `time_scale` 0 is the zero-cost mode: no sleeping at all, steps run back to back (one
+    event-loop yield each) so clients can be benchmarked against the HTTP layer alone.
     `crash_after`: once that many counted requests were fully delivered, the next step that
     involves a counted request kills the process with SGLang's scheduler traceback."""
 
@@ -97,17 +100,32 @@ class Engine:
     def idle(self) -> bool:
         return not self.scheduler.has_work
 
-    def submit(self, *, prompt_tokens: int, max_new_tokens: int, counted: bool) -> RequestStream:
-        """Queue a request; raises RequestRejected if it can never run."""
+    def submit(
+        self,
+        *,
+        prompt_tokens: int,
+        max_new_tokens: int,
+        counted: bool,
+        prefilled: int = 0,
+        first_token: int | None = None,
+        arrival_wall: float | None = None,
+    ) -> RequestStream:
+        """Queue a request; raises RequestRejected if it can never run. `prefilled` tokens
+        of the prompt already have their KV cache (PD decode: all of them)."""
         req = SimRequest(
             rid=uuid.uuid4().hex,
             prompt_tokens=prompt_tokens,
             max_new_tokens=max_new_tokens,
             arrival=self.scheduler.now,
+            prefilled=prefilled,
         )
         self.scheduler.submit(req)
         stream = RequestStream(
-            req=req, seq=self._seq, counted=counted, arrival_wall=self._loop.time()
+            req=req,
+            seq=self._seq,
+            counted=counted,
+            arrival_wall=self._loop.time() if arrival_wall is None else arrival_wall,
+            first_token=first_token,
         )
         self._seq += 1
         self._streams[req.rid] = stream
@@ -178,12 +196,20 @@ class Engine:
             if not self.scheduler.has_work:
                 self._wake.clear()
                 await self._wake.wait()
-                now = self._loop.time()
-                idle_sim = (now - self._anchor_wall) / self.time_scale
-                self.scheduler.advance_to(self._anchor_sim + idle_sim)
-                self._anchor_wall, self._anchor_sim = now, self.scheduler.now
+                if self.time_scale > 0:
+                    now = self._loop.time()
+                    idle_sim = (now - self._anchor_wall) / self.time_scale
+                    self.scheduler.advance_to(self._anchor_sim + idle_sim)
+                    self._anchor_wall, self._anchor_sim = now, self.scheduler.now
             self._check_crash()
             result = self.scheduler.step()
+            if self.time_scale == 0:
+                await asyncio.sleep(0)  # let the HTTP side queue more work, then go on
+                self._deliver(result)
+                self._log_batch(result)
+                done, self._step_done = self._step_done, asyncio.Event()
+                done.set()
+                continue
             target = self._anchor_wall + (result.end - self._anchor_sim) * self.time_scale
             delay = target - self._loop.time()
             if delay >= MIN_SLEEP_S:
@@ -205,7 +231,10 @@ class Engine:
                 continue
             new = range(len(stream.output_ids), req.generated)
             for k in new:
-                token = output_id(seq=stream.seq, k=k)
+                if k == 0 and stream.first_token is not None:
+                    token = stream.first_token
+                else:
+                    token = output_id(seq=stream.seq, k=k)
                 stream.output_ids.append(token)
                 stream.text += output_word(token)
             if stream.counted:

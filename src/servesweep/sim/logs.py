@@ -37,10 +37,39 @@ LOOP_FRAMES = (
 )
 
 
-def scheduler_traceback(*, error: str, startup: bool = False) -> str:
+# The decode scheduler checking the prefill server's parallel info on its first request.
+DECODE_HANDSHAKE_FRAMES = (
+    (
+        "managers/scheduler.py",
+        2933,
+        "run_scheduler_process",
+        "scheduler.event_loop_normal_disagg_decode()",
+    ),
+    (
+        "disaggregation/decode.py",
+        905,
+        "event_loop_normal_disagg_decode",
+        "self.process_decode_queue()",
+    ),
+    (
+        "disaggregation/decode.py",
+        1040,
+        "process_decode_queue",
+        "self.disagg_decode_prealloc_queue.add(req)",
+    ),
+    ("disaggregation/decode.py", 262, "add", "kv_receiver = kv_receiver_class(...)"),
+    ("disaggregation/common/conn.py", 412, "__init__", "self.kv_mgr.try_ensure_parallel_info(...)"),
+    ("disaggregation/common/conn.py", 236, "try_ensure_parallel_info", "raise RuntimeError("),
+)
+Frames = tuple[tuple[str, int, str, str], ...]
+
+
+def scheduler_traceback(*, error: str, startup: bool = False, frames: Frames | None = None) -> str:
     """The text SGLang logs when its scheduler process dies (`error`: the exception line)."""
     lines = ["Scheduler hit an exception: Traceback (most recent call last):"]
-    for path, line, func, code in STARTUP_FRAMES if startup else LOOP_FRAMES:
+    if frames is None:
+        frames = STARTUP_FRAMES if startup else LOOP_FRAMES
+    for path, line, func, code in frames:
         lines += [f'  File "{SGLANG_SRC}/{path}", line {line}, in {func}', f"    {code}"]
     return "\n".join([*lines, error])
 

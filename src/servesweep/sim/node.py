@@ -17,13 +17,17 @@ from servesweep.sim.cluster import ClusterHost, ClusterPeer
 from servesweep.sim.costmodel import CostModel, Topology, max_total_num_tokens
 from servesweep.sim.engine import Engine
 from servesweep.sim.logs import READY_LINE, fatal_exit, scheduler_traceback
+from servesweep.sim.pd import DecodeReceiver, KVSender, PrefillBootstrap, parallel_info
+from servesweep.sim.profiles import SimProfile, get_profile
 from servesweep.sim.scheduler import new_scheduler
-from servesweep.sim.server import Faults, SimServer
+from servesweep.sim.server import Faults, PDContext, SimServer
 from servesweep.sim.tokens import PromptCounter
 
 logger = logging.getLogger(__name__)
 
 HTTP_SHUTDOWN_TIMEOUT_S = 1.0
+PD_WARMUP_START = "Start of pd disaggregation warmup ..."
+PD_WARMUP_END = "End of disaggregation warmup"
 WARMUP_PROMPT_TOKENS = 7  # "The capital city of France is"
 WARMUP_MAX_NEW_TOKENS = 8
 NCCL_LINE = "NCCL error: remote process exited or there was a network error"
@@ -145,12 +149,81 @@ async def _bind_http(server: SimServer, *, host: str, port: int) -> tuple[web.Ap
     return runner, int(bound)
 
 
+def page_size_of(ns: argparse.Namespace) -> int:
+    """The page size the server runs with (SGLang's auto default: 1 for the simulator)."""
+    return int(ns.page_size or 1)
+
+
+async def _start_pd(
+    ns: argparse.Namespace, *, args: dict[str, Any], profile: SimProfile, http_port: int
+) -> PDContext | None:
+    """PD roles: the prefill side's bootstrap server and KV sender, or the decode receiver."""
+    mode = ns.disaggregation_mode
+    if mode not in ("prefill", "decode"):
+        return None
+    ctx = PDContext(mode=mode, default_bootstrap_port=ns.disaggregation_bootstrap_port)
+    logger.info(
+        f"Disaggregation mode: {mode}, transfer backend: {ns.disaggregation_transfer_backend}, "
+        f"ib devices: {ns.disaggregation_ib_device}, profile: {profile.name}"
+    )
+    if mode == "decode":
+        ctx.receiver = DecodeReceiver(
+            page_size=page_size_of(ns),
+            kv_cache_dtype=ns.kv_cache_dtype,
+            tp_size=ns.tp_size,
+            peer=f"{ns.host}:{http_port}",
+        )
+        return ctx
+    ctx.bootstrap = PrefillBootstrap(
+        info=parallel_info(
+            tp_size=ns.tp_size,
+            dp_size=ns.dp_size,
+            pp_size=ns.pp_size,
+            page_size=page_size_of(ns),
+            kv_cache_dtype=ns.kv_cache_dtype,
+            http_port=http_port,
+            transfer_backend=ns.disaggregation_transfer_backend,
+            ib_device=ns.disaggregation_ib_device,
+        )
+    )
+    ctx.sender = KVSender(
+        model=profile.transfer,
+        kv_bytes_per_token=profile.cost.kv_bytes_per_token,
+        prefill_tp=ns.tp_size // max(1, ns.dp_size),
+        ib_device=ns.disaggregation_ib_device,
+        backend=ns.disaggregation_transfer_backend,
+        kv_cache_dtype=ns.kv_cache_dtype,
+        time_scale=ns.sim_time_scale,
+    )
+    try:
+        bound = await ctx.bootstrap.start(host=ns.host, port=ns.disaggregation_bootstrap_port)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            logger.error("OSError: [Errno 98] Address already in use")
+        fatal_exit(message=f"Failed to start the bootstrap server: {exc}")
+    args["disaggregation_bootstrap_port"] = bound
+    ctx.default_bootstrap_port = bound
+    return ctx
+
+
+async def _close_pd(ctx: PDContext | None) -> None:
+    if ctx is None:
+        return
+    if ctx.bootstrap is not None:
+        await ctx.bootstrap.close()
+    if ctx.sender is not None:
+        ctx.sender.close()
+    if ctx.receiver is not None:
+        await ctx.receiver.close()
+
+
 async def _run_rank0(
     ns: argparse.Namespace, *, args: dict[str, Any], stop: asyncio.Event, launch_command: str
 ) -> int:
     loop = asyncio.get_running_loop()
     started = loop.time()
-    model = CostModel()
+    profile = get_profile(ns.sim_profile)
+    model = profile.cost
     topology = topology_of(ns)
 
     def on_lost(rank: int, graceful: bool) -> None:
@@ -196,6 +269,7 @@ async def _run_rank0(
     )
     runner, port = await _bind_http(server, host=ns.host, port=ns.port)
     args["port"] = port
+    server.pd = await _start_pd(ns, args=args, profile=profile, http_port=port)
     engine_task = asyncio.create_task(engine.run())
     engine_task.add_done_callback(_die_if_failed)
 
@@ -219,9 +293,13 @@ async def _run_rank0(
                     )
                 )
         if not ns.skip_server_warmup:
+            if server.pd is not None:
+                logger.info(PD_WARMUP_START)
             await engine.run_to_completion(
                 prompt_tokens=WARMUP_PROMPT_TOKENS, max_new_tokens=WARMUP_MAX_NEW_TOKENS
             )
+            if server.pd is not None:
+                logger.info(f"{PD_WARMUP_END} with status 200 (fake bootstrap host, no transfer)")
         server.ready = True
         logger.info(READY_LINE)
 
@@ -232,6 +310,7 @@ async def _run_rank0(
     if cluster is not None:
         await cluster.close()
     await runner.cleanup()
+    await _close_pd(server.pd)
     await engine.close(engine_task)
     logger.info("Shutdown complete.")
     return 0
@@ -241,7 +320,7 @@ async def _run_peer(ns: argparse.Namespace, *, stop: asyncio.Event) -> int:
     host, port = split_addr(ns.dist_init_addr)
     peer = ClusterPeer(host=host, port=port, rank=ns.node_rank)
     timeout = resolved_args(ns)["dist_timeout"]
-    model = CostModel()
+    model = get_profile(ns.sim_profile).cost
 
     def on_lost(graceful: bool) -> None:
         if graceful:

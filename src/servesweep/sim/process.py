@@ -1,4 +1,4 @@
-"""Start the simulator as a local subprocess and wait for it (tests and rehearsals)."""
+"""Start the simulator (or its mini-LB router) as a local subprocess and wait for it."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ from types import TracebackType
 
 from servesweep.errors import ServerStartError
 from servesweep.sim.logs import READY_LINE
+from servesweep.sim.router import READY_LINE as ROUTER_READY_LINE
 
+__all__ = ["ROUTER_READY_LINE", "SimProcess", "free_port", "start_router", "start_sim"]
 UVICORN_RE = re.compile(r"Uvicorn running on http://(\S+):(\d+)")
 POLL_S = 0.05
 
@@ -100,14 +102,18 @@ class SimProcess:
 
 
 def start_sim(
-    *, argv: Sequence[str], log_path: str | Path, env: Mapping[str, str] | None = None
+    *,
+    argv: Sequence[str],
+    log_path: str | Path,
+    env: Mapping[str, str] | None = None,
+    module: str = "servesweep.sim",
 ) -> SimProcess:
-    """Start `python -m servesweep.sim <argv>` detached, stdout+stderr to `log_path`."""
+    """Start `python -m <module> <argv>` detached, stdout+stderr to `log_path`."""
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "servesweep.sim", *argv],
+            [sys.executable, "-m", module, *argv],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -115,3 +121,11 @@ def start_sim(
             start_new_session=True,
         )
     return SimProcess(proc=proc, log_path=log_path)
+
+
+def start_router(
+    *, argv: Sequence[str], log_path: str | Path, env: Mapping[str, str] | None = None
+) -> SimProcess:
+    """Start the mini-LB (`python -m servesweep.sim.router <argv>`); wait for it with
+    `wait_for_line(ROUTER_READY_LINE)`, then `url` is its address."""
+    return start_sim(argv=argv, log_path=log_path, env=env, module="servesweep.sim.router")

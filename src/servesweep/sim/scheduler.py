@@ -1,4 +1,11 @@
-"""Continuous-batching scheduler with chunked prefill, stepped in simulated time (no I/O)."""
+"""Continuous-batching scheduler with chunked prefill, stepped in simulated time (no I/O).
+
+Two step models: one batch per step (default), or SGLang's pipeline-parallel micro-batch
+loop (`StepCost.pipeline_stages > 1`, see costmodel), where a step is one pipeline tick and
+a micro-batch's results land `pipeline_stages` ticks after it was scheduled. A request whose
+KV cache arrived from a prefill server (PD decode) is submitted with `prefilled` equal to its
+prompt: it costs no prefill and emits its first token (sampled by the prefill server) at the
+end of the step that admits it."""
 
 from __future__ import annotations
 
@@ -16,6 +23,7 @@ from servesweep.sim.costmodel import (
     noise_factor,
     step_cost,
     step_time,
+    step_work,
 )
 
 
@@ -37,6 +45,7 @@ class SimRequest:
     first_token_at: float | None = None
     finished_at: float | None = None
     aborted: bool = False
+    in_flight: bool = False  # inside a micro-batch that has not left the pipeline yet
 
     @property
     def prefill_done(self) -> bool:
@@ -83,6 +92,17 @@ class StepResult:
         return self.start + self.duration_s
 
 
+@dataclass(eq=False)
+class MicroBatch:
+    """A batch inside the pipeline: its decode requests, prefill chunks and stage compute."""
+
+    decode: list[SimRequest]
+    plan: list[tuple[SimRequest, int]]
+    admitted: int
+    work_s: float
+    ticks_left: int
+
+
 @dataclass
 class Scheduler:
     """FIFO continuous batching: every step decodes all running requests by one token and
@@ -96,6 +116,7 @@ class Scheduler:
     running: list[SimRequest] = field(default_factory=list)
     kv_used: int = 0
     steps: int = 0
+    pipeline: deque[MicroBatch] = field(default_factory=deque)
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)
@@ -164,7 +185,9 @@ class Scheduler:
         return self.kv_used + need <= self.policy.max_total_num_tokens
 
     def _plan_prefill(self) -> tuple[list[tuple[SimRequest, int]], int]:
-        """(request, tokens) to prefill this step, and how many requests were admitted."""
+        """(request, tokens) to prefill this step, and how many requests were admitted.
+        Requests inside the pipeline wait for their micro-batch; requests whose KV arrived
+        from a prefill server are admitted with 0 tokens (they need no budget)."""
         p = self.policy
         budget = p.chunked_prefill_size if p.chunking else p.max_prefill_tokens
         assert budget is not None
@@ -172,15 +195,18 @@ class Scheduler:
         for req in self.running:
             if budget <= 0:
                 break
-            if not req.prefill_done:
+            if not req.prefill_done and not req.in_flight:
                 left = req.prompt_tokens - req.prefilled
                 take = min(left, budget) if p.chunking else left
                 plan.append((req, take))
                 budget -= take
         admitted = 0
-        while self.waiting and budget > 0:
+        while self.waiting:
             req = self.waiting[0]
-            if not p.chunking and plan and req.prompt_tokens > budget:
+            left = req.prompt_tokens - req.prefilled
+            if left > 0 and budget <= 0:
+                break
+            if not p.chunking and plan and left > budget:
                 break
             if not self._admissible(req):
                 break
@@ -191,15 +217,18 @@ class Scheduler:
             self.kv_used += req.kv_reserved
             self.running.append(req)
             admitted += 1
-            take = min(req.prompt_tokens, budget) if p.chunking else req.prompt_tokens
+            take = min(left, budget) if p.chunking else left
             plan.append((req, take))
             budget -= take
         return plan, admitted
 
     def step(self) -> StepResult:
-        """Run one step: plan the batch, draw its duration, advance requests and the clock."""
+        """Run one step (or pipeline tick): plan a batch, draw its duration, advance requests
+        and the clock."""
         if not self.has_work:
             raise RuntimeError("step() called with no work")
+        if self.cost.pipeline_stages > 1:
+            return self._tick()
         decode = [r for r in self.running if r.prefill_done]
         plan, admitted = self._plan_prefill()
         chunks = [PrefillChunk(tokens=n, context=r.prefilled) for r, n in plan]
@@ -207,6 +236,76 @@ class Scheduler:
         base = step_time(cost=self.cost, prefill=chunks, decode_contexts=contexts)
         duration = base * noise_factor(sigma=self.cost.noise_sigma, gauss=self._rng.gauss(0, 1))
         start, end = self.now, self.now + duration
+        emitted, finished = self._apply(decode=decode, plan=plan, end=end)
+        self.now = end
+        self.steps += 1
+        return StepResult(
+            start=start,
+            duration_s=duration,
+            new_seqs=admitted,
+            prefill_tokens=sum(n for _, n in plan),
+            decode_seqs=len(decode),
+            emitted=tuple(emitted),
+            finished=tuple(finished),
+            running=len(self.running),
+            queued=len(self.waiting),
+            kv_used=self.kv_used,
+        )
+
+    def _tick(self) -> StepResult:
+        """One pipeline tick: schedule a micro-batch from requests outside the pipeline, run
+        every stage once (as long as the slowest micro-batch in flight), retire the oldest
+        micro-batch once it has passed all stages."""
+        decode = [r for r in self.running if r.prefill_done and not r.in_flight]
+        plan, admitted = self._plan_prefill()
+        if decode or plan:
+            chunks = [PrefillChunk(tokens=n, context=r.prefilled) for r, n in plan]
+            contexts = [r.prompt_tokens + r.generated for r in decode]
+            work = step_work(cost=self.cost, prefill=chunks, decode_contexts=contexts)
+            for req in [*decode, *(r for r, _ in plan)]:
+                req.in_flight = True
+            self.pipeline.append(
+                MicroBatch(
+                    decode=decode,
+                    plan=plan,
+                    admitted=admitted,
+                    work_s=work,
+                    ticks_left=self.cost.pipeline_stages,
+                )
+            )
+        base = self.cost.overhead_s + max((mb.work_s for mb in self.pipeline), default=0.0)
+        duration = base * noise_factor(sigma=self.cost.noise_sigma, gauss=self._rng.gauss(0, 1))
+        start, end = self.now, self.now + duration
+        emitted: list[SimRequest] = []
+        finished: list[SimRequest] = []
+        for mb in self.pipeline:
+            mb.ticks_left -= 1
+        while self.pipeline and self.pipeline[0].ticks_left <= 0:
+            mb = self.pipeline.popleft()
+            for req in [*mb.decode, *(r for r, _ in mb.plan)]:
+                req.in_flight = False
+            e, f = self._apply(decode=mb.decode, plan=mb.plan, end=end)
+            emitted += e
+            finished += f
+        self.now = end
+        self.steps += 1
+        return StepResult(
+            start=start,
+            duration_s=duration,
+            new_seqs=admitted,
+            prefill_tokens=sum(n for _, n in plan),
+            decode_seqs=len(decode),
+            emitted=tuple(emitted),
+            finished=tuple(finished),
+            running=len(self.running),
+            queued=len(self.waiting),
+            kv_used=self.kv_used,
+        )
+
+    def _apply(
+        self, *, decode: list[SimRequest], plan: list[tuple[SimRequest, int]], end: float
+    ) -> tuple[list[SimRequest], list[SimRequest]]:
+        """Advance the requests of a finished batch; return (emitted, finished)."""
         emitted: list[SimRequest] = []
         finished: list[SimRequest] = []
         for req in decode:
@@ -225,20 +324,7 @@ class Scheduler:
                 finished.append(req)
                 self.running.remove(req)
                 self.kv_used -= req.kv_reserved
-        self.now = end
-        self.steps += 1
-        return StepResult(
-            start=start,
-            duration_s=duration,
-            new_seqs=admitted,
-            prefill_tokens=sum(n for _, n in plan),
-            decode_seqs=len(decode),
-            emitted=tuple(emitted),
-            finished=tuple(finished),
-            running=len(self.running),
-            queued=len(self.waiting),
-            kv_used=self.kv_used,
-        )
+        return emitted, finished
 
 
 def new_scheduler(

@@ -13,7 +13,24 @@ from typing import Any
 
 from aiohttp import web
 
+try:  # optional: 3x faster parsing of long input_ids bodies (zero-cost benchmarking)
+    from orjson import loads as _loads
+except ImportError:  # pragma: no cover - orjson is a test extra
+    _loads = json.loads
+
 from servesweep.sim.engine import Engine, RequestStream
+from servesweep.sim.logs import DECODE_HANDSHAKE_FRAMES, fatal_exit, scheduler_traceback
+from servesweep.sim.pd import (
+    Bootstrap,
+    DecodeReceiver,
+    KVSender,
+    KVTransferFailed,
+    PDMismatch,
+    PrefillBootstrap,
+    bootstrap_of,
+    bootstrap_timeout_s,
+    waiting_timeout_s,
+)
 from servesweep.sim.scheduler import RequestRejected
 from servesweep.sim.tokens import PromptCounter
 
@@ -40,13 +57,25 @@ class Faults:
 
 @dataclass(frozen=True)
 class Prompt:
-    """A parsed request: prompt length, output budget, streaming."""
+    """A parsed request: prompt length, output budget, streaming, PD bootstrap fields."""
 
     prompt_tokens: int
     max_new_tokens: int
     stream: bool
     include_usage: bool = False
     model: str | None = None
+    bootstrap: Bootstrap | None = None
+
+
+@dataclass
+class PDContext:
+    """A PD server's role and its transfer machinery (pd.py)."""
+
+    mode: str  # "prefill" | "decode"
+    default_bootstrap_port: int
+    bootstrap: PrefillBootstrap | None = None
+    sender: KVSender | None = None
+    receiver: DecodeReceiver | None = None
 
 
 def _sse(obj: Any) -> bytes:
@@ -68,8 +97,10 @@ class SimServer:
         faults: Faults,
         launch_command: str,
         max_total_num_tokens: int,
+        pd: PDContext | None = None,
     ) -> None:
         self.args = args
+        self.pd = pd
         self.engine = engine
         self.counter = counter
         self.faults = faults
@@ -231,8 +262,14 @@ class SimServer:
 
     @staticmethod
     def _count_ids(ids: Any) -> int:
-        if isinstance(ids, list) and all(isinstance(i, int) for i in ids):
-            return len(ids)
+        # sum() is a C loop: it raises on strings, None and lists, and gives a float when any
+        # id is a float, so an int total means every id is an integer.
+        if isinstance(ids, list):
+            try:
+                if isinstance(sum(ids), int):
+                    return len(ids)
+            except TypeError:
+                pass
         raise BadRequest("input_ids must be a list of integers (batches are not supported)")
 
     def _parse_generate(self, body: dict[str, Any]) -> Prompt:
@@ -247,7 +284,20 @@ class SimServer:
             raise BadRequest("sampling_params must be an object")
         max_new = params.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
         stream = bool(body.get("stream"))
-        return Prompt(prompt_tokens=n, max_new_tokens=_int(max_new), stream=stream)
+        return Prompt(
+            prompt_tokens=n,
+            max_new_tokens=_int(max_new),
+            stream=stream,
+            bootstrap=self._bootstrap(body),
+        )
+
+    def _bootstrap(self, body: dict[str, Any]) -> Bootstrap | None:
+        if self.pd is None:
+            return None
+        try:
+            return bootstrap_of(body, default_port=self.pd.default_bootstrap_port)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
 
     def _parse_completion(self, body: dict[str, Any]) -> Prompt:
         prompt = body.get("prompt")
@@ -264,12 +314,13 @@ class SimServer:
             stream=bool(body.get("stream")),
             include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
             model=body.get("model"),
+            bootstrap=self._bootstrap(body),
         )
 
     async def _read(self, request: web.Request) -> dict[str, Any]:
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            body = _loads(await request.read())
+        except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
             raise BadRequest(f"invalid JSON body: {exc}") from None
         if not isinstance(body, dict):
             raise BadRequest("the JSON body must be an object")
@@ -288,6 +339,7 @@ class SimServer:
             await asyncio.Event().wait()
         if index in self.faults.http_500_at:
             logger.warning(f"Request #{index}: injected HTTP 500 (--sim-http-500-at).")
+            await self._fail_room(request, reason=f"injected HTTP 500 for request #{index}")
             return _error(500, f"Injected internal error for request #{index}.", openai=openai)
         try:
             body = await self._read(request)
@@ -296,6 +348,18 @@ class SimServer:
             return _error(400, str(exc), openai=openai)
         return index, prompt
 
+    async def _fail_room(self, request: web.Request, *, reason: str) -> None:
+        """Prefill: a request that fails before it starts fails its room too, so the decode
+        side learns it at once (as SGLang's KV sender reports KVPoll.Failed)."""
+        if self.pd is None or self.pd.bootstrap is None:
+            return
+        try:
+            body = await request.json()
+            room = int(body["bootstrap_room"])
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+            return
+        self.pd.bootstrap.room(room).resolve({"status": "failed", "reason": reason})
+
     def _submit(self, prompt: Prompt) -> RequestStream:
         return self.engine.submit(
             prompt_tokens=prompt.prompt_tokens,
@@ -303,15 +367,56 @@ class SimServer:
             counted=True,
         )
 
+    async def _start(self, prompt: Prompt, *, openai: bool) -> RequestStream | web.Response:
+        """Queue the request; a decode server first waits for its KV cache from prefill."""
+        if self.pd is None or self.pd.mode != "decode":
+            try:
+                return self._submit(prompt)
+            except RequestRejected as exc:
+                return _error(400, str(exc), openai=openai)
+        arrival = asyncio.get_running_loop().time()
+        first_token = None
+        bootstrap = prompt.bootstrap
+        if bootstrap is not None and not bootstrap.fake:
+            receiver = self.pd.receiver
+            assert receiver is not None
+            try:
+                await receiver.ensure_parallel_info(bootstrap.addr)
+            except PDMismatch as exc:
+                fatal_exit(
+                    message=scheduler_traceback(
+                        error=f"RuntimeError: {exc}", frames=DECODE_HANDSHAKE_FRAMES
+                    )
+                )
+            try:
+                outcome = await receiver.receive(bootstrap, timeout_s=waiting_timeout_s())
+            except KVTransferFailed as exc:
+                logger.error(f"Abort request (room={bootstrap.room}): {exc}")
+                return _error(500, str(exc), openai=openai)
+            first_token = outcome.get("first_token_id")
+        try:
+            return self.engine.submit(
+                prompt_tokens=prompt.prompt_tokens,
+                max_new_tokens=prompt.max_new_tokens,
+                counted=True,
+                prefilled=prompt.prompt_tokens,
+                first_token=first_token if isinstance(first_token, int) else None,
+                arrival_wall=arrival,
+            )
+        except RequestRejected as exc:
+            return _error(400, str(exc), openai=openai)
+
     async def generate(self, request: web.Request) -> web.StreamResponse:
         admitted = await self._admit(request, openai=False)
         if isinstance(admitted, web.StreamResponse):
             return admitted
         index, prompt = admitted
-        try:
-            stream = self._submit(prompt)
-        except RequestRejected as exc:
-            return _error(400, str(exc), openai=False)
+        if self.pd is not None and self.pd.mode == "prefill":
+            return await self._prefill_only(request, index=index, prompt=prompt, openai=False)
+        started = await self._start(prompt, openai=False)
+        if isinstance(started, web.StreamResponse):
+            return started
+        stream = started
         midstream = index in self.faults.midstream_error_at
         if not prompt.stream:
             return await self._generate_whole(stream, prompt, midstream=midstream, index=index)
@@ -387,10 +492,12 @@ class SimServer:
         if isinstance(admitted, web.StreamResponse):
             return admitted
         index, prompt = admitted
-        try:
-            stream = self._submit(prompt)
-        except RequestRejected as exc:
-            return _error(400, str(exc), openai=True)
+        if self.pd is not None and self.pd.mode == "prefill":
+            return await self._prefill_only(request, index=index, prompt=prompt, openai=True)
+        started = await self._start(prompt, openai=True)
+        if isinstance(started, web.StreamResponse):
+            return started
+        stream = started
         midstream = index in self.faults.midstream_error_at
         cid = f"cmpl-{uuid.uuid4().hex}"
         model = prompt.model or self.model_name
@@ -468,6 +575,99 @@ class SimServer:
             self.engine.abort(stream)
             raise
         self.engine.mark_delivered(stream)
+        return resp
+
+    async def _prefill_only(
+        self, request: web.Request, *, index: int, prompt: Prompt, openai: bool
+    ) -> web.StreamResponse:
+        """A prefill server's request: wait for the decode side (bootstrap queue), prefill,
+        sample the first token, transfer the KV cache, answer with that one token."""
+        assert self.pd is not None and self.pd.bootstrap is not None
+        loop = asyncio.get_running_loop()
+        arrival = loop.time()
+        bootstrap = prompt.bootstrap
+        room = None
+        if bootstrap is not None and not bootstrap.fake:
+            room = self.pd.bootstrap.room(bootstrap.room)
+            timeout = bootstrap_timeout_s()
+            try:
+                await asyncio.wait_for(room.registered.wait(), timeout)
+            except TimeoutError:
+                message = (
+                    f"KVTransferError(bootstrap_room={bootstrap.room}): Request timed out "
+                    f"after {timeout:.1f}s in KVPoll.Bootstrapping"
+                )
+                logger.error(message)
+                room.resolve({"status": "failed", "reason": message})
+                self.pd.bootstrap.drop(bootstrap.room)
+                return _error(500, message, openai=openai)
+        try:
+            stream = self.engine.submit(
+                prompt_tokens=prompt.prompt_tokens,
+                max_new_tokens=1,
+                counted=True,
+                arrival_wall=arrival,
+            )
+        except RequestRejected as exc:
+            if room is not None:
+                room.resolve({"status": "failed", "reason": str(exc)})
+            return _error(400, str(exc), openai=openai)
+        while not stream.finished:
+            await stream.wait_change()
+            if index in self.faults.midstream_error_at:
+                self.engine.abort(stream)
+                logger.warning(f"Request #{index}: injected error (--sim-midstream-error-at).")
+                message = f"Injected error for request #{index}."
+                if room is not None:
+                    room.resolve({"status": "failed", "reason": message})
+                return _error(500, message, openai=openai)
+        first = stream.output_ids[0] if stream.output_ids else None
+        if room is not None:
+            assert self.pd.sender is not None and bootstrap is not None
+            await self.pd.sender.send(
+                room=bootstrap.room,
+                tokens=prompt.prompt_tokens,
+                peer=room.peer,
+                decode_tp=room.decode_tp,
+            )
+            room.resolve(
+                {
+                    "status": "ok",
+                    "room": bootstrap.room,
+                    "tokens": prompt.prompt_tokens,
+                    "first_token_id": first,
+                }
+            )
+        self.engine.mark_delivered(stream)
+        if openai:
+            body: dict[str, Any] = {
+                "id": f"cmpl-{uuid.uuid4().hex}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": prompt.model or self.model_name,
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": stream.text,
+                        "logprobs": None,
+                        "finish_reason": "length",
+                        "matched_stop": None,
+                    }
+                ],
+                "usage": _usage(stream),
+            }
+        else:
+            body = self._generate_chunk(stream, prompt)
+        if not prompt.stream:
+            return web.json_response(body)
+        resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
+        try:
+            await resp.prepare(request)
+            await resp.write(_sse(body))
+            await resp.write(SSE_DONE)
+            await resp.write_eof()
+        except ConnectionError:
+            pass
         return resp
 
     def _client_gone(self, stream: RequestStream) -> None:

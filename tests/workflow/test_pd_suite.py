@@ -1,0 +1,121 @@
+"""Seed 003's PD suite on the embedded engine: roles, router, cases, warm-up, evidence."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from servesweep.cli import main as cli
+from servesweep.config import load_experiment_file
+from servesweep.events import read_events
+from servesweep.runtime import ProcessRuntime
+from servesweep.transport import LocalTransport
+from tests.helpers import REPO, deep_update, free_port, run_snakemake
+
+pytestmark = pytest.mark.workflow
+LOCAL_PD = REPO / "config" / "experiments" / "pd_standard_local.yaml"
+
+
+def pd_config(directory: Path, run_id: str, **changes: object) -> Path:
+    """The local PD experiment with fresh ports for every listener."""
+    raw = yaml.safe_load(LOCAL_PD.read_text())
+    ports = {
+        "run_id": run_id,
+        "roles": {
+            "prefill": {
+                "port": free_port(),
+                "dist_init_port": free_port(),
+                "server": {"disaggregation_bootstrap_port": free_port()},
+            },
+            "decode": {"port": free_port(), "dist_init_port": free_port()},
+        },
+        "router": {"port": free_port()},
+        "engine": {"sim": {"time_scale": 0.02, "startup_s": 20}},
+    }
+    path = directory / "pd.yaml"
+    path.write_text(yaml.safe_dump(deep_update(deep_update(raw, ports), changes)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def pd_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    workdir = tmp_path_factory.mktemp("pd")
+    cfg = pd_config(workdir, "wf-pd")
+    proc = run_snakemake(workdir, "--cores", "1", "all", "--configfile", str(cfg))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return workdir / "results" / "wf-pd"
+
+
+def test_one_server_set_started_prefill_decode_router(pd_run: Path) -> None:
+    events = read_events(pd_run / "orchestrator.log")
+    assert [e for _, e, _ in events].count("start") == 1
+    roles = [f["role"] for _, e, f in events if e == "role-ready"]
+    assert roles == ["prefill", "decode", "router"]
+    commands = (pd_run / "service" / "pd" / "commands.sh").read_text()
+    order = [line.split()[2] for line in commands.splitlines() if line.startswith("# role")]
+    assert order == ["prefill"] * 4 + ["decode"] * 4 + ["router"]
+    assert "--disaggregation-mode prefill" in commands
+    assert "servesweep.sim.router --pd-disaggregation --mini-lb" in commands
+
+
+def test_every_case_ran_with_the_requested_tokens(pd_run: Path) -> None:
+    raws = sorted(pd_run.glob("raw/pd/case~*/r1.jsonl"))
+    assert len(raws) == 6
+    for raw in raws:
+        record = json.loads(raw.read_text())
+        assert record["completed"] == len(record["output_lens"])
+        assert len(set(record["output_lens"])) == 1
+    table = (pd_run / "cases.md").read_text().splitlines()
+    assert table[0] == "| Case | Requests | Input TPS | TTFT P50 / P95 | TPOT P50 / P95 |"
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in table[2:]}
+    assert set(rows) == {
+        "64 -> 8, C1",
+        "1K -> 16, C1, non-streaming",
+        "16K -> 1, C1",
+        "16K -> 1, C8",
+        "16K -> 512, C1",
+        "16K -> 512, C8",
+    }
+    assert rows["16K -> 1, C8"].endswith("| N/A |")
+    assert rows["1K -> 16, C1, non-streaming"].endswith("| N/A |")
+    assert rows["16K -> 512, C8"].endswith(" ms |")
+
+
+def test_summary_has_warmup_log_scan_and_evidence(pd_run: Path) -> None:
+    summary = json.loads((pd_run / "summary.json").read_text())
+    assert [w["server_id"] for w in summary["warmup"]] == ["pd"]
+    scan = summary["log_scan"]
+    assert scan["logs_scanned"] == 9
+    assert scan["fatal_findings"] == 0
+    assert scan["evidence"]["p_state_slice_transfer"] > 0
+    assert scan["evidence"]["d_rdma_ready_ack"] > 0
+    preflight = json.loads((pd_run / "preflight.json").read_text())
+    assert preflight["pd"]["pd"] == {"page_size": 64, "kv_cache_dtype": None}
+
+
+def test_suite_selection_plans_only_its_cases(tmp_path: Path) -> None:
+    cfg = pd_config(tmp_path, "wf-pd-plan")
+    proc = run_snakemake(tmp_path, "-n", "--configfile", str(cfg), env={"SUITE": "decode512-c8"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "case~16k-512-c8" in proc.stdout
+    assert "case~16k-1-c8" not in proc.stdout
+
+
+def test_up_status_down(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = pd_config(tmp_path, "wf-pd-up")
+    results = str(tmp_path / "results")
+    try:
+        assert cli(["up", "--configfile", str(cfg), "--results", results]) == 0
+        assert "started" in capsys.readouterr().out
+        assert cli(["status", "--configfile", str(cfg), "--results", results]) == 0
+        rows = capsys.readouterr().out.splitlines()
+        assert len(rows) == 9
+        assert sum("health=200" in r for r in rows) == 3  # prefill, decode rank 0 and router
+        assert all("running=True" in r for r in rows)
+    finally:
+        assert cli(["down", "--configfile", str(cfg), "--results", results]) == 0
+    exp = load_experiment_file(cfg)
+    assert ProcessRuntime(LocalTransport()).find("p601", {"run": exp.run_id}) == []
