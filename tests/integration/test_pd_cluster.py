@@ -1,0 +1,77 @@
+"""Seed 003's PD suite over SSH + docker: P on node1-2, D on node3-4, router on node3."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from servesweep.events import read_events
+from servesweep.runtime import host_python_mounts
+from servesweep.transport import SshTransport
+from tests.helpers import REPO, deep_update, free_port, run_snakemake
+from tests.integration.nodes import ADDRESSES, IMAGE, NODES
+
+pytestmark = pytest.mark.integration
+
+
+def test_pd_standard_suite_over_ssh_and_docker(
+    tmp_path: Path, nodes_dir: Path, docker_node: str, ssh: SshTransport
+) -> None:
+    run_id = "it-pd"
+    local = yaml.safe_load((REPO / "config/experiments/pd_standard_local.yaml").read_text())
+    prefill, decode = list(NODES[:2]), list(NODES[2:])
+    changes = {
+        "run_id": run_id,
+        "suite": "standard",
+        "cluster": {
+            "transport": "ssh",
+            "nodes": list(NODES),
+            "addresses": dict(ADDRESSES),
+            "gpus_per_node": 16,
+            "ssh": {"config_file": str(nodes_dir / "ssh_config")},
+        },
+        "runtime": {
+            "kind": "docker",
+            "image": IMAGE,
+            "gpus": None,
+            "shm_size": "64m",
+            "mounts": [*host_python_mounts(), "/usr/bin:/usr/bin:ro", "/bin:/bin:ro"],
+            "env": {"PATH": f"{sys.prefix}/bin:/usr/bin:/bin", "PYTHONUNBUFFERED": "1"},
+        },
+        "engine": {"python": "python3", "sim": {"time_scale": 0.01, "startup_s": 20}},
+        "roles": {
+            # every "node" is this machine with host networking: each listener its own port
+            "prefill": {
+                "nodes": prefill,
+                "port": free_port(),
+                "dist_init_port": free_port(),
+                "server": {"disaggregation_bootstrap_port": free_port()},
+            },
+            "decode": {"nodes": decode, "port": free_port(), "dist_init_port": free_port()},
+        },
+        "router": {"node": decode[0], "port": free_port()},
+    }
+    cfg = tmp_path / "pd.yaml"
+    cfg.write_text(yaml.safe_dump(deep_update(local, changes)))
+    proc = run_snakemake(tmp_path, "--cores", "1", "all", "--configfile", str(cfg))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_dir = tmp_path / "results" / run_id
+
+    assert len(list(run_dir.glob("raw/pd/case~*/r1.jsonl"))) == 4
+    roles = [
+        f["role"] for _, e, f in read_events(run_dir / "orchestrator.log") if e == "role-ready"
+    ]
+    assert roles == ["prefill", "decode", "router"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["log_scan"]["fatal_findings"] == 0
+    assert summary["log_scan"]["evidence"]["p_state_slice_transfer"] > 0
+    assert summary["log_scan"]["evidence"]["d_rdma_ready_ack"] > 0
+    assert summary["warmup"][0]["requests"] == 1
+    assert len(list((run_dir / "service" / "pd").glob("*-node*.log"))) == 5
+    assert "| 16K -> 1, C8 | 40 |" in (run_dir / "cases.md").read_text()
+    left = ssh.run(docker_node, f"docker ps -aq --filter label=servesweep.run={run_id}", timeout=30)
+    assert left.ok and left.stdout.strip() == ""
