@@ -10,7 +10,14 @@ def main() -> None:
     table = analysis.case_table(
         results=analysis.read_results_csv(snakemake.input.csv), clients=client_specs(exp)
     )
-    write_text_atomic(snakemake.output.md, analysis.markdown_table(table))
+    note = ""
+    if exp.engine.kind == "sim" and exp.engine.sim.time_scale > 0:
+        scale = exp.engine.sim.time_scale
+        note = (
+            f"\nSimulated engine at time_scale {scale}: times are wall-clock; simulated "
+            f"seconds = shown / {scale}, simulated TPS = shown x {scale}.\n"
+        )
+    write_text_atomic(snakemake.output.md, analysis.markdown_table(table) + note)
     write_text_atomic(snakemake.output.html, table.to_html(index=False, border=0))
 
 
