@@ -3,9 +3,7 @@
 
 rule run_cell:
     input:
-        # ancient(): a re-smoked image must not rerun finished cells.
-        builds=ancient(all_builds()),
-        preflight=ancient(f"{RUN_DIR}/preflight.json"),
+        prerequisites=cell_prerequisites,
     output:
         raw=f"{RUN_DIR}/raw/{{server}}/{{client}}/r{{repeat}}.jsonl",
         gpu=f"{RUN_DIR}/gpu/{{server}}/{{client}}/r{{repeat}}.csv",

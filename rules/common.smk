@@ -78,6 +78,14 @@ def all_builds():
     return [f"{RUN_DIR}/build/{node}.json" for node in EXP.cluster.nodes]
 
 
+def cell_prerequisites(wildcards):
+    """Image evidence and preflight before a cell runs; a finished cell does not depend on
+    them (re-validating an image must not rerun finished cells)."""
+    if os.path.exists(PATHS.raw(cell_of(wildcards))):
+        return []
+    return [*all_builds(), f"{RUN_DIR}/preflight.json"]
+
+
 def all_plots():
     plots = [f"{RUN_DIR}/plots/delta_{m}.png" for m in PLOT_METRICS]
     if PLOT_X is not None:

@@ -543,7 +543,9 @@ class CellRepeat:
 def fingerprint(exp: Experiment, roles: tuple[RoleSpec, ...]) -> str:
     """Short hash of exactly what needs a (re)started server set."""
     payload = {
-        "engine": exp.engine.model_dump(exclude={"ready_timeout_s"}),
+        # Injected faults are a rehearsal knob, not a server property: removing one must not
+        # rerun the cells that finished (nor change the sim's noise stream).
+        "engine": exp.engine.model_dump(exclude={"ready_timeout_s": True, "sim": {"faults"}}),
         "runtime": exp.runtime.model_dump(),
         "cluster": {"addresses": exp.cluster.addresses, "gpus_per_node": exp.cluster.gpus_per_node},
         "roles": [

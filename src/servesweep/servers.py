@@ -129,7 +129,9 @@ class ServerManager:
         out = []
         for cmd in rank_commands(self.exp, spec):
             labels = self.labels(spec) | {
-                "server": spec.id, "role": cmd.role, "rank": str(cmd.rank)
+                "server": spec.id,
+                "role": cmd.role,
+                "rank": str(cmd.rank),
             }
             launch = Launch(
                 name=f"servesweep-{self.exp.run_id}-{spec.fingerprint}-{cmd.role}-r{cmd.rank}",
@@ -202,14 +204,25 @@ class ServerManager:
                         continue
                     handle = self.runtime.start(launch)
                     state.ranks.append(
-                        RankState(cmd.role, cmd.node, cmd.rank, handle, launch.log_path,
-                                  self._url(spec, cmd))
+                        RankState(
+                            cmd.role,
+                            cmd.node,
+                            cmd.rank,
+                            handle,
+                            launch.log_path,
+                            self._url(spec, cmd),
+                        )
                     )
                     write_json_atomic(self.paths.current_server, state.to_dict())
                 self._wait_ready(state, spec, role)
                 if role != SINGLE_ROLE:
-                    self.events.emit("role-ready", fp=spec.fingerprint, server=spec.id,
-                                     role=role, seconds=f"{time.time() - role_started:.2f}")
+                    self.events.emit(
+                        "role-ready",
+                        fp=spec.fingerprint,
+                        server=spec.id,
+                        role=role,
+                        seconds=f"{time.time() - role_started:.2f}",
+                    )
         except BaseException as exc:
             self.events.emit(
                 "start-failed",
@@ -251,36 +264,55 @@ class ServerManager:
                 self._check_ranks(state, starting=True)
                 next_scan = now + FATAL_SCAN_EVERY_S
             if now > deadline:
+                text = self.runtime.logs(head.node, head.handle, head.log_path)
                 raise ServerStartError(
                     f"server {spec.id} (fp {spec.fingerprint}) {role} not ready after "
                     f"{self.exp.engine.ready_timeout_s:.0f}s: no /health 200"
                     f"{'' if role == ROUTER_ROLE else ' + ready line'} on node {head.node}; "
-                    f"log {self.local_log_path(spec.id, role, head.node)}"
+                    f"log {self._keep_failed_log(spec.id, head, text)}"
                 )
             time.sleep(POLL_S)
         self._check_ranks(state, starting=True)
 
     def _check_ranks(self, state: ServerState, *, starting: bool) -> None:
         """Save every process's log; raise naming node and log if one died or logged a
-        fatal pattern."""
+        fatal pattern. A process that exited is reported first: it is the cause, the fatal
+        lines of the others (e.g. rank 0's NCCL error) are its consequence."""
         error = ServerStartError if starting else ServerDied
+        texts = {}
         for rank in state.ranks:
-            local_log = self.local_log_path(state.server_id, rank.role, rank.node)
-            text = self.runtime.logs(rank.node, rank.handle, rank.log_path)
-            self._save_log(state.server_id, rank, text)
+            texts[rank.role, rank.rank] = self.runtime.logs(rank.node, rank.handle, rank.log_path)
+            self._save_log(state.server_id, rank, texts[rank.role, rank.rank])
+        exited = [r for r in state.ranks if not self.runtime.is_running(r.node, r.handle)]
+        for rank in exited or state.ranks:
+            text = texts[rank.role, rank.rank]
+            findings = logscan.scan_text(text)
+            if not findings and rank not in exited:
+                continue
             where = (
                 f"server {state.server_id} (fp {state.fingerprint}) {rank.role} rank "
                 f"{rank.rank} on node {rank.node}"
             )
-            findings = logscan.scan_text(text)
+            log = self._keep_failed_log(state.server_id, rank, text)
             if findings:
                 first = findings[0]
-                raise error(
-                    f"{where}: fatal pattern '{first.name}' at line {first.line_no}: "
-                    f"{first.line.strip()[:160]}; log {local_log}"
+                cause = (
+                    f"fatal pattern '{first.name}' at line {first.line_no}: "
+                    f"{first.line.strip()[:160]}"
                 )
-            if not self.runtime.is_running(rank.node, rank.handle):
-                raise error(f"{where} exited; log {local_log}")
+            else:
+                cause = "exited"
+            if rank in exited and findings:
+                cause = f"exited; {cause}"
+            raise error(f"{where}: {cause}; log {log}")
+
+    def _keep_failed_log(self, server_id: str, rank: RankState, text: str) -> Path:
+        """A copy of a failed process's log that a later start will not overwrite."""
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        target = self.local_log_path(server_id, rank.role, rank.node)
+        kept = target.with_name(f"{target.name}.failed-{stamp}")
+        write_text_atomic(kept, text)
+        return kept
 
     def check_alive(self, state: ServerState) -> None:
         """After a cell: every process running, no fatal pattern, the entry point healthy."""

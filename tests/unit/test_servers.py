@@ -88,7 +88,9 @@ def test_failed_start_names_node_and_log_and_leaves_nothing(tmp_path: Path) -> N
         m.ensure(spec)
     message = str(info.value)
     assert "node local" in message
-    assert str(m.local_log_path(spec.id, "server", "local")) in message
+    kept = message.rsplit("log ", 1)[1]
+    assert kept.startswith(str(m.local_log_path(spec.id, "server", "local")) + ".failed-")
+    assert "Traceback" in Path(kept).read_text(), "the failed start's log is kept apart"
     assert m.runtime.find("local", m.labels()) == []
     assert m.current() is None
     assert _events(m)[-2:] == ["start-failed", "stop"]
