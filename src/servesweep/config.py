@@ -59,10 +59,10 @@ class ClusterConfig(Strict):
     def _check_nodes(self) -> ClusterConfig:
         dupes = sorted({n for n in self.nodes if self.nodes.count(n) > 1})
         if dupes:
-            raise ValueError(f"duplicate node(s) {dupes}")
+            raise ValueError(f"nodes: duplicate node(s) {dupes}")
         unknown = sorted(set(self.addresses) - set(self.nodes))
         if unknown:
-            raise ValueError(f"addresses given for nodes not in cluster.nodes: {unknown}")
+            raise ValueError(f"addresses: given for nodes not in cluster.nodes: {unknown}")
         return self
 
 
@@ -102,7 +102,7 @@ class RuntimeConfig(Strict):
     @model_validator(mode="after")
     def _check_image(self) -> RuntimeConfig:
         if self.kind == "docker" and not self.image:
-            raise ValueError("runtime.image is required when runtime.kind is docker")
+            raise ValueError("image: required when runtime.kind is docker")
         return self
 
 
@@ -165,11 +165,11 @@ class ServerArgs(Strict):
     @model_validator(mode="after")
     def _check_parallel(self) -> ServerArgs:
         if self.tp_size % self.ep_size:
-            raise ValueError(f"ep_size {self.ep_size} does not divide tp_size {self.tp_size}")
+            raise ValueError(f"ep_size: {self.ep_size} does not divide tp_size {self.tp_size}")
         if self.chunked_prefill_size is not None and (
             self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1
         ):
-            raise ValueError("chunked_prefill_size must be positive or -1 (disabled)")
+            raise ValueError("chunked_prefill_size: must be positive or -1 (disabled)")
         return self
 
 
@@ -265,14 +265,14 @@ class Experiment(Strict):
         self._check_roles()
         for axes in _combinations(self.matrix.server):
             for role in role_layouts(self):
-                where = "matrix.server" if role.name == SINGLE_ROLE else f"roles.{role.name}"
-                args = _validated(ServerArgs, role.base, axes, where)
+                args = _validated(ServerArgs, role.base, axes, "matrix.server")
                 world = len(role.nodes) * self.cluster.gpus_per_node
                 if args.tp_size * args.pp_size != world:
                     prefix = "server" if role.name == SINGLE_ROLE else f"roles.{role.name}.server"
                     raise ValueError(
-                        f"{prefix}.tp_size*pp_size = {args.tp_size}*{args.pp_size} must equal "
-                        f"nodes*gpus_per_node = {len(role.nodes)}*{self.cluster.gpus_per_node}"
+                        f"{prefix}.tp_size: tp_size*pp_size = {args.tp_size}*{args.pp_size} "
+                        f"must equal nodes*gpus_per_node = "
+                        f"{len(role.nodes)}*{self.cluster.gpus_per_node}"
                     )
             if self.roles:
                 _check_pd_pair(self, axes)
@@ -293,7 +293,6 @@ class Experiment(Strict):
             if value not in values:
                 raise ValueError(f"baseline.{axis}: {value!r} is not in the matrix {values}")
         return self
-
 
     def _check_roles(self) -> None:
         if not self.roles:
@@ -345,16 +344,26 @@ def role_layouts(exp: Experiment) -> list[RoleLayout]:
     """The roles of every server set: one `server` role, or prefill then decode."""
     if not exp.roles:
         return [
-            RoleLayout(SINGLE_ROLE, tuple(exp.cluster.nodes), exp.engine.port,
-                       exp.engine.dist_init_port, exp.server)
+            RoleLayout(
+                SINGLE_ROLE,
+                tuple(exp.cluster.nodes),
+                exp.engine.port,
+                exp.engine.dist_init_port,
+                exp.server,
+            )
         ]
     layouts = []
     for name in PD_ROLES:
         role = exp.roles[name]
         base = _validated(ServerArgs, exp.server, role.server, f"roles.{name}.server")
         layouts.append(
-            RoleLayout(name, tuple(role.nodes), role.port or exp.engine.port,
-                       role.dist_init_port or exp.engine.dist_init_port, base)
+            RoleLayout(
+                name,
+                tuple(role.nodes),
+                role.port or exp.engine.port,
+                role.dist_init_port or exp.engine.dist_init_port,
+                base,
+            )
         )
     return layouts
 
@@ -383,22 +392,41 @@ def _validated(model: type[M], base: M, axes: dict[str, Any], where: str) -> M:
     try:
         return model.model_validate({**base.model_dump(), **axes})
     except ValidationError as exc:
-        raise ValueError(f"{where} {axes}: {_first_error(exc)}") from None
+        key, msg = _error_key(exc)
+        suffix = f" (with {axes})" if axes else ""
+        text = f"{where}.{key}: {msg}{suffix}" if key else f"{where}: {msg}{suffix}"
+        raise ValueError(text) from None
+
+
+# A validator message that starts with the dotted key it is about: "nodes: duplicate ...".
+_KEYED = re.compile(r"^([A-Za-z_][\w.\-]*): (.*)$", re.S)
+
+
+def _error_key(exc: ValidationError) -> tuple[str, str]:
+    """(dotted key, message) of the first error: pydantic's location, extended by the key a
+    model validator names at the start of its message."""
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        return loc, "unknown key"
+    match = _KEYED.match(msg) if err["type"] == "value_error" else None
+    if match:
+        key, msg = match.groups()
+        if loc and key != loc and not key.startswith(loc + "."):
+            key = f"{loc}.{key}"
+        return key, msg
+    return loc, msg
 
 
 def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    key = ".".join(str(p) for p in err["loc"])
-    return f"{key}: {err['msg']}" if key else err["msg"]
+    key, msg = _error_key(exc)
+    return f"{key}: {msg}" if key else msg
 
 
 def _format_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    key = ".".join(str(p) for p in err["loc"]) or "<top level>"
-    msg = err["msg"].removeprefix("Value error, ")
-    if err["type"] == "extra_forbidden":
-        msg = "unknown key"
-    return f"config key '{key}': {msg}"
+    key, msg = _error_key(exc)
+    return f"config key '{key or '<top level>'}': {msg}"
 
 
 def _csv(value: str, name: str) -> list[str]:
@@ -549,8 +577,13 @@ def fingerprint(exp: Experiment, roles: tuple[RoleSpec, ...]) -> str:
         "runtime": exp.runtime.model_dump(),
         "cluster": {"addresses": exp.cluster.addresses, "gpus_per_node": exp.cluster.gpus_per_node},
         "roles": [
-            {"name": r.name, "nodes": r.nodes, "port": r.port,
-             "dist_init_port": r.dist_init_port, "args": r.args.model_dump()}
+            {
+                "name": r.name,
+                "nodes": r.nodes,
+                "port": r.port,
+                "dist_init_port": r.dist_init_port,
+                "args": r.args.model_dump(),
+            }
             for r in roles
         ],
         "router": exp.router.model_dump() if exp.router else None,

@@ -45,8 +45,14 @@ def check_supported(exp: Experiment, spec: ServerSpec) -> None:
     for role in spec.roles:
         runner = role.args.moe_runner_backend
         if runner is not None and runner not in moe_runners(exp.engine.version):
+            if "moe_runner_backend" in exp.matrix.server:
+                key = "matrix.server.moe_runner_backend"
+            elif role.name in exp.roles and "moe_runner_backend" in exp.roles[role.name].server:
+                key = f"roles.{role.name}.server.moe_runner_backend"
+            else:
+                key = "server.moe_runner_backend"
             raise ConfigError(
-                f"config key 'moe_runner_backend': {runner!r} is not a MoE runner of SGLang "
+                f"config key '{key}': {runner!r} is not a MoE runner of SGLang "
                 f"{exp.engine.version} (choices: {', '.join(moe_runners(exp.engine.version))})"
             )
 
@@ -176,8 +182,9 @@ def rank_commands(exp: Experiment, spec: ServerSpec) -> list[RankCommand]:
             if exp.engine.kind == "sim":
                 argv += _sim_flags(exp, spec)
             commands.append(
-                RankCommand(role=role.name, node=node, rank=rank, argv=argv,
-                            env=dict(role.args.env))
+                RankCommand(
+                    role=role.name, node=node, rank=rank, argv=argv, env=dict(role.args.env)
+                )
             )
     if spec.router is not None:
         commands.append(router_command(exp, spec))

@@ -109,10 +109,10 @@ def test_fingerprint_is_independent_of_run_id(raw: dict) -> None:
         (lambda r: r.update(baseline={"moe_runner_backend": "triton"}), "baseline.moe_runner"),
         (lambda r: r["cluster"].update(nodes=["a", "a"]), "duplicate node"),
         (lambda r: r["server"].update(tp_size=6, ep_size=6), "tp_size*pp_size"),
-        (lambda r: r["server"].update(ep_size=3), "ep_size 3 does not divide"),
+        (lambda r: r["server"].update(ep_size=3), "'server.ep_size': 3 does not divide"),
         (lambda r: r["matrix"]["client"].update(concurrency=[8, 8]), "duplicate values"),
         (lambda r: r.update(run_id="a/b"), "'run_id'"),
-        (lambda r: r["runtime"].update(kind="docker"), "runtime.image is required"),
+        (lambda r: r["runtime"].update(kind="docker"), "'runtime.image': required"),
         (lambda r: r.update(repeats=0), "'repeats'"),
     ],
 )
