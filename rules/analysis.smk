@@ -13,6 +13,8 @@ rule collect_results:
         ),
     log:
         f"{RUN_DIR}/logs/collect_results.log",
+    params:
+        cells=CELL_KEYS,
     message:
         "results.csv: one row per cell-repeat"
     script:
@@ -47,6 +49,7 @@ rule scan_logs:
         f"{RUN_DIR}/logs/scan_logs.log",
     params:
         evidence=EXP.evidence,
+        cells=CELL_KEYS,
     message:
         "final scan of every server log: fatal patterns and evidence counts"
     script:

@@ -33,6 +33,8 @@ if workflow.global_resources.get("gpu_server") != 1:
 PATHS = RunPaths.for_run(EXP)
 RUN_DIR = str(PATHS.root)
 CELLS = {cell.key: cell for cell in cell_repeats(EXP)}
+# The set of cells as a param: rules over all cells rerun when it changes (no `input` trigger).
+CELL_KEYS = sorted(CELLS)
 PLOT_METRICS = ["ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "input_tps"]
 RESULTS_ROOT = str(PATHS.root.parent)
 PLOT_X = next(iter(axis_names(EXP)[1]), None) if not EXP.cases else None

@@ -7,13 +7,14 @@ import logging
 import math
 import shlex
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 
 from servesweep import loadgen, telemetry, validation
 from servesweep.config import CellRepeat, Experiment, RunPaths, Workload
-from servesweep.errors import ClientError, ServesweepError
+from servesweep.errors import ClientError, ServerDied, ServesweepError, TransportError
 from servesweep.records import BenchRecord, read_record, write_record
 from servesweep.runtime import ONESHOT_DIR, Launch
 from servesweep.servers import ServerManager, ServerState
@@ -52,6 +53,7 @@ def run_client(
     else:
         base = f"{ONESHOT_DIR}/{exp.run_id}/client/{digest}"
         node_out, node_log = f"{base}.jsonl", f"{base}.log"
+        _remove_stale_clients(exp=exp, manager=manager, node=node)
         manager.transport.run(node, f"rm -f {shlex.quote(node_out)}", timeout=60)
     launch = Launch(
         name=f"servesweep-{exp.run_id}-client-{digest}",
@@ -72,9 +74,11 @@ def run_client(
     )
     bench_log.parent.mkdir(parents=True, exist_ok=True)
     try:
-        result = manager.runtime.run_oneshot(launch, timeout=client_timeout(workload))
-        if not direct:
-            manager.transport.get(node, node_log, bench_log)
+        try:
+            result = manager.runtime.run_oneshot(launch, timeout=client_timeout(workload))
+        finally:
+            if not direct:
+                _fetch_log(manager, node=node, remote=node_log, local=bench_log)
         if not result.ok:
             raise ClientError(
                 f"cell {tag}: client exited {result.returncode} on node {node}; "
@@ -87,6 +91,22 @@ def run_client(
         return read_record(local_out)
     finally:
         local_out.unlink(missing_ok=True)
+
+
+def _remove_stale_clients(*, exp: Experiment, manager: ServerManager, node: str) -> None:
+    """Remove clients of this run still running on `node`: one cell runs at a time, so such a
+    client was left by a killed run (SIGKILL) and would load the server during this cell."""
+    for handle in manager.runtime.find(node, {"run": exp.run_id, "role": "client"}):
+        manager.events.emit("stale", node=node, handle=handle, run=exp.run_id, role="client")
+        manager.runtime.stop(node, handle)
+
+
+def _fetch_log(manager: ServerManager, *, node: str, remote: str, local: Path) -> None:
+    """Copy the client's log back, best effort: a failed copy must not hide the real error."""
+    try:
+        manager.transport.get(node, remote, local)
+    except TransportError as exc:
+        logger.warning("could not copy the bench log back from node %s: %s", node, exc)
 
 
 def server_logs(manager: ServerManager, state: ServerState) -> list[str]:
@@ -137,9 +157,13 @@ def run_cell(
     gpu_out: Path,
     bench_log: Path,
 ) -> None:
-    """Run one cell-repeat end to end; files appear only if everything passed."""
+    """Run one cell-repeat end to end; files appear only if everything passed.
+
+    Every error names the cell; a failed client is blamed on its server when that died; files
+    this call wrote are removed again if a later step fails (nothing looks finished)."""
     events = manager.events
     started = time.monotonic()
+    written: list[Path] = []
     events.emit("cell-start", cell=cell.key, fp=cell.server.fingerprint)
     try:
         state, fresh = manager.ensure(cell.server)
@@ -150,14 +174,20 @@ def run_cell(
         before = telemetry.take_snapshot(
             transport=manager.transport, nodes=nodes, phase="before", timeout=SNAPSHOT_TIMEOUT_S
         )
-        record = run_client(
-            exp=exp,
-            manager=manager,
-            state=state,
-            workload=cell.client.workload,
-            tag=cell.key,
-            bench_log=bench_log,
-        )
+        try:
+            record = run_client(
+                exp=exp,
+                manager=manager,
+                state=state,
+                workload=cell.client.workload,
+                tag=cell.key,
+                bench_log=bench_log,
+            )
+        except (ClientError, TransportError) as exc:
+            cause = _server_cause(manager, state)
+            if cause is None:
+                raise
+            raise cause from exc
         after = telemetry.take_snapshot(
             transport=manager.transport, nodes=nodes, phase="after", timeout=SNAPSHOT_TIMEOUT_S
         )
@@ -168,16 +198,24 @@ def run_cell(
             cell.client.workload,
             cell=cell.key,
             logs=[str(bench_log), *server_logs(manager, state)],
+            node=nodes[0],
         )
-        telemetry.write_snapshot(gpu_out, pd.concat([before, after], ignore_index=True))
-        write_record(raw_out, record)
-    except ServesweepError as exc:
+        snapshot = pd.concat([before, after], ignore_index=True)
+        _write(gpu_out, lambda: telemetry.write_snapshot(gpu_out, snapshot), written)
+        _write(raw_out, lambda: write_record(raw_out, record), written)
+    except BaseException as exc:
+        for path in written:
+            path.unlink(missing_ok=True)
+        failure = _naming_cell(exc, cell=cell.key, node=exp.cluster.nodes[0], bench_log=bench_log)
+        shown = failure if failure is not None else exc
         events.emit(
             "cell-failed",
             cell=cell.key,
             fp=cell.server.fingerprint,
-            error=str(exc).splitlines()[0][:300],
+            error=(str(shown).splitlines() or [type(exc).__name__])[0][:300],
         )
+        if failure is not None and failure is not exc:
+            raise failure from exc
         raise
     events.emit(
         "cell-done",
@@ -186,3 +224,50 @@ def run_cell(
         seconds=f"{time.monotonic() - started:.2f}",
         client_seconds=f"{client_seconds:.2f}",
     )
+
+
+def _write(path: Path, write: Callable[[], None], written: list[Path]) -> None:
+    """Write one output file (atomically, by `write`); an OSError names the file."""
+    try:
+        write()
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot write {path}: {exc.strerror or exc}") from exc
+    written.append(path)
+
+
+def _server_cause(manager: ServerManager, state: ServerState) -> ServesweepError | None:
+    """After a failed client: the server's death or fatal log line, if that is the cause."""
+    try:
+        manager.check_alive(state)
+    except ServerDied as exc:
+        return exc
+    except TransportError as exc:  # the node cannot be asked either: keep the client's error
+        logger.warning("could not check the server after a failed client: %s", exc)
+    return None
+
+
+def _naming_cell(
+    exc: BaseException, *, cell: str, node: str, bench_log: Path
+) -> BaseException | None:
+    """`exc` with a message that starts with the cell (None: leave a non-error exception as is).
+
+    OSError (disk full, permissions) counts as an error of the workflow host; Ctrl-C names the
+    cell it interrupted."""
+    if isinstance(exc, ServesweepError):
+        text = str(exc)
+        if f"cell {cell}" in text and ".log" in text:
+            return exc
+        prefix = "" if f"cell {cell}" in text else f"cell {cell}: "
+        suffix = "" if ".log" in text else f"; bench log {bench_log}"
+        return type(exc)(f"{prefix}{text}{suffix}")
+    if isinstance(exc, OSError):
+        return OSError(
+            exc.errno,
+            f"cell {cell}: {exc.strerror or exc} on the workflow host; bench log {bench_log}",
+        )
+    if isinstance(exc, KeyboardInterrupt):
+        return KeyboardInterrupt(
+            f"cell {cell} interrupted by SIGINT (Ctrl-C); client on node {node}; "
+            f"bench log {bench_log}"
+        )
+    return None

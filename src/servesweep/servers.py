@@ -284,6 +284,10 @@ class ServerManager:
             texts[rank.role, rank.rank] = self.runtime.logs(rank.node, rank.handle, rank.log_path)
             self._save_log(state.server_id, rank, texts[rank.role, rank.rank])
         exited = [r for r in state.ranks if not self.runtime.is_running(r.node, r.handle)]
+        # A process that died silently (killed, node lost) is the cause; one that exited
+        # logging a fatal line after it (rank 0's NCCL error) is the consequence.
+        silent = [r for r in exited if not logscan.scan_text(texts[r.role, r.rank])]
+        exited = silent + [r for r in exited if r not in silent]
         for rank in exited or state.ranks:
             text = texts[rank.role, rank.rank]
             findings = logscan.scan_text(text)

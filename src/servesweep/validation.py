@@ -98,14 +98,23 @@ def record_problems(record: BenchRecord, workload: Workload) -> list[str]:
     return problems
 
 
-def check_record(record: BenchRecord, workload: Workload, *, cell: str, logs: list[str]) -> None:
-    """Raise CellFailed naming the cell, its first problems and the log files, if any."""
+def check_record(
+    record: BenchRecord,
+    workload: Workload,
+    *,
+    cell: str,
+    logs: list[str],
+    node: str | None = None,
+) -> None:
+    """Raise CellFailed naming the cell, its first problems, the client's node and the log
+    files, if any."""
     problems = record_problems(record, workload)
     if not problems:
         return
     shown = "; ".join(problems[:MAX_SHOWN])
     more = f" (+{len(problems) - MAX_SHOWN} more)" if len(problems) > MAX_SHOWN else ""
     where = ", ".join(logs) if logs else "none"
-    message = f"cell {cell}: invalid record: {shown}{more}; logs: {where}"
+    client = f"; client on node {node}" if node else ""
+    message = f"cell {cell}: invalid record: {shown}{more}{client}; logs: {where}"
     log.error("%s", message)
     raise CellFailed(message)

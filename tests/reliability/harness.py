@@ -1,0 +1,705 @@
+"""Fault-injection harness: a fault shim outside the config, runs, and the shared checks."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+import yaml
+
+from servesweep.events import read_events
+from tests.helpers import REPO, experiment_file
+
+# The suite's matrix: MoE runner marlin | flashinfer_mxfp4 x concurrency 2 | 4, one repeat, tiny
+# requests. A scenario runs one of two slices of it: ACROSS (marlin then flashinfer_mxfp4 at
+# concurrency 2: a fault of the second server config, the first one finished) or WITHIN
+# (flashinfer_mxfp4 at concurrency 2 and 4: a fault in the second cell of one server).
+BACKENDS = ("marlin", "flashinfer_mxfp4")
+CONCURRENCIES = (2, 4)
+TARGET = "flashinfer_mxfp4"
+ACROSS = {"backends": BACKENDS, "concurrencies": (2,)}
+WITHIN = {"backends": (TARGET,), "concurrencies": CONCURRENCIES}
+REQUESTS = 4  # per cell
+# Arrival index (per server process) of a request in the second cell of a server config.
+SECOND_CELL_INDEX = REQUESTS + 1
+REQUEST_TIMEOUT_S = 4
+READY_TIMEOUT_S = 10
+
+
+def server_id(backend: str) -> str:
+    return f"moe_runner_backend~{backend},chunked_prefill_size~8192"
+
+
+def cell_keys(backends: Iterable[str], concurrencies: Iterable[int]) -> list[str]:
+    """Cell keys in the order the workflow runs them (server configs in matrix order)."""
+    return [f"{server_id(b)}/concurrency~{c}/r1" for b in backends for c in concurrencies]
+
+
+STABLE_COLUMNS = [
+    "server_id",
+    "client_id",
+    "repeat",
+    "moe_runner_backend",
+    "chunked_prefill_size",
+    "concurrency",
+    "completed",
+    "total_input_tokens",
+    "total_output_tokens",
+]
+SNAKEMAKE_TIMEOUT_S = 600
+HANG_MARKER = "will never be answered"
+
+
+def unique_run_id(name: str) -> str:
+    """A run id no other test (or earlier session) uses: containers and labels never mix."""
+    return f"rel-{name}-{uuid.uuid4().hex[:6]}"
+
+
+# ---------------------------------------------------------------- the fault shim
+
+SHIM = """#!/bin/sh
+# servesweep reliability tests: `engine.python` of every run. Runs the real interpreter; a sim
+# process whose argv contains the first field of a line of {control} gets the rest of that line
+# as extra flags (`@fatal TEXT`: print TEXT to the log once the server is ready, keep running).
+# The fault's cause lives here, outside the experiment config, so fingerprints never change.
+real={real}
+control={control}
+case " $* " in
+*" servesweep.sim "*) ;;
+*) exec "$real" "$@" ;;
+esac
+extra=""
+fatal=""
+if [ -r "$control" ]; then
+    while IFS='\t' read -r match flags; do
+        [ -n "$match" ] || continue
+        case " $* " in
+        *"$match"*)
+            case "$flags" in
+            "@fatal "*) fatal="${{flags#@fatal }}" ;;
+            *) extra="$extra $flags" ;;
+            esac
+            ;;
+        esac
+    done < "$control"
+fi
+if [ -n "$fatal" ]; then
+    log=$(readlink /proc/$$/fd/1)
+    (
+        until grep -q 'fired up and ready' "$log" 2>/dev/null; do sleep 0.05; done
+        echo "$fatal"
+    ) &
+fi
+exec "$real" "$@" $extra
+"""
+
+
+@dataclass
+class FaultShim:
+    """A `python3` wrapper plus its control file: `inject` arms a fault, `clear` removes it."""
+
+    directory: Path
+
+    @classmethod
+    def create(cls, directory: Path) -> FaultShim:
+        directory.mkdir(parents=True, exist_ok=True)
+        shim = cls(directory)
+        text = SHIM.format(real=shlex.quote(sys.executable), control=shlex.quote(str(shim.control)))
+        shim.python.write_text(text)
+        shim.python.chmod(0o755)
+        directory.chmod(0o755)
+        return shim
+
+    @property
+    def python(self) -> Path:
+        return self.directory / "python3"
+
+    @property
+    def control(self) -> Path:
+        return self.directory / "faults"
+
+    def inject(self, match: str, flags: str) -> None:
+        """Sim processes whose argv contains `match` get `flags` (one rule per call)."""
+        with self.control.open("a") as fh:
+            fh.write(f"{match}\t{flags}\n")
+        self.control.chmod(0o644)
+
+    def clear(self) -> None:
+        """The cause is removed: every sim starts as configured."""
+        self.control.unlink(missing_ok=True)
+
+    def flag_file(self, name: str) -> Path:
+        """A marker file in the shim directory (mounted into containers too)."""
+        return self.directory / name
+
+
+# ---------------------------------------------------------------- configs
+
+
+def local_config(
+    run_id: str,
+    shim: FaultShim,
+    *,
+    backends: Iterable[str] = BACKENDS,
+    concurrencies: Iterable[int] = CONCURRENCIES,
+    **extra: Any,
+) -> dict[str, Any]:
+    """A slice of the suite's matrix on this machine (process runtime, local transport)."""
+    return {
+        "run_id": run_id,
+        "engine": {
+            "python": str(shim.python),
+            "ready_timeout_s": READY_TIMEOUT_S,
+            "sim": {"time_scale": 0.001, "startup_s": 5},
+        },
+        "matrix": {
+            "server": {"moe_runner_backend": list(backends), "chunked_prefill_size": [8192]},
+            "client": {"concurrency": list(concurrencies)},
+        },
+        "workload": {
+            "input_len": 512,
+            "output_len": 4,
+            "num_requests": REQUESTS,
+            "request_timeout_s": REQUEST_TIMEOUT_S,
+        },
+        "repeats": 1,
+        "baseline": {"moe_runner_backend": TARGET},
+        **extra,
+    }
+
+
+# ---------------------------------------------------------------- runs
+
+
+@dataclass
+class Run:
+    """One experiment in its own working directory, run with the real snakemake CLI."""
+
+    workdir: Path
+    config: Path
+    run_id: str
+    port: int
+    cells: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def create(cls, workdir: Path, changes: dict[str, Any], **env: str) -> Run:
+        config = experiment_file(workdir, changes)
+        raw = _yaml(config)
+        cells = cell_keys(
+            raw["matrix"]["server"]["moe_runner_backend"], raw["matrix"]["client"]["concurrency"]
+        )
+        return cls(workdir, config, raw["run_id"], int(raw["engine"]["port"]), cells, dict(env))
+
+    @property
+    def run_dir(self) -> Path:
+        return self.workdir / "results" / self.run_id
+
+    @property
+    def targets(self) -> list[str]:
+        """Every cell's raw file and results.csv: `rule all` without the plots."""
+        raws = [str(self.raw(c).relative_to(self.workdir)) for c in self.cells]
+        return [*raws, f"results/{self.run_id}/results.csv"]
+
+    def argv(self, *args: str) -> list[str]:
+        exe = shutil.which("snakemake")
+        assert exe, "snakemake is not installed"
+        return [exe, "-s", str(REPO / "Snakefile"), "-d", str(self.workdir), *args]
+
+    def full_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        env = {**os.environ, **self.env, **(extra or {})}
+        for var in ("RUN_ID", "BACKENDS_CSV", "CHUNKED_PREFILL_SIZES_CSV", "CONCURRENCIES_CSV"):
+            if var not in self.env and var not in (extra or {}):
+                env.pop(var, None)
+        env.pop("EP_SIZE", None)
+        return env
+
+    def snakemake(
+        self, *args: str, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """`snakemake --cores 1 <targets>` (or `args`) to completion."""
+        args = args or ("--cores", "1", *self.targets)
+        return subprocess.run(
+            self.argv(*args, "--configfile", str(self.config)),
+            capture_output=True,
+            text=True,
+            env=self.full_env(env),
+            timeout=SNAKEMAKE_TIMEOUT_S,
+        )
+
+    def start(self, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        """The same run in the background, in its own process group (for signals).
+
+        SIGINT gets its default action back: started from a shell without job control (`cmd &`)
+        the tests inherit it ignored, and so would snakemake and its jobs."""
+        return subprocess.Popen(
+            self.argv("--cores", "1", *self.targets, "--configfile", str(self.config)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=self.full_env(env),
+            start_new_session=True,
+            preexec_fn=_default_sigint,
+        )
+
+    def events(self) -> list[tuple[str, str, dict[str, str]]]:
+        return read_events(self.run_dir / "orchestrator.log")
+
+    def raw(self, cell: str) -> Path:
+        return self.run_dir / "raw" / f"{cell}.jsonl"
+
+    def gpu(self, cell: str) -> Path:
+        return self.run_dir / "gpu" / f"{cell}.csv"
+
+    def server_log(self, backend: str, node: str = "local") -> Path:
+        return self.run_dir / "service" / server_id(backend) / f"{node}.log"
+
+    def finished(self) -> dict[str, str]:
+        """cell -> digest of its raw and gpu files (content and mtime), for cells with both."""
+        out = {}
+        for cell in self.cells:
+            raw, gpu = self.raw(cell), self.gpu(cell)
+            if raw.exists() and gpu.exists():
+                h = hashlib.sha256(raw.read_bytes() + gpu.read_bytes())
+                h.update(f"{raw.stat().st_mtime_ns} {gpu.stat().st_mtime_ns}".encode())
+                out[cell] = h.hexdigest()
+        return out
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _yaml(path: Path) -> dict[str, Any]:
+    return yaml.safe_load(path.read_text())
+
+
+def output(proc: subprocess.CompletedProcess[str]) -> str:
+    """Everything a finished snakemake printed."""
+    return (proc.stdout or "") + (proc.stderr or "")
+
+
+def error_lines(text: str) -> list[str]:
+    """The one-line errors servesweep printed (`servesweep: <Kind>: ...`)."""
+    return [line for line in text.splitlines() if re.match(r"^servesweep: [A-Za-z]+: ", line)]
+
+
+def wait_for(predicate: Callable[[], bool], limit_s: float = 60.0, what: str = "") -> None:
+    """Poll until `predicate` holds (a bound against hanging, not a timing assertion)."""
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"gave up waiting for {what or predicate}")
+
+
+def file_contains(path: Path, needle: str) -> Callable[[], bool]:
+    def check() -> bool:
+        try:
+            return needle in path.read_text(errors="replace")
+        except FileNotFoundError:
+            return False
+
+    return check
+
+
+def kill_group(proc: subprocess.Popen[str], sig: signal.Signals) -> None:
+    """Signal a background snakemake's whole process group (as Ctrl-C or `kill -9 -pgid`)."""
+    os.killpg(proc.pid, sig)
+
+
+def local_leftovers(port: int) -> list[str]:
+    """Processes of this machine still serving or calling the test's unique engine port."""
+    pattern = re.compile(rf"(--port\x00{port}\x00|:{port}\b)")
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if pattern.search(cmdline) and int(proc.name) != os.getpid():
+            found.append(f"{proc.name}: {cmdline.replace(chr(0), ' ')[:200]}")
+    return found
+
+
+def kill_local_leftovers(port: int) -> None:
+    """Teardown safety net: end what this test started and left (by pid)."""
+    for entry in local_leftovers(port):
+        pid = int(entry.split(":")[0])
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+# ---------------------------------------------------------------- checks
+
+
+class KnownGap(AssertionError):
+    """A requirement the product does not meet yet (tests expecting it are strict xfails)."""
+
+
+class Checks:
+    """Records each check in the JUnit XML (for docs/reliability.md), then asserts it."""
+
+    def __init__(self, record: Callable[[str, object], None]) -> None:
+        self.record = record
+        self.gaps: list[str] = []
+
+    def scenario(self, name: str) -> None:
+        self.record("scenario", name)
+
+    def check(self, what: str, ok: bool, detail: str = "") -> None:
+        self.record("check", what)
+        assert ok, f"{what}: {detail}" if detail else what
+
+    def gap(self, what: str, ok: bool, detail: str = "") -> None:
+        """A check of a known gap: remembered, raised as KnownGap by `finish` (such tests are
+        xfail(raises=KnownGap, strict=True), so a fixed gap turns them red)."""
+        self.record("check", f"{what} [known gap]")
+        if not ok:
+            self.gaps.append(f"{what}: {detail}" if detail else what)
+
+    def finish(self) -> None:
+        """Raise KnownGap if a gap check failed (call last in a test with gap checks)."""
+        if self.gaps:
+            raise KnownGap("; ".join(self.gaps))
+
+    def message(self, line: str) -> None:
+        self.record("message", line)
+
+    def note(self, text: str) -> None:
+        self.record("note", text)
+
+
+def failed_cells(run: Run) -> list[str]:
+    """Cells that started and never finished, in the order they started."""
+    events = run.events()
+    started = [f["cell"] for _, e, f in events if e == "cell-start"]
+    done = {f["cell"] for _, e, f in events if e == "cell-done"}
+    return [c for c in dict.fromkeys(started) if c not in done]
+
+
+def log_paths(line: str) -> list[str]:
+    """Paths of log files named in an error line (`x.log`, or a kept `x.log.failed-...`)."""
+    tokens = (t.strip(",;:'\"()") for t in line.split())
+    return [t for t in tokens if re.search(r"\.log($|\.)", t)]
+
+
+def check_stopped_cleanly(
+    checks: Checks,
+    run: Run,
+    text: str,
+    returncode: int,
+    *,
+    cause: str,
+    node: str = r"node local\b",
+    finished: int,
+    leftovers: Callable[[], list[str]] | None = None,
+    name_cell: bool = True,
+) -> str:
+    """The common checks of a failed run; returns the error line shown."""
+    checks.check("the run exits non-zero", returncode != 0, f"exit {returncode}")
+    lines = error_lines(text)
+    checks.check("a one-line `servesweep: <Kind>: ...` error is printed", bool(lines), text[-3000:])
+    line = lines[0]
+    checks.message(line)
+    checks.check(
+        f"the error names the cause ({cause})",
+        re.search(cause, line) is not None,
+        line,
+    )
+    failed = failed_cells(run)
+    if name_cell:
+        checks.check("a cell started and did not finish", bool(failed), str(run.events()))
+        checks.check("the error names the failed cell", failed[0] in line, line)
+    checks.check(f"the error names the node ({node})", re.search(node, line) is not None, line)
+    logs = log_paths(line)
+    existing = [p for p in logs if (run.workdir / p).exists() or Path(p).exists()]
+    checks.check("the error names a log file that exists", bool(existing), f"{logs} in {line}")
+    left = (leftovers or (lambda: local_leftovers(run.port)))()
+    checks.check("no server, client or container is left", not left, "\n".join(left))
+    for cell in failed:
+        stray = [
+            p
+            for d in (run.raw(cell).parent, run.gpu(cell).parent)
+            if d.exists()
+            for p in d.iterdir()
+            if p.name.startswith(f"r{cell.rsplit('/r', 1)[1]}.") or p.name.startswith(".")
+        ]
+        checks.check(
+            f"no finished-looking or partial file for the failed cell {cell}",
+            not stray,
+            str(stray),
+        )
+    done = [f["cell"] for _, e, f in run.events() if e == "cell-done"]
+    kept = run.finished()
+    checks.check(
+        f"finished cells are kept ({finished} of {len(run.cells)})",
+        set(done) == set(kept) and len(kept) == finished,
+        f"done {done}, files {sorted(kept)}",
+    )
+    return line
+
+
+def check_rerun(
+    checks: Checks,
+    run: Run,
+    before: dict[str, str],
+    events_before: int,
+    proc: subprocess.CompletedProcess[str],
+    reference: pd.DataFrame,
+    *,
+    leftovers: Callable[[], list[str]] | None = None,
+    reruns_finished: bool = False,
+) -> None:
+    """After the cause is removed: only missing cells run, and the results equal a clean run.
+
+    `reruns_finished`: a known gap makes the rerun redo finished cells (checked as a gap)."""
+    only_missing = checks.gap if reruns_finished else checks.check
+    checks.check("the rerun succeeds", proc.returncode == 0, output(proc)[-4000:])
+    events = run.events()[events_before:]
+    rerun_cells = [f["cell"] for _, e, f in events if e == "cell-start"]
+    missing = [c for c in run.cells if c not in before]
+    only_missing(
+        f"the rerun runs only the {len(missing)} missing cell(s)",
+        sorted(rerun_cells) == sorted(missing),
+        f"ran {rerun_cells}, missing {missing}",
+    )
+    starts = [f["server"] for _, e, f in events if e == "start"]
+    needed = {c.split("/")[0] for c in missing}
+    only_missing(
+        "the rerun starts at most one server per config with missing cells",
+        set(starts) <= needed and len(starts) == len(set(starts)),
+        f"starts {starts}, needed {needed}",
+    )
+    after = run.finished()
+    only_missing(
+        "cells finished before the failure are untouched (content and mtime)",
+        all(after.get(c) == d for c, d in before.items()),
+        f"changed: {[c for c, d in before.items() if after.get(c) != d]}",
+    )
+    df = pd.read_csv(run.run_dir / "results.csv")
+    keys = ["server_id", "client_id"]
+    got = df[STABLE_COLUMNS].sort_values(keys).reset_index(drop=True)
+    cells = {tuple(c.split("/")[:2]) for c in run.cells}
+    ref = reference[[tuple(k) in cells for k in reference[keys].itertuples(index=False)]]
+    want = ref[STABLE_COLUMNS].sort_values(keys).reset_index(drop=True)
+    checks.check(
+        "results.csv equals an uninterrupted run's (cells, counts, token totals)",
+        len(want) == len(run.cells) and got.equals(want),
+        f"\n{got}\nvs\n{want}",
+    )
+    fps = df.groupby("server_id")["fingerprint"].nunique()
+    checks.check(
+        "one fingerprint per server config across the failed run and the rerun",
+        bool((fps == 1).all()),
+        str(fps),
+    )
+    left = (leftovers or (lambda: local_leftovers(run.port)))()
+    checks.check("nothing is left running after the rerun", not left, "\n".join(left))
+
+
+# ---------------------------------------------------------------- disk
+
+
+@contextlib.contextmanager
+def small_filesystem(path: Path, *, size: str = "64k") -> Iterator[Path]:
+    """A tmpfs of `size` mounted at `path` (created), unmounted afterwards whatever happened."""
+    path.mkdir(parents=True, exist_ok=True)
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {res.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
+
+
+def fill(directory: Path, name: str = "filler.bin") -> Path:
+    """Write zeros into `directory` until its filesystem is full; return the filler file."""
+    filler = directory / name
+    chunk = b"\0" * 4096
+    with filler.open("wb", buffering=0) as fh:
+        while True:
+            try:
+                fh.write(chunk)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                break
+    return filler
+
+
+# ---------------------------------------------------------------- cluster (sshd + dockerd)
+
+CLUSTER_READY_TIMEOUT_S = 60
+
+
+def cluster_config(
+    run_id: str,
+    shim: FaultShim,
+    *,
+    nodes_dir: Path,
+    nodes: list[str],
+    backends: Iterable[str],
+    concurrencies: Iterable[int],
+    smoke: list[str] | None = None,
+    request_timeout_s: float = REQUEST_TIMEOUT_S,
+) -> dict[str, Any]:
+    """A slice of the suite's matrix on the loopback SSH nodes, one container per rank."""
+    from servesweep.runtime import host_python_mounts
+    from tests.integration.nodes import ADDRESSES, IMAGE
+
+    config = local_config(run_id, shim, backends=backends, concurrencies=concurrencies)
+    config["engine"]["ready_timeout_s"] = CLUSTER_READY_TIMEOUT_S
+    config["workload"]["request_timeout_s"] = request_timeout_s
+    return {
+        **config,
+        "cluster": {
+            "transport": "ssh",
+            "nodes": nodes,
+            "addresses": {n: ADDRESSES[n] for n in nodes},
+            "gpus_per_node": 8,
+            "ssh": {"config_file": str(nodes_dir / "ssh_config"), "connect_timeout_s": 10},
+        },
+        "runtime": {
+            "kind": "docker",
+            "image": IMAGE,
+            "sudo": False,
+            "gpus": None,
+            "shm_size": "64m",
+            "mounts": [
+                *host_python_mounts(),
+                "/usr/bin:/usr/bin:ro",
+                "/bin:/bin:ro",
+                f"{shim.directory}:{shim.directory}:ro",
+            ],
+            "env": {"PATH": f"{sys.prefix}/bin:/usr/bin:/bin", "PYTHONUNBUFFERED": "1"},
+            "smoke": smoke or [],
+        },
+        "server": {"tp_size": 8 * len(nodes), "ep_size": 8 * len(nodes)},
+    }
+
+
+def docker(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """The docker CLI of this machine (the test nodes share its dockerd)."""
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def containers(run_id: str, **labels: str) -> list[str]:
+    """Ids of containers (running or not) carrying the run's label and `labels`."""
+    filters = [f"label=servesweep.run={run_id}"] + [
+        f"label=servesweep.{k}={v}" for k, v in labels.items()
+    ]
+    args = ["ps", "-aq", "--no-trunc"]
+    for f in filters:
+        args += ["--filter", f]
+    return docker(*args).stdout.split()
+
+
+def docker_leftovers(run: Run) -> list[str]:
+    """Containers of the run, plus any process of this machine on the run's port."""
+    left = [f"container {c[:12]}" for c in containers(run.run_id)]
+    return left + local_leftovers(run.port)
+
+
+def remove_containers(run_id: str) -> None:
+    """Teardown safety net: remove the run's containers (this test started them)."""
+    ids = containers(run_id)
+    if ids:
+        docker("rm", "-f", *ids)
+
+
+def container_log_contains(container: Callable[[], list[str]], needle: str) -> Callable[[], bool]:
+    def check() -> bool:
+        ids = container()
+        if not ids:
+            return False
+        res = docker("logs", ids[0])
+        return needle in res.stdout + res.stderr
+
+    return check
+
+
+def descendants(root: int) -> set[int]:
+    """`root` and every process below it."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in out:
+            out.add(pid)
+            todo += children.get(pid, [])
+    return out
+
+
+def ssh_sessions(root: int, address: str, *, listener: int) -> list[int]:
+    """Pids of the sshd processes serving TCP connections that processes under `root` opened to
+    `address`:22 (never the listening sshd)."""
+    mine = descendants(root)
+    res = subprocess.run(["ss", "-tnpH", "state", "established"], capture_output=True, text=True)
+    ours: set[str] = set()
+    serving: dict[str, set[int]] = {}
+    for line in res.stdout.splitlines():
+        parts = line.split()
+        if len(parts) < 4:
+            continue
+        local, peer = parts[2], parts[3]
+        pids = {int(p) for p in re.findall(r"pid=(\d+)", line)}
+        if peer == f"{address}:22" and pids & mine:
+            ours.add(local)
+        if local == f"{address}:22":
+            serving.setdefault(peer, set()).update(pids)
+    return sorted({p for end in ours for p in serving.get(end, set())} - {listener})
+
+
+def rerun_after_sigkill(checks: Checks, run: Run) -> subprocess.CompletedProcess[str]:
+    """Rerun after snakemake was SIGKILLed: if Snakemake kept its lock, the plain rerun must
+    refuse without touching anything, then `--unlock` and rerun (README: hard kill)."""
+    n_events = len(run.events())
+    first = run.snakemake()
+    if first.returncode == 0:
+        checks.note("no lock was left: the plain rerun went ahead")
+        return first
+    text = output(first)
+    checks.check(
+        "a plain rerun refuses with Snakemake's lock message",
+        "LockException" in text or "locked" in text.lower(),
+        text[-2000:],
+    )
+    lock_lines = [ln for ln in text.splitlines() if "lock" in ln.lower()]
+    checks.message(next((ln for ln in lock_lines if "cannot be locked" in ln), lock_lines[0]))
+    checks.check(
+        "the refused rerun started nothing",
+        len(run.events()) == n_events,
+        str(run.events()[n_events:]),
+    )
+    unlock = run.snakemake("--unlock")
+    checks.check("`snakemake --unlock` succeeds", unlock.returncode == 0, output(unlock))
+    return run.snakemake()
