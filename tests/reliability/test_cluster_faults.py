@@ -23,7 +23,6 @@ from tests.reliability.harness import (
     WITHIN,
     Checks,
     FaultShim,
-    KnownGap,
     Run,
     check_rerun,
     check_stopped_cleanly,
@@ -67,17 +66,6 @@ def _during_hang(
     return proc.returncode, out + err
 
 
-@pytest.mark.xfail(
-    raises=KnownGap,
-    strict=True,
-    reason=(
-        "when servers.ServerManager._check_ranks looks, rank 1's container (killed) and rank "
-        "0 (which exits on 'NCCL error ... node_rank 1 is gone') have both exited; it reports "
-        "the first exited process in rank order, rank 0 on node1, so the node that died (node2) "
-        "is not named; fix: among exited processes report first those whose log has no fatal "
-        "line (killed), or name every exited process"
-    ),
-)
 def test_rank_above_zero_node_dies_mid_cell(
     checks: Checks,
     make_cluster_run: Callable[..., Run],
@@ -108,7 +96,7 @@ def test_rank_above_zero_node_dies_mid_cell(
     check_rerun(
         checks, run, before, n_events, rerun, reference, leftovers=lambda: docker_leftovers(run)
     )
-    checks.gap("the error names the node that died (node2)", "node node2" in line, line)
+    checks.check("the error names the node that died (node2)", "node node2" in line, line)
     checks.finish()
 
 

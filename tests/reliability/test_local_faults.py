@@ -21,7 +21,6 @@ from tests.reliability.harness import (
     WITHIN,
     Checks,
     FaultShim,
-    KnownGap,
     Run,
     check_rerun,
     check_stopped_cleanly,
@@ -255,17 +254,6 @@ def test_snakemake_is_sigkilled_then_rerun(
     check_rerun(checks, run, before, n_events, rerun, reference)
 
 
-@pytest.mark.xfail(
-    raises=KnownGap,
-    strict=True,
-    reason=(
-        "when servers.ServerManager._check_ranks looks, rank 1 (killed: its node died) and "
-        "rank 0 (which exits on 'NCCL error ... node_rank 1 is gone') have both exited; it "
-        "reports the first exited process in rank order, rank 0 on node local, so the node that "
-        "died (local2) is not named; fix: among exited processes report first those whose log "
-        "has no fatal line (killed), or name every exited process"
-    ),
-)
 def test_rank_above_zero_dies_mid_cell(
     checks: Checks, make_run: Callable[..., Run], shim: FaultShim, reference: pd.DataFrame
 ) -> None:
@@ -296,7 +284,7 @@ def test_rank_above_zero_dies_mid_cell(
     line = error_lines(out + err)[0]
     before, n_events = run.finished(), len(run.events())
     check_rerun(checks, run, before, n_events, run.snakemake(), reference)
-    checks.gap("the error names the node that died (local2)", "node local2" in line, line)
+    checks.check("the error names the node that died (local2)", "node local2" in line, line)
     checks.finish()
 
 
@@ -344,18 +332,6 @@ def test_fault_removed_from_the_config_reruns_only_missing_cells(
     check_rerun(checks, run, before, n_events, run.snakemake(), reference)
 
 
-@pytest.mark.xfail(
-    raises=KnownGap,
-    strict=True,
-    reason=(
-        "profiles/default/config.yaml dropped the `input` rerun trigger (commit cbbaba0) but "
-        "rules/analysis.smk gives collect_results no param with the set of cells, so once "
-        "results.csv exists `snakemake results/<run>/results.csv` does nothing for a matrix "
-        "that grew (narrowed run, then the full one): the new cells are neither run nor in "
-        "results.csv; fix: params of collect_results (and summarize, write_manifest, scan_logs) "
-        "= the sorted list of cell keys, as the profile's comment says"
-    ),
-)
 def test_narrowed_run_then_the_full_matrix(
     checks: Checks, make_run: Callable[..., Run], reference: pd.DataFrame
 ) -> None:
@@ -371,7 +347,7 @@ def test_narrowed_run_then_the_full_matrix(
     ran = [f["cell"] for _, e, f in run.events()[n_events:] if e == "cell-start"]
     missing = [c for c in run.cells if c not in before]
     rows = len(pd.read_csv(run.run_dir / "results.csv"))
-    checks.gap(
+    checks.check(
         "results.csv of the full matrix runs the missing cell and has every cell",
         sorted(ran) == sorted(missing) and rows == len(run.cells),
         f"ran {ran}, missing {missing}, {rows} row(s) in results.csv",
