@@ -1,0 +1,270 @@
+"""Shared helpers of the benchmark scripts: provenance, JSON results, pinned sims, timing."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import logging
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # tests.support (staged bench_serving, tokenizer) and helpers
+    sys.path.insert(0, str(REPO))
+
+RESULTS_DIR = REPO / "benchmarks" / "results"
+PROBE = REPO / "benchmarks" / "_probe.py"
+HOST = "127.0.0.1"
+# The sim's zero-cost mode (no simulated compute, no sleeping) is `--sim-time-scale 0`; a sim
+# without it gets this tiny scale instead (every step shorter than its minimum sleep).
+ZERO_COST_SCALE = 0.0
+FALLBACK_SCALE = 1e-9
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+log = logging.getLogger("benchmarks")
+
+
+def setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _git(*args: str) -> str | None:
+    try:
+        res = subprocess.run(
+            ["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return res.stdout.strip() if res.returncode == 0 else None
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def provenance() -> dict[str, Any]:
+    """When and where a figure was measured (goes into every result file and the doc)."""
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "measured_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "host": socket.gethostname(),
+        "cpu": cpu_model(),
+        "cpus": os.cpu_count(),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "snakemake": _version("snakemake"),
+        "aiohttp": _version("aiohttp"),
+        "pandas": _version("pandas"),
+        "git_sha": (_git("rev-parse", "--short", "HEAD") or "unknown"),
+        "git_dirty": bool(status),
+    }
+
+
+def write_result(name: str, data: dict[str, Any], out: str | Path | None = None) -> Path:
+    """Write `benchmarks/results/<name>.json` (or `out`) with provenance; return the path."""
+    path = Path(out) if out else RESULTS_DIR / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"benchmark": name, "provenance": provenance(), **data}
+    path.write_text(json.dumps(payload, indent=2, allow_nan=False, default=str) + "\n")
+    log.info("wrote %s", path)
+    return path
+
+
+def add_common_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default=None, help="result JSON (default benchmarks/results/)")
+    parser.add_argument("--keep-tmp", action="store_true", help="keep the scratch directory")
+
+
+@contextlib.contextmanager
+def scratch_dir(prefix: str, *, keep: bool = False) -> Iterator[Path]:
+    """A fresh directory under the system temp dir (never the repo's results/)."""
+    path = Path(tempfile.mkdtemp(prefix=f"servesweep-bench-{prefix}-"))
+    try:
+        yield path
+    finally:
+        if keep:
+            log.info("kept scratch directory %s", path)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def pin(core: int | None) -> list[str]:
+    """`taskset -c core` as an argv prefix (nothing if no core or no taskset)."""
+    if core is None or shutil.which("taskset") is None:
+        return []
+    return ["taskset", "-c", str(core)]
+
+
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a running process (from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def median(values: Sequence[float]) -> float:
+    return percentile(values, 50.0)
+
+
+@contextlib.contextmanager
+def timed() -> Iterator[dict[str, float]]:
+    """`with timed() as t: ...` then t["s"] is the wall time."""
+    box: dict[str, float] = {}
+    start = time.perf_counter()
+    try:
+        yield box
+    finally:
+        box["s"] = time.perf_counter() - start
+
+
+# ---------------------------------------------------------------- the simulated engine
+
+
+@dataclass(frozen=True)
+class Sim:
+    """A running sim pinned to a core."""
+
+    base_url: str
+    pid: int
+    time_scale: float
+    log_path: Path
+
+
+def _get(url: str, timeout: float = 2.0) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+def _generates(base_url: str) -> bool:
+    body = json.dumps(
+        {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}, "stream": False}
+    ).encode()
+    req = urllib.request.Request(
+        f"{base_url}/generate", data=body, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def _sim_process(
+    *, workdir: Path, core: int | None, time_scale: float, args: Sequence[str]
+) -> Iterator[tuple[Sim | None, subprocess.Popen[bytes]]]:
+    port = free_port()
+    log_path = workdir / f"sim-{port}.log"
+    argv = [
+        *pin(core),
+        sys.executable,
+        "-m",
+        "servesweep.sim",
+        "--model-path",
+        "sim/bench",
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--sim-time-scale",
+        repr(time_scale),
+        "--sim-startup-s",
+        "0",
+        "--skip-server-warmup",
+        *args,
+    ]
+    with open(log_path, "wb") as fh:
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT)
+    base_url = f"http://{HOST}:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and _get(f"{base_url}/health") != 200:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        ok = proc.poll() is None and _get(f"{base_url}/health") == 200 and _generates(base_url)
+        yield (Sim(base_url, proc.pid, time_scale, log_path) if ok else None), proc
+    finally:
+        _stop(proc)
+
+
+@contextlib.contextmanager
+def zero_cost_sim(*, workdir: Path, core: int | None, args: Sequence[str] = ()) -> Iterator[Sim]:
+    """The sim in zero-cost mode (`--sim-time-scale 0`), else with FALLBACK_SCALE."""
+    for scale in (ZERO_COST_SCALE, FALLBACK_SCALE):
+        with _sim_process(workdir=workdir, core=core, time_scale=scale, args=args) as (sim, _):
+            if sim is None:
+                log.info("sim with --sim-time-scale %r did not serve; trying the next", scale)
+                continue
+            log.info("sim at %s (time scale %r, core %s)", sim.base_url, scale, core)
+            yield sim
+            return
+    raise RuntimeError(f"the sim did not start; logs in {workdir}")
+
+
+def time_scale_note(scale: float) -> str:
+    if scale == 0:
+        return "sim in zero-cost mode (--sim-time-scale 0: no simulated compute, no sleeping)"
+    return (
+        f"sim at --sim-time-scale {scale:g} (this sim has no zero-cost mode yet; every step "
+        "is shorter than its minimum sleep, so it never sleeps)"
+    )

@@ -1,0 +1,312 @@
+"""Item 1: the builtin client vs SGLang's bench_serving on the zero-cost sim, client pinned.
+
+Both clients get the same bench_serving flags (`servesweep.loadgen.client_argv`) and run on one
+core against the sim on another. Per client and concurrency (closed loop, request rate inf):
+request throughput, TTFT median/p99 (everything the client and the sim's HTTP layer add: the
+sim computes nothing), client CPU per request inside its event loop and garbage-collector
+pauses. A streaming run gives client CPU per streamed token. Figures of one run.
+
+    python benchmarks/client.py [--concurrencies 1,64,256] [--client-core 0 --server-core 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from _common import (
+    PROBE,
+    Sim,
+    add_common_args,
+    log,
+    pin,
+    proc_cpu_s,
+    scratch_dir,
+    setup_logging,
+    time_scale_note,
+    write_result,
+    zero_cost_sim,
+)
+
+from servesweep.config import Workload
+from servesweep.loadgen import client_argv, client_env
+from tests.support.sglang_bench import SGLANG_VERSION, bench_env, find_wheel, stage_bench
+from tests.support.tokenizer import DEFAULT_VOCAB_SIZE, build_tokenizer, sim_words
+
+CLIENTS = ("builtin", "bench_serving")
+GOAL_RPS_C256 = 2100.0
+GOAL_US_PER_TOKEN = 25.0
+RUN_TIMEOUT_S = 600
+
+
+def default_requests(concurrency: int) -> int:
+    """Enough requests for a steady state and for bench's prompt-list GC pauses to show."""
+    return max(3000, 25 * concurrency)
+
+
+def probe_argv(
+    *,
+    kind: str,
+    base_url: str,
+    workload: Workload,
+    output: Path,
+    probe_out: Path,
+    tokenizer: Path,
+    vocab_size: int,
+) -> list[str]:
+    """The workflow's client command, run under the CPU/GC probe."""
+    argv = client_argv(
+        kind=kind,  # type: ignore[arg-type]
+        workload=workload,
+        base_url=base_url,
+        output_file=str(output),
+        tag=f"{kind}-c{workload.concurrency}",
+        tokenizer=str(tokenizer),
+        python=sys.executable,
+        sglang_version=SGLANG_VERSION,
+    )
+    python, dash_m, module, *flags = argv
+    assert dash_m == "-m", argv
+    flags.append("--disable-tqdm")
+    if kind == "builtin":  # the same id range as bench's tokenizer
+        flags += ["--vocab-size", str(vocab_size)]
+    return [python, str(PROBE), str(probe_out), module, *flags]
+
+
+def run_client(
+    *,
+    kind: str,
+    sim: Sim,
+    workload: Workload,
+    workdir: Path,
+    env: dict[str, str],
+    tokenizer: Path,
+    vocab_size: int,
+    core: int | None,
+) -> dict[str, Any]:
+    """One client invocation; its record's figures plus CPU, GC and server load."""
+    name = f"{kind}-c{workload.concurrency}-o{workload.output_len}"
+    output, probe_out, log_path = (workdir / f"{name}{ext}" for ext in (".jsonl", ".probe", ".log"))
+    for path in (output, probe_out):
+        path.unlink(missing_ok=True)
+    argv = [
+        *pin(core),
+        *probe_argv(
+            kind=kind,
+            base_url=sim.base_url,
+            workload=workload,
+            output=output,
+            probe_out=probe_out,
+            tokenizer=tokenizer,
+            vocab_size=vocab_size,
+        ),
+    ]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    server_before = proc_cpu_s(sim.pid)
+    with open(log_path, "w") as fh:
+        res = subprocess.run(
+            argv, env=env, cwd=workdir, stdout=fh, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S
+        )
+    server_cpu = proc_cpu_s(sim.pid) - server_before
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if res.returncode != 0 or not output.exists():
+        tail = log_path.read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"{name} exited {res.returncode}:\n{tail}")
+    record = json.loads(output.read_text().splitlines()[-1])
+    probe = json.loads(probe_out.read_text().splitlines()[-1])
+    completed = int(record["completed"])
+    tokens = int(record["total_output_tokens"])
+    duration = float(record["duration"])
+    process_cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    run = {
+        "client": kind,
+        "concurrency": workload.concurrency,
+        "input_len": workload.input_len,
+        "output_len": workload.output_len,
+        "requests": workload.num_requests,
+        "completed": completed,
+        "duration_s": duration,
+        "request_rps": float(record["request_throughput"]),
+        "output_tps": float(record["output_throughput"]),
+        "ttft_p50_ms": float(record["median_ttft_ms"]),
+        "ttft_p99_ms": float(record["p99_ttft_ms"]),
+        "ttft_max_ms": 1000 * max(t for t in record["ttfts"] if t is not None),
+        "loop_cpu_s": probe["cpu_s"],
+        "loop_wall_s": probe["wall_s"],
+        "process_cpu_s": process_cpu,
+        "cpu_us_per_request": 1e6 * probe["cpu_s"] / completed,
+        "cpu_us_per_token": 1e6 * probe["cpu_s"] / tokens,
+        "cpu_bound_rps": completed / probe["cpu_s"],
+        "gc_s": probe["gc_s"],
+        "gc_max_pause_ms": probe["gc_max_pause_ms"],
+        "gc_collections": probe["gc_collections"],
+        "server_cpu_s": server_cpu,
+        "server_busy": server_cpu / duration,
+    }
+    log.info(
+        "%-13s C=%-3d out=%-3d %7.0f req/s  TTFT p50 %7.2f p99 %7.2f ms  %5.0f us/req  "
+        "%5.1f us/tok  GC max %5.1f ms  server busy %3.0f%%",
+        kind,
+        workload.concurrency,
+        workload.output_len,
+        run["request_rps"],
+        run["ttft_p50_ms"],
+        run["ttft_p99_ms"],
+        run["cpu_us_per_request"],
+        run["cpu_us_per_token"],
+        run["gc_max_pause_ms"],
+        100 * run["server_busy"],
+    )
+    return run
+
+
+def _pick(runs: list[dict[str, Any]], client: str, **where: Any) -> dict[str, Any] | None:
+    for run in runs:
+        if run["client"] == client and all(run[k] == v for k, v in where.items()):
+            return run
+    return None
+
+
+def compare(
+    runs: list[dict[str, Any]], *, concurrencies: list[int], stream_output_len: int | None
+) -> dict[str, Any]:
+    """Builtin vs bench ratios per concurrency, and the issue's goals."""
+    rows = []
+    ttft_ok = True
+    for c in concurrencies:
+        b = _pick(runs, "builtin", concurrency=c, output_len=1)
+        s = _pick(runs, "bench_serving", concurrency=c, output_len=1)
+        if b is None or s is None:
+            continue
+        ok = b["ttft_p50_ms"] <= s["ttft_p50_ms"] and b["ttft_p99_ms"] <= s["ttft_p99_ms"]
+        ttft_ok &= ok
+        rows.append(
+            {
+                "concurrency": c,
+                "rps_ratio": b["request_rps"] / s["request_rps"],
+                "cpu_per_request_ratio": b["cpu_us_per_request"] / s["cpu_us_per_request"],
+                "ttft_p50_ratio": b["ttft_p50_ms"] / s["ttft_p50_ms"],
+                "ttft_p99_ratio": b["ttft_p99_ms"] / s["ttft_p99_ms"],
+                "ttft_not_above_bench": ok,
+            }
+        )
+    goals: dict[str, Any] = {"ttft_not_above_bench_at_every_concurrency": ttft_ok if rows else None}
+    top = _pick(runs, "builtin", concurrency=256, output_len=1)
+    goals["builtin_rps_c256"] = top["request_rps"] if top else None
+    goals["builtin_rps_c256_goal"] = GOAL_RPS_C256
+    goals["builtin_rps_c256_met"] = top["request_rps"] >= GOAL_RPS_C256 if top else None
+    stream = _pick(runs, "builtin", output_len=stream_output_len) if stream_output_len else None
+    goals["builtin_us_per_token"] = stream["cpu_us_per_token"] if stream else None
+    goals["builtin_us_per_token_goal"] = GOAL_US_PER_TOKEN
+    goals["builtin_us_per_token_met"] = (
+        stream["cpu_us_per_token"] <= GOAL_US_PER_TOKEN if stream else None
+    )
+    return {"ratios": rows, "goals": goals}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--clients", default=",".join(CLIENTS))
+    p.add_argument("--concurrencies", default="1,64,256")
+    p.add_argument("--requests", type=int, default=None, help="per run (default max(3000, 25C))")
+    p.add_argument("--input-len", type=int, default=1024)
+    p.add_argument("--output-len", type=int, default=1)
+    p.add_argument("--stream-output-len", type=int, default=256, help="0: no streaming run")
+    p.add_argument("--stream-input-len", type=int, default=128)
+    p.add_argument("--stream-requests", type=int, default=600)
+    p.add_argument("--stream-concurrency", type=int, default=64)
+    p.add_argument("--client-core", type=int, default=0)
+    p.add_argument("--server-core", type=int, default=1)
+    p.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE)
+    add_common_args(p)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    setup_logging()
+    args = parse_args(argv)
+    clients = [c for c in args.clients.split(",") if c]
+    concurrencies = [int(c) for c in args.concurrencies.split(",") if c]
+    with scratch_dir("client", keep=args.keep_tmp) as tmp:
+        tokenizer = build_tokenizer(
+            tmp / "tokenizer", words=sim_words(), vocab_size=args.vocab_size
+        )
+        envs = {"builtin": {**os.environ, **client_env("builtin")}}
+        if "bench_serving" in clients:
+            staged = stage_bench(wheel=find_wheel(), dest=tmp / "sglang_bench")
+            envs["bench_serving"] = {**bench_env(staged=staged), **client_env("bench_serving")}
+        plan = [
+            Workload(
+                input_len=args.input_len,
+                output_len=args.output_len,
+                num_requests=args.requests or default_requests(c),
+                concurrency=c,
+                warmup_requests=1,
+            )
+            for c in concurrencies
+        ]
+        if args.stream_output_len:
+            plan.append(
+                Workload(
+                    input_len=args.stream_input_len,
+                    output_len=args.stream_output_len,
+                    num_requests=args.stream_requests,
+                    concurrency=args.stream_concurrency,
+                    warmup_requests=1,
+                )
+            )
+        runs = []
+        with zero_cost_sim(workdir=tmp, core=args.server_core) as sim:
+            for workload in plan:
+                for kind in clients:  # interleaved: both clients see the same machine load
+                    runs.append(
+                        run_client(
+                            kind=kind,
+                            sim=sim,
+                            workload=workload,
+                            workdir=tmp,
+                            env=envs[kind],
+                            tokenizer=tokenizer,
+                            vocab_size=args.vocab_size,
+                            core=args.client_core,
+                        )
+                    )
+    result = {
+        "params": {
+            "clients": clients,
+            "bench_serving_version": SGLANG_VERSION,
+            "concurrencies": concurrencies,
+            "input_len": args.input_len,
+            "output_len": args.output_len,
+            "stream": {
+                "input_len": args.stream_input_len,
+                "output_len": args.stream_output_len,
+                "requests": args.stream_requests,
+                "concurrency": args.stream_concurrency,
+            },
+            "client_core": args.client_core,
+            "server_core": args.server_core,
+            "sim_time_scale": sim.time_scale,
+            "sim_note": time_scale_note(sim.time_scale),
+            "prompts": "random-ids as input_ids, warmup 1 request, request rate inf",
+        },
+        "runs": runs,
+        **compare(
+            runs,
+            concurrencies=concurrencies,
+            stream_output_len=args.stream_output_len or None,
+        ),
+    }
+    write_result("client", result, args.out)
+    print(json.dumps(result["goals"], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

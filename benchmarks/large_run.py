@@ -1,0 +1,208 @@
+"""Item 5: a large matrix (10,000 cell-repeats by default) on the zero-cost sim runs through.
+
+`snakemake --cores 1 all` with the repo's workflow profile (its scheduler) on the default
+experiment reshaped to N cell-repeats (10 server configs x N/50 client configs x 5 repeats),
+the sim at zero cost and one 16-token request per cell, in a scratch directory. Reports whether
+it completed, the wall time, the time per cell early and late in the run (a scheduler that
+slows down with the number of pending jobs shows up as a growing gap), and where a cell's time
+goes. `--timeout S` stops the run (SIGTERM, so running jobs finish and servers are stopped)
+and extrapolates from the cells done.
+
+    python benchmarks/large_run.py [--cell-repeats 10000] [--timeout 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from _common import (
+    FALLBACK_SCALE,
+    REPO,
+    ZERO_COST_SCALE,
+    add_common_args,
+    free_port,
+    log,
+    median,
+    scratch_dir,
+    setup_logging,
+    time_scale_note,
+    write_result,
+)
+
+from servesweep.config import RunPaths, load_experiment
+from servesweep.errors import ConfigError
+from servesweep.events import read_events
+from servesweep.servers import shutdown
+
+SERVER_AXES = {
+    "moe_runner_backend": ["marlin", "flashinfer_mxfp4"],
+    "chunked_prefill_size": [4096, 8192, 12288, 16384, 20480],
+}
+REPEATS_PER_CELL = 5
+RUN_ID = "large-run-bench"
+CLEARED_ENV = ("RUN_ID", "BACKENDS_CSV", "CHUNKED_PREFILL_SIZES_CSV", "CONCURRENCIES_CSV")
+CLEARED_ENV += ("EP_SIZE", "SUITE")
+TERM_GRACE_S = 120.0  # a running cell finishes well within this
+
+
+def experiment(n: int) -> dict[str, Any]:
+    """The default experiment with ~n cell-repeats, zero-cost sim, one tiny request per cell."""
+    raw = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    servers = len(SERVER_AXES["moe_runner_backend"]) * len(SERVER_AXES["chunked_prefill_size"])
+    clients = max(1, n // (servers * REPEATS_PER_CELL))
+    raw["run_id"] = RUN_ID
+    raw["engine"]["port"] = free_port()
+    raw["engine"]["dist_init_port"] = free_port()
+    raw["engine"]["ready_timeout_s"] = 60
+    raw["engine"]["sim"].update({"time_scale": ZERO_COST_SCALE, "startup_s": 0})
+    raw["matrix"] = {"server": SERVER_AXES, "client": {"concurrency": list(range(1, clients + 1))}}
+    raw["repeats"] = REPEATS_PER_CELL
+    raw["workload"].update({"input_len": 16, "output_len": 1, "num_requests": 1})
+    try:
+        load_experiment(raw, {})
+    except ConfigError:  # no zero-cost mode in this version's config yet
+        raw["engine"]["sim"]["time_scale"] = FALLBACK_SCALE
+        load_experiment(raw, {})
+    return raw
+
+
+def stamp(text: str) -> float:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def progress(run_dir: Path, *, started: float, ended: float, n: int) -> dict[str, Any]:
+    """Cell timing from orchestrator.log: totals, early vs late gaps, extrapolation."""
+    events = read_events(run_dir / "orchestrator.log")
+    starts = [stamp(t) for t, e, _ in events if e == "cell-start"]
+    done = [(stamp(t), f) for t, e, f in events if e == "cell-done"]
+    if not done:
+        return {"cells_done": 0}
+    ends = [t for t, _ in done]
+    cycle = [b - a for a, b in zip(ends, ends[1:], strict=False)]  # one cell, end to end
+    tenth = max(1, len(cycle) // 10)
+    in_cell = [float(f["seconds"]) for _, f in done]
+    client = [float(f["client_seconds"]) for _, f in done]
+    gaps = [s - d for s, d in zip(starts[1:], ends[:-1], strict=False)]
+    late = median(cycle[-tenth:]) if cycle else None
+    return {
+        "cells_done": len(done),
+        "server_starts": sum(1 for _, e, _ in events if e == "start"),
+        "before_first_cell_s": starts[0] - started if starts else None,
+        "cells_span_s": ends[-1] - starts[0],
+        "cell_cycle_median_s": median(cycle) if cycle else None,
+        "cell_cycle_first_tenth_s": median(cycle[:tenth]) if cycle else None,
+        "cell_cycle_last_tenth_s": late,
+        "in_cell_median_s": median(in_cell),
+        "client_median_s": median(client),
+        "between_cells_median_s": median(gaps) if gaps else None,
+        "after_last_cell_s": ended - ends[-1],
+        "projected_cells_s": (
+            (starts[0] - started) + (ends[-1] - starts[0]) + late * (n - len(done))
+            if late is not None
+            else None
+        ),
+    }
+
+
+def stop(proc: subprocess.Popen[bytes]) -> bool:
+    """SIGTERM (running jobs finish, onerror stops servers); True if Snakemake then hung.
+
+    Snakemake 9's SIGTERM handler takes the job scheduler's (non-reentrant) lock; when the
+    signal lands while the main thread holds it selecting jobs, which with thousands of
+    pending jobs is most of the time, the handler waits for itself forever. Then: SIGKILL.
+    """
+    log.info("timeout: SIGTERM to snakemake (running jobs finish, servers stop)")
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=TERM_GRACE_S)
+        return False
+    except subprocess.TimeoutExpired:
+        log.info("snakemake still running %.0f s after SIGTERM: SIGKILL", TERM_GRACE_S)
+        proc.kill()
+        proc.wait()
+        return True
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--cell-repeats", type=int, default=10000)
+    p.add_argument("--timeout", type=float, default=0, help="stop after S seconds (0: never)")
+    p.add_argument("--workflow", default=str(REPO), help="directory with the Snakefile to run")
+    add_common_args(p)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    setup_logging()
+    args = parse_args(argv)
+    exe = shutil.which("snakemake")
+    if exe is None:
+        raise SystemExit("snakemake is not installed")
+    raw = experiment(args.cell_repeats)
+    env = {k: v for k, v in os.environ.items() if k not in CLEARED_ENV}
+    profile = yaml.safe_load((REPO / "profiles" / "default" / "config.yaml").read_text())
+    with scratch_dir("large", keep=args.keep_tmp) as tmp:
+        config = tmp / "exp.yaml"
+        config.write_text(yaml.safe_dump(raw, sort_keys=False))
+        workdir = tmp / "ws"
+        argv_s = [exe, "-s", str(Path(args.workflow) / "Snakefile"), "-d", str(workdir)]
+        argv_s += ["--configfile", str(config), "--cores", "1", "all"]
+        log.info("running %s", " ".join(argv_s))
+        started = time.time()
+        timed_out = hung = False
+        with open(tmp / "snakemake.log", "w") as fh:
+            proc = subprocess.Popen(argv_s, env=env, stdout=fh, stderr=subprocess.STDOUT)
+            try:
+                proc.wait(timeout=args.timeout or None)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                hung = stop(proc)
+        ended = time.time()
+        if hung:  # onerror never ran: stop the server the run left up
+            with contextlib.chdir(workdir):
+                exp = load_experiment(raw, {})
+                shutdown(exp, RunPaths.for_run(exp), reason="benchmark stopped a hung snakemake")
+        run_dir = workdir / "results" / RUN_ID
+        figures = progress(run_dir, started=started, ended=ended, n=args.cell_repeats)
+        outputs = [run_dir / name for name in ("results.csv", "summary.json", "manifest.json")]
+        completed = proc.returncode == 0 and all(p.exists() for p in outputs)
+        if proc.returncode != 0 and not timed_out:
+            tail = (tmp / "snakemake.log").read_text()[-3000:]
+            log.info("snakemake exited %d:\n%s", proc.returncode, tail)
+    result = {
+        "params": {
+            "cell_repeats": args.cell_repeats,
+            "shape": "10 server configs x N/50 client configs x 5 repeats, default experiment",
+            "workload": "1 request of 16 input tokens, 1 output token per cell",
+            "sim_time_scale": raw["engine"]["sim"]["time_scale"],
+            "sim_note": time_scale_note(raw["engine"]["sim"]["time_scale"]),
+            "scheduler": profile.get("scheduler", "ilp (Snakemake default)"),
+            "timeout_s": args.timeout or None,
+            "command": "snakemake --cores 1 all",
+            "workflow": args.workflow,
+        },
+        "completed": completed,
+        "timed_out": timed_out,
+        "hung_after_sigterm": hung,
+        "returncode": proc.returncode,
+        "wall_s": ended - started,
+        **figures,
+    }
+    log.info("completed=%s wall %.0f s, %s", completed, ended - started, figures)
+    write_result("large_run", result, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

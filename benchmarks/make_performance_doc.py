@@ -1,0 +1,437 @@
+"""Generate docs/performance.md from the benchmark scripts' JSON results.
+
+    python benchmarks/make_performance_doc.py [--results benchmarks/results] [--out docs/...]
+
+Each `benchmarks/<item>.py` writes `benchmarks/results/<item>.json` (figures + provenance); an
+optional `<item>.before.json` (the same script run before a change) adds a before/after table.
+Missing results are listed as not measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+DOC = REPO / "docs" / "performance.md"
+ITEMS = ("client", "planning", "orchestration", "aggregation", "large_run")
+
+
+def load(results: Path, name: str) -> dict[str, Any] | None:
+    path = results / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def num(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if abs(value) >= 1000:
+            return f"{value:,.0f}"
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += [
+        "| " + " | ".join(num(c) if not isinstance(c, str) else c for c in r) + " |" for r in rows
+    ]
+    return "\n".join(lines)
+
+
+def where(data: dict[str, Any]) -> str:
+    p = data["provenance"]
+    dirty = " + uncommitted changes" if p.get("git_dirty") else ""
+    return (
+        f"*Measured {p['measured_at']} on `{p['host']}` ({p['cpu']}, {p['cpus']} CPUs, load "
+        f"average {p['load_avg_1m']} at the start), Python {p['python']}, Snakemake "
+        f"{p['snakemake']}, aiohttp {p['aiohttp']}, pandas {p['pandas']}, commit "
+        f"`{p['git_sha']}`{dirty}.*"
+    )
+
+
+def met(flag: Any) -> str:
+    return "met" if flag is True else ("**not met**" if flag is False else "-")
+
+
+# ---------------------------------------------------------------- sections
+
+
+def client_rows(data: dict[str, Any]) -> list[list[Any]]:
+    return [
+        [
+            r["client"],
+            r["concurrency"],
+            r["output_len"],
+            r["completed"],
+            r["request_rps"],
+            r["ttft_p50_ms"],
+            r["ttft_p99_ms"],
+            r["cpu_us_per_request"],
+            r["cpu_us_per_token"] if r["output_len"] > 1 else None,
+            r["gc_max_pause_ms"],
+            f"{100 * r['server_busy']:.0f} %",
+        ]
+        for r in data["runs"]
+    ]
+
+
+CLIENT_HEADER = [
+    "client",
+    "C",
+    "output tokens",
+    "requests",
+    "req/s",
+    "TTFT p50 ms",
+    "TTFT p99 ms",
+    "client CPU us/req",
+    "client CPU us/token",
+    "max GC pause ms",
+    "sim core busy",
+]
+
+
+def client_section(data: dict[str, Any], before: dict[str, Any] | None) -> str:
+    p, g = data["params"], data["goals"]
+    out = [
+        "## 1. Client: builtin vs SGLang bench_serving",
+        where(data),
+        "",
+        f"Both clients run the workflow's command line (`servesweep.loadgen.client_argv`) on "
+        f"core {p['client_core']} against the sim on core {p['server_core']} "
+        f"({p['sim_note']}); prompts are {p['input_len']} random token ids, "
+        f"{p['output_len']} output token, closed loop at concurrency C "
+        f"({p['prompts']}); bench_serving {p['bench_serving_version']} is staged from the "
+        "sglang wheel as in the contract test. TTFT here is all the client and the sim's HTTP "
+        "layer add (the sim computes nothing); at C=64 and 256 it is mostly queueing behind "
+        "the slower side (Little's law: TTFT ~ C / throughput). Client CPU is measured inside "
+        "the client's event loop (`benchmarks/_probe.py`), so interpreter start and imports "
+        "are excluded; garbage-collector pauses are timed with `gc.callbacks`. The streaming "
+        f"run: {p['stream']['input_len']}-token prompts, {p['stream']['output_len']} output "
+        f"tokens, C={p['stream']['concurrency']}, {p['stream']['requests']} requests.",
+        "",
+        table(CLIENT_HEADER, client_rows(data)),
+        "",
+        "Builtin / bench_serving, same concurrency:",
+        "",
+        table(
+            ["C", "req/s", "CPU per request", "TTFT p50", "TTFT p99", "TTFT not above bench"],
+            [
+                [
+                    r["concurrency"],
+                    r["rps_ratio"],
+                    r["cpu_per_request_ratio"],
+                    r["ttft_p50_ratio"],
+                    r["ttft_p99_ratio"],
+                    r["ttft_not_above_bench"],
+                ]
+                for r in data["ratios"]
+            ],
+        ),
+        "",
+        table(
+            ["goal", "measured", ""],
+            [
+                [
+                    f">= {num(g['builtin_rps_c256_goal'])} req/s at C=256 on one core",
+                    num(g["builtin_rps_c256"]),
+                    met(g["builtin_rps_c256_met"]),
+                ],
+                [
+                    "added TTFT (p50 and p99) not above bench_serving's at every C",
+                    num(g["ttft_not_above_bench_at_every_concurrency"]),
+                    met(g["ttft_not_above_bench_at_every_concurrency"]),
+                ],
+                [
+                    f"<= {num(g['builtin_us_per_token_goal'])} us of client CPU per streamed token",
+                    num(g["builtin_us_per_token"]),
+                    met(g["builtin_us_per_token_met"]),
+                ],
+            ],
+        ),
+    ]
+    if before is not None:
+        out += [
+            "",
+            "Before the builtin's changes (same script, "
+            f"{before['provenance']['measured_at']}, commit "
+            f"`{before['provenance']['git_sha']}`):",
+            "",
+            table(CLIENT_HEADER, [r for r in client_rows(before) if r[0] == "builtin"]),
+        ]
+    return "\n".join(out)
+
+
+def planning_section(data: dict[str, Any], before: dict[str, Any] | None) -> str:
+    p = data["params"]
+    out = [
+        "## 2. Planning: `snakemake -n`",
+        where(data),
+        "",
+        f"Matrix shape: {p['shape']}. Baseline: {p['plain']}. Command: {p['command']}. "
+        f"Median of {p['repeats']} interleaved runs.",
+        "",
+        table(
+            ["cell-repeats", "jobs", "servesweep s", "plain s", "ratio (wall)", "ratio (CPU)", ""],
+            [
+                [
+                    r["cell_repeats"],
+                    r["jobs"],
+                    r["servesweep_wall_s"],
+                    r["plain_wall_s"],
+                    r["ratio_wall"],
+                    r["ratio_cpu"],
+                    met(r["goal_met"]) + f" (<= {data['goal_ratio']}x)",
+                ]
+                for r in data["rows"]
+            ],
+        ),
+    ]
+    prof = data.get("profile")
+    if prof:
+        out += [
+            "",
+            f"Where the dry-run of {prof['cell_repeats']:,} cell-repeats spends its time "
+            f"(cProfile, {prof['profiled_total_s']} s profiled; {prof['note']}):",
+            "",
+            table(["phase", "profiled s"], list(prof["phases_profiled_s"].items())),
+        ]
+    return "\n".join(out)
+
+
+def orchestration_section(data: dict[str, Any], before: dict[str, Any] | None) -> str:
+    o = data["overhead_s"]
+    out = [
+        "## 3. Orchestration overhead",
+        where(data),
+        "",
+        f"`{data['params']['command']}` on {data['params']['experiment']}: "
+        f"{data['cells']} cell-repeats, {data['server_starts']} server starts.",
+        "",
+        table(
+            ["wall s", "server ready s", "client s", "ratio", "goal"],
+            [
+                [
+                    data["wall_s"],
+                    data["ready_s"],
+                    data["client_s"],
+                    data["ratio"],
+                    f"<= {data['goal_ratio']} ({met(data['goal_met'])})",
+                ]
+            ],
+        ),
+        "",
+        "The rest of the wall time:",
+        "",
+        table(["where", "s"], [[k.replace("_", " "), v] for k, v in o.items()]),
+    ]
+    jobs = data.get("after_last_cell_outputs") or []
+    if jobs:
+        out += [
+            "",
+            "Jobs after the last cell (time since the previous output was written):",
+            "",
+            table(["output", "s"], [[j["output"], j["seconds"]] for j in jobs]),
+        ]
+    starts = data.get("process_start_s")
+    if starts:
+        out += [
+            "",
+            "What starting one job's Python process costs (fresh interpreter, median of 3):",
+            "",
+            table(["imports", "s"], list(starts.items())),
+        ]
+    return "\n".join(out)
+
+
+def aggregation_section(data: dict[str, Any], before: dict[str, Any] | None) -> str:
+    p = data["params"]
+    out = [
+        "## 4. Aggregation: results.csv + summary.json",
+        where(data),
+        "",
+        f"{p['cell_repeats']:,} raw records of {p['requests_per_record']} requests each "
+        f"({p['shape']}); stages: {p['stages']}.",
+        "",
+        table(
+            ["stage", "process s", "script body s"],
+            [[s["stage"], s["process_s"], s["script_body_s"]] for s in data["stages"]],
+        ),
+        "",
+        f"results.csv + summary.json: **{num(data['csv_plus_summary_s'])} s** "
+        f"(goal {num(data['goal_s'])} s: {met(data['goal_met'])}); "
+        f"{data['results_csv_rows']:,} rows, {data['summary_cells']:,} cells, "
+        f"{data['summary_deltas']:,} deltas.",
+    ]
+    for s in data["stages"]:
+        if s.get("top_cumulative"):
+            out += [
+                "",
+                f"`{s['stage']}` under cProfile (package functions by cumulative time):",
+                "",
+                table(
+                    ["function", "calls", "own s", "cumulative s"],
+                    [[f"`{r[0]}`", r[1], r[2], r[3]] for r in s["top_cumulative"][:8]],
+                ),
+            ]
+    return "\n".join(out)
+
+
+def large_run_section(data: dict[str, Any], before: dict[str, Any] | None) -> str:
+    p = data["params"]
+    status = (
+        "completed"
+        if data["completed"]
+        else ("stopped at the timeout" if data["timed_out"] else "**failed**")
+    )
+    if data.get("hung_after_sigterm"):
+        status += " (Snakemake hung after SIGTERM and was killed; see below)"
+    out = [
+        "## 5. Large matrix on the zero-cost sim",
+        where(data),
+        "",
+        f"`{p['command']}`, {p['cell_repeats']:,} cell-repeats ({p['shape']}; "
+        f"{p['workload']}; {p['sim_note']}), workflow profile scheduler `{p['scheduler']}`: "
+        f"**{status}** after {num(data['wall_s'], 0)} s, {num(data.get('cells_done'))} cells "
+        f"done, {num(data.get('server_starts'))} server starts.",
+        "",
+        table(
+            ["figure", "s"],
+            [
+                [k.replace("_", " "), data.get(k)]
+                for k in (
+                    "before_first_cell_s",
+                    "cell_cycle_median_s",
+                    "cell_cycle_first_tenth_s",
+                    "cell_cycle_last_tenth_s",
+                    "in_cell_median_s",
+                    "client_median_s",
+                    "between_cells_median_s",
+                    "after_last_cell_s",
+                    "projected_cells_s",
+                )
+            ],
+        ),
+    ]
+    out += [
+        "",
+        "`cell cycle` is one cell end to end (cell-done to cell-done); its first and last "
+        "tenth show whether the scheduler slows down while thousands of jobs are pending. "
+        "`projected cells` extrapolates the last tenth's cycle to every cell. Snakemake 9's "
+        "SIGTERM handler takes the job scheduler's non-reentrant lock; with thousands of "
+        "pending jobs the main thread holds it most of the time (selecting jobs), so a "
+        "SIGTERM can hang Snakemake for good: the script then kills it and stops the server.",
+    ]
+    return "\n".join(out)
+
+
+SECTIONS: dict[str, Callable[[dict[str, Any], dict[str, Any] | None], str]] = {
+    "client": client_section,
+    "planning": planning_section,
+    "orchestration": orchestration_section,
+    "aggregation": aggregation_section,
+    "large_run": large_run_section,
+}
+
+
+def summary_rows(found: dict[str, dict[str, Any]]) -> list[list[str]]:
+    rows = []
+    if "client" in found:
+        g = found["client"]["goals"]
+        rows.append(
+            [
+                "1 client",
+                ">= 2.1k req/s at C=256; TTFT <= bench_serving's; <= 25 us/token",
+                f"{num(g['builtin_rps_c256'])} req/s; TTFT "
+                f"{'not above' if g['ttft_not_above_bench_at_every_concurrency'] else 'above'} "
+                f"bench's; {num(g['builtin_us_per_token'])} us/token",
+                ", ".join(
+                    met(g[k])
+                    for k in (
+                        "builtin_rps_c256_met",
+                        "ttft_not_above_bench_at_every_concurrency",
+                        "builtin_us_per_token_met",
+                    )
+                ),
+            ]
+        )
+    if "planning" in found:
+        d = found["planning"]
+        ratios = ", ".join(f"{num(r['ratio_wall'])}x at {r['cell_repeats']:,}" for r in d["rows"])
+        ok = all(r["goal_met"] for r in d["rows"])
+        rows.append(["2 planning", f"<= {d['goal_ratio']}x a plain Snakefile", ratios, met(ok)])
+    if "orchestration" in found:
+        d = found["orchestration"]
+        rows.append(
+            ["3 orchestration", f"<= {d['goal_ratio']}", num(d["ratio"]), met(d["goal_met"])]
+        )
+    if "aggregation" in found:
+        d = found["aggregation"]
+        rows.append(
+            [
+                "4 aggregation",
+                f"<= {num(d['goal_s'])} s for {d['params']['cell_repeats']:,} records",
+                f"{num(d['csv_plus_summary_s'])} s",
+                met(d["goal_met"]),
+            ]
+        )
+    if "large_run" in found:
+        d = found["large_run"]
+        rows.append(
+            [
+                "5 large run",
+                f"{d['params']['cell_repeats']:,} cell-repeats complete",
+                f"{num(d.get('cells_done'))} done in {num(d['wall_s'], 0)} s"
+                + (" (timeout)" if d["timed_out"] else ""),
+                met(d["completed"]),
+            ]
+        )
+    return rows
+
+
+def render(results: Path) -> str:
+    found = {name: data for name in ITEMS if (data := load(results, name)) is not None}
+    parts = [
+        "# Performance",
+        "",
+        "<!-- Generated by benchmarks/make_performance_doc.py from benchmarks/results/*.json; "
+        "edit the scripts, not this file. -->",
+        "",
+        "Figures of single runs of `benchmarks/*.py` (see `benchmarks/README.md`) on a shared, "
+        "noisy machine: read them as ratios and orders of magnitude, not as exact timings. "
+        "Each section says when and where it was measured.",
+        "",
+        table(["item", "goal", "measured", ""], summary_rows(found)),
+    ]
+    for name in ITEMS:
+        if name in found:
+            parts += ["", SECTIONS[name](found[name], load(results, f"{name}.before"))]
+        else:
+            parts += ["", f"## {name}", "", f"Not measured (no `{name}.json`)."]
+    return "\n".join(parts) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--results", default=str(RESULTS))
+    p.add_argument("--out", default=str(DOC))
+    args = p.parse_args(argv)
+    text = render(Path(args.results))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(text)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

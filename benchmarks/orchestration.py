@@ -1,0 +1,178 @@
+"""Item 3: orchestration overhead of `snakemake --cores 1 all` on the default matrix.
+
+Runs the embedded default experiment (fresh ports, scratch directory) and divides the wall
+time of the whole `snakemake --cores 1 all` by the time spent where it must be spent: the sum
+of server-ready times (`ready ... seconds=`) and client times (`cell-done ... client_seconds=`)
+from orchestrator.log. Splits the rest into: before the first cell, between cells, inside
+cells around the client, after the last cell (analysis jobs, from their output files' times),
+and measures what one job's Python process costs to start.
+
+    python benchmarks/orchestration.py [--config FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from _common import REPO, add_common_args, log, median, scratch_dir, setup_logging, write_result
+
+from servesweep.events import read_events
+from tests.helpers import experiment_file
+
+GOAL_RATIO = 1.10
+CLEARED_ENV = ("RUN_ID", "BACKENDS_CSV", "CHUNKED_PREFILL_SIZES_CSV", "CONCURRENCIES_CSV")
+CLEARED_ENV += ("EP_SIZE", "SUITE")
+RUN_ID = "orchestration-bench"
+# What a job's Python process imports before doing anything (scripts/<rule>.py).
+IMPORTS = {
+    "python -c pass": "pass",
+    "run_cell script imports": "import servesweep.cells, servesweep.servers, servesweep.scripting",
+    "plot script imports": "import servesweep.plots, servesweep.analysis, servesweep.scripting",
+    "summarize script imports": "import servesweep.analysis, servesweep.scripting",
+    "builtin client imports": "import servesweep.loadgen.builtin",
+    "snakemake script preamble": "import snakemake.script",
+}
+
+
+def stamp(text: str) -> float:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def import_costs(repeats: int = 3) -> dict[str, float]:
+    """Median wall seconds of a fresh interpreter importing what a job's script imports."""
+    out = {}
+    for label, code in IMPORTS.items():
+        walls = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+            walls.append(time.perf_counter() - start)
+        out[label] = median(walls)
+    return out
+
+
+def analysis_jobs(run_dir: Path, *, after: float) -> list[dict[str, Any]]:
+    """Output files written after the last cell, in order, with the time since the previous."""
+    skip = {"logs", "service", "raw", "gpu", "bench"}
+    files = [
+        p
+        for p in run_dir.rglob("*")
+        if p.is_file()
+        and p.stat().st_mtime > after
+        and not skip & set(p.relative_to(run_dir).parts)
+        and p.name != "orchestrator.log"
+    ]
+    files.sort(key=lambda p: p.stat().st_mtime)
+    jobs, previous = [], after
+    for path in files:
+        mtime = path.stat().st_mtime
+        jobs.append({"output": str(path.relative_to(run_dir)), "seconds": mtime - previous})
+        previous = mtime
+    return jobs
+
+
+def breakdown(*, run_dir: Path, started: float, ended: float) -> dict[str, Any]:
+    """Where the wall time of one workflow run went, from orchestrator.log and file times."""
+    events = read_events(run_dir / "orchestrator.log")
+    ready = sum(float(f["seconds"]) for _, e, f in events if e == "ready")
+    client = sum(float(f["client_seconds"]) for _, e, f in events if e == "cell-done")
+    cells = sum(float(f["seconds"]) for _, e, f in events if e == "cell-done")
+    starts = [stamp(t) for t, e, _ in events if e == "cell-start"]
+    dones = [stamp(t) for t, e, _ in events if e == "cell-done"]
+    stops = [stamp(t) for t, e, _ in events if e == "stop"]
+    gaps = [s - d for s, d in zip(starts[1:], dones[:-1], strict=False)]
+    wall = ended - started
+    jobs = analysis_jobs(run_dir, after=dones[-1]) if dones else []
+    last_output = dones[-1] + sum(j["seconds"] for j in jobs) if dones else None
+    return {
+        "wall_s": wall,
+        "ready_s": ready,
+        "client_s": client,
+        "ratio": wall / (ready + client) if ready + client else None,
+        "cells": len(dones),
+        "server_starts": sum(1 for _, e, _ in events if e == "start"),
+        "overhead_s": {
+            "before_first_cell": (starts[0] - started) if starts else None,
+            "between_cells": sum(gaps),
+            "between_cells_median": median(gaps) if gaps else None,
+            "inside_cells_besides_client_and_ready": cells - client - ready,
+            "after_last_cell": (ended - dones[-1]) if dones else None,
+            "  analysis jobs": sum(j["seconds"] for j in jobs),
+            "  of which plots": sum(j["seconds"] for j in jobs if j["output"].startswith("plots")),
+            "  final server stop and exit": (ended - last_output) if last_output else None,
+        },
+        "final_stop_event_after_last_output_s": (
+            stops[-1] - last_output if stops and last_output else None
+        ),
+        "after_last_cell_outputs": jobs,
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--config", default=None, help="experiment YAML (default: the embedded one)")
+    p.add_argument("--no-imports", action="store_true", help="skip the import-cost probes")
+    add_common_args(p)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    setup_logging()
+    args = parse_args(argv)
+    exe = shutil.which("snakemake")
+    if exe is None:
+        raise SystemExit("snakemake is not installed")
+    env = {k: v for k, v in os.environ.items() if k not in CLEARED_ENV}
+    with scratch_dir("orchestration", keep=args.keep_tmp) as tmp:
+        changes: dict[str, Any] = {"run_id": RUN_ID}
+        if args.config:
+            changes = {**yaml.safe_load(Path(args.config).read_text()), **changes}
+        config = experiment_file(tmp, changes)
+        workdir = tmp / "ws"
+        argv_s = [exe, "-s", str(REPO / "Snakefile"), "-d", str(workdir)]
+        argv_s += ["--configfile", str(config), "--cores", "1", "all"]
+        log.info("running %s", " ".join(argv_s))
+        started = time.time()
+        with open(tmp / "snakemake.log", "w") as fh:
+            res = subprocess.run(argv_s, env=env, stdout=fh, stderr=subprocess.STDOUT)
+        ended = time.time()
+        if res.returncode != 0:
+            tail = (tmp / "snakemake.log").read_text()[-3000:]
+            raise SystemExit(f"snakemake exited {res.returncode}:\n{tail}")
+        figures = breakdown(run_dir=workdir / "results" / RUN_ID, started=started, ended=ended)
+    figures["goal_ratio"] = GOAL_RATIO
+    figures["goal_met"] = figures["ratio"] is not None and figures["ratio"] <= GOAL_RATIO
+    if not args.no_imports:
+        figures["process_start_s"] = import_costs()
+    log.info(
+        "wall %.1f s = ready %.1f + client %.1f + overhead; ratio %.2f (goal %.2f)",
+        figures["wall_s"],
+        figures["ready_s"],
+        figures["client_s"],
+        figures["ratio"],
+        GOAL_RATIO,
+    )
+    for key, value in figures["overhead_s"].items():
+        log.info("  %-40s %s", key, f"{value:.1f} s" if value is not None else "-")
+    result = {
+        "params": {
+            "experiment": args.config or "config/config.yaml (embedded default, fresh ports)",
+            "command": "snakemake --cores 1 all",
+        },
+        **figures,
+    }
+    write_result("orchestration", result, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,237 @@
+"""Item 2: `snakemake -n` of the workflow vs a plain Snakefile with as many trivial jobs.
+
+For each size N (cell-repeats): the default experiment with 10 server configs x N/50 client
+configs x 5 repeats, dry-run with the repo's Snakefile and workflow profile, against a plain
+Snakefile with N jobs of one rule and one job gathering them. Wall and CPU time of each
+`snakemake -n` (output to a file), median over --repeats interleaved runs; ratio = workflow /
+plain. `--profile N` adds a cProfile breakdown of the workflow's dry-run at size N.
+
+    python benchmarks/planning.py [--sizes 100,1000,10000] [--repeats 3] [--profile 10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pstats
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from _common import REPO, add_common_args, log, median, scratch_dir, setup_logging, write_result
+
+GOAL_RATIO = 1.3
+SERVER_AXES = {
+    "moe_runner_backend": ["marlin", "flashinfer_mxfp4"],
+    "chunked_prefill_size": [4096, 8192, 12288, 16384, 20480],
+}
+REPEATS_PER_CELL = 5
+CLEARED_ENV = ("RUN_ID", "BACKENDS_CSV", "CHUNKED_PREFILL_SIZES_CSV", "CONCURRENCIES_CSV")
+CLEARED_ENV += ("EP_SIZE", "SUITE")
+PLAIN_SNAKEFILE = """\
+# N trivial jobs and one job gathering them (the baseline of benchmarks/planning.py).
+import os
+
+N = int(os.environ["PLAIN_N"])
+
+
+rule all:
+    input:
+        "summary.txt",
+
+
+rule gather:
+    input:
+        expand("raw/{i}.txt", i=range(N)),
+    output:
+        "summary.txt",
+    shell:
+        "cat {input} > {output}"
+
+
+rule job:
+    output:
+        "raw/{i}.txt",
+    shell:
+        "echo {wildcards.i} > {output}"
+"""
+# Where the dry-run's time goes (cumulative seconds under cProfile), by Snakemake function.
+PHASES = {
+    "parse Snakefile (includes)": "snakemake/workflow.py:include",
+    "build DAG": "snakemake/dag.py:init",
+    "  input functions / params": "snakemake/rules.py:apply_input_function",
+    "  script source checks": "snakemake/script/__init__.py:get_source",
+    "  needrun (rerun triggers)": "snakemake/dag.py:update_needrun",
+    "schedule + print jobs": "snakemake/scheduling/job_scheduler.py:schedule",
+    "  format messages": "snakemake/jobs.py:message",
+}
+
+
+def experiment(n: int) -> dict[str, Any]:
+    """The default config with about `n` cell-repeats (10 servers x n/50 clients x 5)."""
+    raw = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    servers = len(SERVER_AXES["moe_runner_backend"]) * len(SERVER_AXES["chunked_prefill_size"])
+    clients = max(1, n // (servers * REPEATS_PER_CELL))
+    raw["run_id"] = f"plan-{n}"
+    raw["matrix"] = {
+        "server": SERVER_AXES,
+        "client": {"concurrency": list(range(1, clients + 1))},
+    }
+    raw["repeats"] = REPEATS_PER_CELL
+    return raw
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in CLEARED_ENV}
+    return {**env, **extra}
+
+
+def dry_run(argv: list[str], *, env: dict[str, str], out: Path) -> dict[str, float]:
+    """Wall and CPU seconds of one `snakemake -n` (stdout+stderr into `out`)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    with open(out, "w") as fh:
+        res = subprocess.run(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=1800)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if res.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited {res.returncode}; see {out}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"wall_s": wall, "cpu_s": cpu}
+
+
+def job_count(out: Path) -> int | None:
+    """The `total` line of Snakemake's job stats."""
+    for line in out.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == "total" and parts[1].isdigit():
+            return int(parts[1])
+    return None
+
+
+def profile_dry_run(argv: list[str], *, env: dict[str, str], out: Path) -> dict[str, Any]:
+    """cProfile one workflow dry-run in a child process; phase times and top functions."""
+    prof = out.with_suffix(".prof")
+    code = (
+        "import cProfile, sys; from snakemake.cli import main\n"
+        "p = cProfile.Profile(); p.enable()\n"
+        "try:\n    main(sys.argv[2:])\nexcept SystemExit:\n    pass\n"
+        "finally:\n    p.disable(); p.dump_stats(sys.argv[1])\n"
+    )
+    with open(out, "w") as fh:
+        subprocess.run(
+            [sys.executable, "-c", code, str(prof), *argv[1:]],
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            timeout=3600,
+        )
+    stats = pstats.Stats(str(prof)).stats  # type: ignore[attr-defined]
+    by_name: dict[str, float] = {}
+    for (path, _line, func), (_cc, _nc, _tt, ct, _callers) in stats.items():
+        key = f"{path.split('site-packages/')[-1]}:{func}"
+        by_name[key] = max(by_name.get(key, 0.0), ct)
+    total = max(by_name.values(), default=0.0)
+    phases = {label: round(by_name.get(name, 0.0), 2) for label, name in PHASES.items()}
+    ours = sorted(
+        ((k, v) for k, v in by_name.items() if k.startswith(str(REPO)) or "servesweep" in k),
+        key=lambda kv: -kv[1],
+    )[:12]
+    return {
+        "profiled_total_s": round(total, 2),
+        "phases_profiled_s": phases,
+        "top_workflow_functions_profiled_s": [[k, round(v, 2)] for k, v in ours],
+        "note": "cProfile slows Snakemake ~2x; compare the phases with each other only",
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--sizes", default="100,1000,10000")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--workflow", default=str(REPO), help="directory with the Snakefile to time")
+    p.add_argument("--profile", type=int, default=None, help="also cProfile this size")
+    add_common_args(p)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    setup_logging()
+    args = parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    exe = shutil.which("snakemake")
+    if exe is None:
+        raise SystemExit("snakemake is not installed")
+    snakefile = Path(args.workflow) / "Snakefile"
+    rows = []
+    profile = None
+    with scratch_dir("planning", keep=args.keep_tmp) as tmp:
+        plain = tmp / "plain" / "Snakefile"
+        plain.parent.mkdir()
+        plain.write_text(PLAIN_SNAKEFILE)
+        for n in sizes:
+            config = tmp / f"exp{n}.yaml"
+            config.write_text(yaml.safe_dump(experiment(n), sort_keys=False))
+            ours_argv = [exe, "-s", str(snakefile), "-d", str(tmp / f"ws{n}")]
+            ours_argv += ["--configfile", str(config), "-n"]
+            plain_argv = [exe, "-s", str(plain), "-d", str(tmp / f"plain{n}"), "-n"]
+            timings: dict[str, list[dict[str, float]]] = {"servesweep": [], "plain": []}
+            for k in range(args.repeats):  # interleaved: both see the same machine load
+                out = tmp / f"ours{n}.{k}.txt"
+                timings["servesweep"].append(dry_run(ours_argv, env=clean_env(), out=out))
+                jobs = job_count(out)
+                pout = tmp / f"plain{n}.{k}.txt"
+                env = clean_env(PLAIN_N=str(n))
+                timings["plain"].append(dry_run(plain_argv, env=env, out=pout))
+                plain_jobs = job_count(pout)
+            row: dict[str, Any] = {"cell_repeats": n, "jobs": jobs, "plain_jobs": plain_jobs}
+            for name, runs in timings.items():
+                row[f"{name}_wall_s"] = median([r["wall_s"] for r in runs])
+                row[f"{name}_cpu_s"] = median([r["cpu_s"] for r in runs])
+            row["ratio_wall"] = row["servesweep_wall_s"] / row["plain_wall_s"]
+            row["ratio_cpu"] = row["servesweep_cpu_s"] / row["plain_cpu_s"]
+            row["goal_met"] = row["ratio_wall"] <= GOAL_RATIO
+            rows.append(row)
+            log.info(
+                "N=%-6d jobs %-6s servesweep %6.2f s  plain %6.2f s  ratio %.2f (CPU %.2f)",
+                n,
+                jobs,
+                row["servesweep_wall_s"],
+                row["plain_wall_s"],
+                row["ratio_wall"],
+                row["ratio_cpu"],
+            )
+        if args.profile:
+            n = args.profile
+            config = tmp / f"exp{n}.yaml"
+            config.write_text(yaml.safe_dump(experiment(n), sort_keys=False))
+            argv_p = [exe, "-s", str(snakefile), "-d", str(tmp / f"prof{n}")]
+            argv_p += ["--configfile", str(config), "-n"]
+            profile = {"cell_repeats": n}
+            profile |= profile_dry_run(argv_p, env=clean_env(), out=tmp / f"prof{n}.txt")
+            log.info("profile: %s", json.dumps(profile, indent=1))
+    result = {
+        "params": {
+            "sizes": sizes,
+            "repeats": args.repeats,
+            "shape": "10 server configs x N/50 client configs x 5 repeats, default experiment",
+            "plain": "N jobs of one rule (shell: echo) + one job gathering them",
+            "command": "snakemake -n (workflow profile of the repo; output to a file)",
+            "workflow": str(snakefile),
+        },
+        "goal_ratio": GOAL_RATIO,
+        "rows": rows,
+        "profile": profile,
+    }
+    write_result("planning", result, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
