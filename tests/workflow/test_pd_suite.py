@@ -70,7 +70,8 @@ def test_every_case_ran_with_the_requested_tokens(pd_run: Path) -> None:
         assert len(set(record["output_lens"])) == 1
     table = (pd_run / "cases.md").read_text().splitlines()
     assert table[0] == "| Case | Requests | Input TPS | TTFT P50 / P95 | TPOT P50 / P95 |"
-    rows = {line.split(" | ")[0].lstrip("| "): line for line in table[2:]}
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in table[2:] if line.startswith("|")}
+    assert "time_scale 0.02" in table[-1], "the sim's time scale is stated under the table"
     assert set(rows) == {
         "64 -> 8, C1",
         "1K -> 16, C1, non-streaming",
