@@ -34,6 +34,7 @@ from _common import (
     free_port,
     log,
     median,
+    proc_cpu_s,
     scratch_dir,
     setup_logging,
     time_scale_note,
@@ -163,11 +164,16 @@ def main(argv: list[str] | None = None) -> int:
         timed_out = hung = False
         with open(tmp / "snakemake.log", "w") as fh:
             proc = subprocess.Popen(argv_s, env=env, stdout=fh, stderr=subprocess.STDOUT)
-            try:
-                proc.wait(timeout=args.timeout or None)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                hung = stop(proc)
+            deadline = started + args.timeout if args.timeout else None
+            snakemake_cpu = 0.0
+            while proc.poll() is None:  # Snakemake's own CPU (not its jobs'), sampled
+                with contextlib.suppress(OSError):
+                    snakemake_cpu = proc_cpu_s(proc.pid)
+                if deadline is not None and time.time() > deadline:
+                    timed_out = True
+                    hung = stop(proc)
+                    break
+                time.sleep(1.0)
         ended = time.time()
         if hung:  # onerror never ran: stop the server the run left up
             with contextlib.chdir(workdir):
@@ -197,6 +203,10 @@ def main(argv: list[str] | None = None) -> int:
         "hung_after_sigterm": hung,
         "returncode": proc.returncode,
         "wall_s": ended - started,
+        "snakemake_cpu_s": snakemake_cpu,
+        "snakemake_cpu_per_cell_s": (
+            snakemake_cpu / figures["cells_done"] if figures.get("cells_done") else None
+        ),
         **figures,
     }
     log.info("completed=%s wall %.0f s, %s", completed, ended - started, figures)
