@@ -23,6 +23,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from servesweep.sim.process import free_port  # noqa: F401 (re-exported)
+
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # tests.support (staged bench_serving, tokenizer) and helpers
     sys.path.insert(0, str(REPO))
@@ -115,12 +117,6 @@ def scratch_dir(prefix: str, *, keep: bool = False) -> Iterator[Path]:
             log.info("kept scratch directory %s", path)
         else:
             shutil.rmtree(path, ignore_errors=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def pin(core: int | None) -> list[str]:

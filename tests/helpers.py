@@ -5,22 +5,16 @@ from __future__ import annotations
 import copy
 import os
 import shutil
-import socket
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from servesweep.sim.process import free_port  # noqa: F401 (re-exported)
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / "config" / "config.yaml"
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on right now (127.0.0.1)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def deep_update(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:

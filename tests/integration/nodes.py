@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Callable
 from typing import NoReturn
@@ -12,6 +11,7 @@ import pytest
 
 from servesweep.config import RuntimeConfig
 from servesweep.runtime import DockerRuntime
+from servesweep.sim.process import free_port  # noqa: F401 (re-exported)
 from servesweep.transport import SshTransport
 
 NODES = ("node1", "node2", "node3", "node4")
@@ -27,12 +27,6 @@ def unavailable(reason: str) -> NoReturn:
     if os.environ.get("CI"):
         pytest.fail(message, pytrace=False)
     pytest.skip(message)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(predicate: Callable[[], bool], limit_s: float = 30.0) -> bool:

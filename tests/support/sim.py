@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,8 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from servesweep.sim.process import free_port  # noqa: F401 (re-exported)
 
 HOST = "127.0.0.1"
 SIM_MODULE = "servesweep.sim"
@@ -34,13 +35,6 @@ class SimServer:
 def sim_available() -> bool:
     """Whether `python -m servesweep.sim` exists in this checkout yet."""
     return SIM_MAIN.exists()
-
-
-def free_port() -> int:
-    """A port nothing listens on right now (bind to port 0, read it, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def _healthy(base_url: str) -> bool:
