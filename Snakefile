@@ -18,10 +18,12 @@ include: "rules/ops.smk"
 rule all:
     default_target: True
     input:
-        raw=all_raw(),
+        prerequisites=PREREQUISITES,
+        # Listed here, not only under results.csv: a deleted raw file must rerun its cell.
+        raw=RAW_FILES,
         results=PATHS.results_csv,
         summary=PATHS.summary_json,
-        plots=all_plots(),
+        plots=[*DELTA_PLOTS.values(), *METRIC_VS_PLOTS.values()],
         manifest=PATHS.manifest,
         cases=all_case_tables(),
 

@@ -1,9 +1,8 @@
 # One job per cell-repeat; servers are started lazily inside run_cell (DESIGN.md section 5).
+# Image checks and preflight run first: see PREREQUISITES in common.smk.
 
 
 rule run_cell:
-    input:
-        prerequisites=cell_prerequisites,
     output:
         raw=f"{RUN_DIR}/raw/{{server}}/{{client}}/r{{repeat}}.jsonl",
         gpu=f"{RUN_DIR}/gpu/{{server}}/{{client}}/r{{repeat}}.csv",
@@ -23,11 +22,16 @@ rule run_cell:
 
 rule preflight:
     input:
-        builds=ancient(all_builds()),
+        builds=ancient(BUILDS),
     output:
         json=f"{RUN_DIR}/preflight.json",
     log:
         f"{RUN_DIR}/logs/preflight.log",
+    priority: PREREQUISITE_PRIORITY
+    resources:
+        gpu_server=1,
+    params:
+        servers=SERVER_FINGERPRINTS,
     message:
         "preflight: P/D agreement, IB devices, image, free ports"
     script:
@@ -39,6 +43,9 @@ rule build_image:
         json=f"{RUN_DIR}/build/{{node}}.json",
     log:
         f"{RUN_DIR}/build/{{node}}.log",
+    priority: PREREQUISITE_PRIORITY
+    resources:
+        gpu_server=1,
     params:
         image=EXP.runtime.image,
         build=EXP.runtime.model_dump_json(include={"build", "smoke"}),

@@ -10,17 +10,16 @@ from servesweep.config import (
     RunPaths,
     server_specs,
 )
-from servesweep.compare import run_inputs
 from servesweep.engines import check_experiment
 from servesweep.errors import ConfigError
-from servesweep.servers import shutdown
 
 if not workflow.overwrite_configfiles:
     workflow.configfile(os.path.join(workflow.basedir, "config", "config.yaml"))
 
 try:
     EXP = load_experiment(config, os.environ)
-    check_experiment(EXP, server_specs(EXP))
+    SPECS = server_specs(EXP)
+    check_experiment(EXP, SPECS)
 except ConfigError as exc:
     sys.exit(f"servesweep: ConfigError: {exc}")
 
@@ -66,38 +65,27 @@ def cell_priority(wildcards):
     return cell_of(wildcards).server.priority
 
 
-# Computed once: several rules list every cell's files (10k cells: ~1 s per listing).
+# Computed once (10k cells: ~1 s per listing); only collect_results lists them.
 RAW_FILES = [str(PATHS.raw(cell)) for cell in CELLS.values()]
 GPU_FILES = [str(PATHS.gpu(cell)) for cell in CELLS.values()]
 
 
-def all_raw():
-    return RAW_FILES
+# Image checks and preflight are targets of `all`, not inputs of run_cell: thousands of
+# pending cells with file inputs make the scheduler re-stat them every round (docs/performance.md),
+# and a finished cell must not rerun when an image is re-validated. They still run before any
+# cell: a higher priority than every server config and the same gpu_server resource; run_cell
+# refuses to start a server without their evidence (servesweep.cells.check_prerequisites).
+PREREQUISITES = [str(p) for p in PATHS.prerequisites(EXP)]
+PREREQUISITE_PRIORITY = max(spec.priority for spec in SPECS) + 1
+BUILDS = PREREQUISITES[:-1]
+# Preflight checks every server config: a new or changed one reruns it.
+SERVER_FINGERPRINTS = sorted(spec.fingerprint for spec in SPECS)
 
 
-def all_gpu():
-    return GPU_FILES
-
-
-def all_builds():
-    if EXP.runtime.kind != "docker":
-        return []
-    return [f"{RUN_DIR}/build/{node}.json" for node in EXP.cluster.nodes]
-
-
-def cell_prerequisites(wildcards):
-    """Image evidence and preflight before a cell runs; a finished cell does not depend on
-    them (re-validating an image must not rerun finished cells)."""
-    if os.path.exists(PATHS.raw(cell_of(wildcards))):
-        return []
-    return [*all_builds(), f"{RUN_DIR}/preflight.json"]
-
-
-def all_plots():
-    plots = [f"{RUN_DIR}/plots/delta_{m}.png" for m in PLOT_METRICS]
-    if PLOT_X is not None:
-        plots += [f"{RUN_DIR}/plots/{m}_vs_{PLOT_X}.png" for m in PLOT_METRICS]
-    return plots
+DELTA_PLOTS = {m: f"{RUN_DIR}/plots/delta_{m}.png" for m in PLOT_METRICS}
+METRIC_VS_PLOTS = (
+    {m: f"{RUN_DIR}/plots/{m}_vs_{PLOT_X}.png" for m in PLOT_METRICS} if PLOT_X else {}
+)
 
 
 def all_case_tables():
@@ -106,9 +94,11 @@ def all_case_tables():
 
 def compare_inputs(wildcards):
     """results.csv (+ raw files where present) of runs A and B of a comparison."""
+    from servesweep.compare import run_inputs  # only comparisons need it
+
     files = {}
     for side, run in (("a", wildcards.run_a), ("b", wildcards.run_b)):
-        current = all_raw() if run == EXP.run_id else None
+        current = RAW_FILES if run == EXP.run_id else None
         found = run_inputs(run_dir=Path(RESULTS_ROOT) / run, current_raw=current)
         files[f"csv_{side}"] = found["csv"]
         files[f"raw_{side}"] = found["raw"]
@@ -119,4 +109,8 @@ def stop_servers(reason):
     # `snakemake plan` only inspects: it must not stop a server left up (`servesweep up`).
     targets = set(workflow.dag_settings.targets)
     if PATHS.current_server.exists() and not (targets and targets <= {"plan"}):
+        from servesweep.servers import (
+            shutdown,
+        )  # paramiko etc.: only when a server is up
+
         shutdown(EXP, PATHS, reason=reason)

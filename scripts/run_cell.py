@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from servesweep import scripting
-from servesweep.cells import run_cell
+from servesweep.cells import check_prerequisites, run_cell
 from servesweep.config import find_cell
 from servesweep.servers import connect
 
@@ -12,6 +12,7 @@ def main() -> None:
     exp, paths = scripting.experiment(snakemake)
     w = snakemake.wildcards
     cell = find_cell(exp, server=w.server, client=w.client, repeat=w.repeat)
+    check_prerequisites(exp=exp, paths=paths, cell=cell.key)
     with connect(exp, paths) as manager:
         run_cell(
             exp=exp,

@@ -10,7 +10,7 @@ from servesweep.config import axis_names
 def main() -> None:
     exp, paths = scripting.experiment(snakemake)
     results = analysis.read_results_csv(snakemake.input.csv)
-    # Per-request details come from the raw records next to results.csv (rule input `raw`).
+    # Per-request details come from the raw records results.csv was built from.
     requests = analysis.load_requests(results=results, run_dir=paths.root)
     server_axes, client_axes = axis_names(exp)
     summary = analysis.summarize(

@@ -14,7 +14,13 @@ import pandas as pd
 
 from servesweep import loadgen, telemetry, validation
 from servesweep.config import CellRepeat, Experiment, RunPaths, Workload
-from servesweep.errors import ClientError, ServerDied, ServesweepError, TransportError
+from servesweep.errors import (
+    ClientError,
+    PreflightFailed,
+    ServerDied,
+    ServesweepError,
+    TransportError,
+)
 from servesweep.records import BenchRecord, read_record, write_record
 from servesweep.runtime import ONESHOT_DIR, Launch
 from servesweep.servers import ServerManager, ServerState
@@ -145,6 +151,17 @@ def run_warmup(
         server=cell.server.id,
         ttft_ms=f"{record.mean_ttft_ms:.1f}",
     )
+
+
+def check_prerequisites(*, exp: Experiment, paths: RunPaths, cell: str) -> None:
+    """Image and preflight evidence must exist before a server starts. The workflow runs those
+    jobs first (top priority, same gpu_server resource); a cell targeted alone has not."""
+    missing = [str(p) for p in paths.prerequisites(exp) if not p.exists()]
+    if missing:
+        raise PreflightFailed(
+            f"cell {cell}: evidence missing: {', '.join(missing)}; run `snakemake preflight` "
+            f"(checks images, then preflight) or the `all` target"
+        )
 
 
 def run_cell(

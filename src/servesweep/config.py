@@ -696,6 +696,18 @@ class RunPaths:
         return self.root / "service" / server_id
 
     @property
+    def preflight(self) -> Path:
+        return self.root / "preflight.json"
+
+    def build(self, node: str) -> Path:
+        return self.root / "build" / f"{node}.json"
+
+    def prerequisites(self, exp: Experiment) -> list[Path]:
+        """Evidence every cell needs before its server starts: image checks, then preflight."""
+        builds = [self.build(n) for n in exp.cluster.nodes] if exp.runtime.kind == "docker" else []
+        return [*builds, self.preflight]
+
+    @property
     def current_server(self) -> Path:
         return self.root / "service" / "current.json"
 

@@ -38,4 +38,5 @@ class SecretError(ServesweepError):
 
 
 class PreflightFailed(ServesweepError):
-    """A check before any server start failed (ports, IB devices, image, P/D agreement)."""
+    """A check before any server start failed (ports, IB devices, image, P/D agreement), or
+    its evidence is missing when a cell is about to run."""

@@ -298,3 +298,31 @@ def save_figure(fig: Figure, path: str | Path) -> None:
     with atomic_open(path, "wb") as fh:
         fig.savefig(fh, format="png", dpi=DPI)
     log.info("wrote %s", path)
+
+
+def series_axes(
+    server_axes: Sequence[str], baseline: Mapping[str, Any]
+) -> tuple[str | None, str | None]:
+    """(hue, col) of the metric-vs plots: colour by the baseline's axis, a panel per other axis."""
+    hue = next(iter(baseline), server_axes[0] if server_axes else None)
+    col = next((a for a in server_axes if a != hue), None)
+    return hue, col
+
+
+def write_run_plots(
+    *,
+    summary: Mapping[str, Any],
+    results: pd.DataFrame,
+    deltas: Mapping[str, str | Path],
+    metric_vs: Mapping[str, str | Path],
+    x: str | None,
+    hue: str | None,
+    col: str | None,
+) -> None:
+    """Every figure of a run in one process (seaborn is imported once): a delta plot per
+    metric in `deltas` and, against client axis `x`, a metric-vs plot per metric in `metric_vs`."""
+    for metric, path in deltas.items():
+        save_figure(plot_deltas(summary, metric=metric), path)
+    for metric, path in metric_vs.items():
+        assert x is not None, "metric-vs plots need a client axis"
+        save_figure(plot_metric_vs(results, metric=metric, x=x, hue=hue, col=col), path)

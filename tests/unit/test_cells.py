@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from servesweep.cells import client_timeout, run_cell
+from servesweep.cells import check_prerequisites, client_timeout, run_cell
 from servesweep.config import RunPaths, cell_repeats, load_experiment
-from servesweep.errors import CellFailed
+from servesweep.errors import CellFailed, PreflightFailed
 from servesweep.events import read_events
 from servesweep.records import read_record
 from servesweep.runtime import ProcessRuntime
@@ -94,3 +94,25 @@ def test_client_timeout_scales_with_waves(tmp_path: Path) -> None:
     _, _, _, cell = _setup(tmp_path)
     w = cell.client.workload
     assert client_timeout(w) == 2 * w.request_timeout_s + 600
+
+
+def test_prerequisites_name_missing_evidence(tmp_path: Path) -> None:
+    raw = deep_update(yaml.safe_load(DEFAULT_CONFIG.read_text()), {"run_id": "unit-prereq"})
+    exp = load_experiment(raw, {})
+    paths = RunPaths.for_run(exp, tmp_path / "results")
+    with pytest.raises(PreflightFailed, match=r"cell c1: evidence missing: .*preflight\.json"):
+        check_prerequisites(exp=exp, paths=paths, cell="c1")
+    paths.preflight.parent.mkdir(parents=True)
+    paths.preflight.write_text("{}")
+    check_prerequisites(exp=exp, paths=paths, cell="c1")
+
+
+def test_prerequisites_of_docker_runs_include_each_nodes_image_evidence(tmp_path: Path) -> None:
+    raw = deep_update(
+        yaml.safe_load(DEFAULT_CONFIG.read_text()),
+        {"run_id": "unit-prereq", "runtime": {"kind": "docker", "image": "img:1"}},
+    )
+    exp = load_experiment(raw, {})
+    paths = RunPaths.for_run(exp, tmp_path / "results")
+    expected = [paths.build(node) for node in exp.cluster.nodes] + [paths.preflight]
+    assert paths.prerequisites(exp) == expected

@@ -228,3 +228,25 @@ def test_plot_metric_vs_bad_column_and_no_values(default):
         plots.plot_metric_vs(df, metric="ttft_p50_ms", col="page_size")
     fig = plots.plot_metric_vs(df, metric="itl_p50_ms")  # all NaN in this table
     assert "no itl_p50_ms values" in message(fig)
+
+
+def test_write_run_plots_writes_every_figure_of_the_run(default, tmp_path):
+    exp, df, summary = default
+    hue, col = plots.series_axes(list(exp.matrix.server), exp.baseline)
+    assert (hue, col) == ("moe_runner_backend", "chunked_prefill_size")
+    deltas = {m: tmp_path / f"delta_{m}.png" for m in ("ttft_p50_ms", "input_tps")}
+    metric_vs = {"ttft_p50_ms": tmp_path / "ttft_p50_ms_vs_concurrency.png"}
+    plots.write_run_plots(
+        summary=summary,
+        results=df,
+        deltas=deltas,
+        metric_vs=metric_vs,
+        x="concurrency",
+        hue=hue,
+        col=col,
+    )
+    for path in [*deltas.values(), *metric_vs.values()]:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", path
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        p.name for p in [*deltas.values(), *metric_vs.values()]
+    )
