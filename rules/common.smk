@@ -12,6 +12,7 @@ from servesweep.config import (
 )
 from servesweep.engines import check_experiment
 from servesweep.errors import ConfigError
+from servesweep.scripting import export_config
 
 if not workflow.overwrite_configfiles:
     workflow.configfile(os.path.join(workflow.basedir, "config", "config.yaml"))
@@ -29,6 +30,9 @@ if workflow.global_resources.get("gpu_server") != 1:
         "workflow profile's list?); add gpu_server=1 to --resources"
     )
 
+export_config(config)  # for `shell:` jobs (run_cell)
+PYTHON = sys.executable
+RUN_CELL_SCRIPT = os.path.join(workflow.basedir, "scripts", "run_cell.py")
 PATHS = RunPaths.for_run(EXP)
 RUN_DIR = str(PATHS.root)
 CELLS = {cell.key: cell for cell in cell_repeats(EXP)}

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from servesweep.config import Experiment, RunPaths, load_experiment
-from servesweep.errors import ServesweepError
+from servesweep.errors import ConfigError, ServesweepError
 
 logger = logging.getLogger(__name__)
 
@@ -21,9 +22,28 @@ HOST_ERRNOS = frozenset(
 )
 
 
+# The workflow's config as `shell:` jobs see it: inherited through the environment of the
+# Snakemake process (nothing is written to disk or put on a command line).
+WORKFLOW_CONFIG_ENV = "SERVESWEEP_WORKFLOW_CONFIG"
+
+
 def experiment(smk: Any) -> tuple[Experiment, RunPaths]:
     """The resolved experiment and its paths, exactly as the Snakefile resolved them."""
     exp = load_experiment(smk.config, os.environ)
+    return exp, RunPaths.for_run(exp)
+
+
+def export_config(config: Mapping[str, Any]) -> None:
+    """Hand the Snakefile's config to the `shell:` jobs it starts (see exported_experiment)."""
+    os.environ[WORKFLOW_CONFIG_ENV] = json.dumps(config, default=str)
+
+
+def exported_experiment() -> tuple[Experiment, RunPaths]:
+    """`experiment()` for a `shell:` job: the config exported by the Snakefile, same env."""
+    raw = os.environ.get(WORKFLOW_CONFIG_ENV)
+    if raw is None:
+        raise ConfigError(f"{WORKFLOW_CONFIG_ENV} is not set: run this job through snakemake")
+    exp = load_experiment(json.loads(raw), os.environ)
     return exp, RunPaths.for_run(exp)
 
 

@@ -401,7 +401,7 @@ def open_transport(exp: Experiment) -> Transport:
     """The transport the experiment's cluster is reached with."""
     if exp.cluster.transport == "local":
         return LocalTransport()
-    from servesweep.transport import SshTransport
+    from servesweep.ssh import SshTransport
 
     return SshTransport(exp.cluster.ssh, nodes=exp.cluster.nodes)
 

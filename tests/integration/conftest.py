@@ -15,7 +15,7 @@ import pytest
 from servesweep.config import RuntimeConfig, SshOptions
 from servesweep.errors import TransportError
 from servesweep.runtime import host_python_mounts
-from servesweep.transport import SshTransport
+from servesweep.ssh import SshTransport
 from tests.integration.nodes import DEFAULT_DIR, IMAGE, NODES, unavailable
 
 

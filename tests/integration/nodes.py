@@ -12,7 +12,7 @@ import pytest
 from servesweep.config import RuntimeConfig
 from servesweep.runtime import DockerRuntime
 from servesweep.sim.process import free_port  # noqa: F401 (re-exported)
-from servesweep.transport import SshTransport
+from servesweep.ssh import SshTransport
 
 NODES = ("node1", "node2", "node3", "node4")
 ADDRESSES = {"node1": "127.0.0.2", "node2": "127.0.0.3", "node3": "127.0.0.4", "node4": "127.0.0.5"}

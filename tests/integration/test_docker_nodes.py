@@ -17,7 +17,7 @@ import pytest
 from servesweep.config import RuntimeConfig
 from servesweep.errors import ServerStartError
 from servesweep.runtime import DockerRuntime, Launch
-from servesweep.transport import SshTransport
+from servesweep.ssh import SshTransport
 from tests.integration.nodes import free_port, root_docker, wait_until
 
 pytestmark = pytest.mark.integration

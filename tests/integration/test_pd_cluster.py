@@ -11,7 +11,7 @@ import yaml
 
 from servesweep.events import read_events
 from servesweep.runtime import host_python_mounts
-from servesweep.transport import SshTransport
+from servesweep.ssh import SshTransport
 from tests.helpers import REPO, deep_update, free_port, run_snakemake
 from tests.integration.nodes import ADDRESSES, IMAGE, NODES
 

@@ -11,7 +11,8 @@ import pytest
 
 from servesweep.config import SshOptions
 from servesweep.errors import TransportError
-from servesweep.transport import SshTransport, run_all
+from servesweep.ssh import SshTransport
+from servesweep.transport import run_all
 from tests.integration.nodes import ADDRESSES, NODES, wait_until
 
 pytestmark = pytest.mark.integration

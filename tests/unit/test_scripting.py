@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import pytest
 import yaml
 
-from servesweep.errors import CellFailed
-from servesweep.scripting import experiment, run
+from servesweep.errors import CellFailed, ConfigError
+from servesweep.scripting import (
+    WORKFLOW_CONFIG_ENV,
+    experiment,
+    export_config,
+    exported_experiment,
+    run,
+)
 from tests.helpers import DEFAULT_CONFIG
 
 
@@ -37,3 +44,18 @@ def test_experiment_applies_env(monkeypatch: pytest.MonkeyPatch) -> None:
     smk = SimpleNamespace(config=yaml.safe_load(DEFAULT_CONFIG.read_text()))
     exp, paths = experiment(smk)
     assert exp.run_id == "from-env" and str(paths.root) == "results/from-env"
+
+
+def test_shell_jobs_resolve_the_exported_config_with_the_same_env(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(WORKFLOW_CONFIG_ENV, raising=False)
+    with pytest.raises(ConfigError, match=WORKFLOW_CONFIG_ENV):
+        exported_experiment()
+    config = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    monkeypatch.setenv("CONCURRENCIES_CSV", "8")
+    export_config(config)  # the Snakefile's step; a shell job inherits os.environ
+    monkeypatch.setenv(WORKFLOW_CONFIG_ENV, os.environ[WORKFLOW_CONFIG_ENV])  # undone after
+    exp, paths = exported_experiment()
+    assert exp == experiment(SimpleNamespace(config=config))[0]
+    assert exp.matrix.client["concurrency"] == [8] and paths.root.name == exp.run_id

@@ -1,5 +1,5 @@
-"""Tests for servesweep.transport: LocalTransport, run_all, and SshTransport against a real
-in-process SSH server (paramiko's server side on 127.0.0.1, commands run by /bin/sh)."""
+"""Tests for servesweep.transport (LocalTransport, run_all) and servesweep.ssh (SshTransport)
+against a real in-process SSH server (paramiko's server side on 127.0.0.1, commands run by /bin/sh)."""
 
 from __future__ import annotations
 
@@ -20,13 +20,8 @@ import pytest
 
 from servesweep.config import SshOptions
 from servesweep.errors import TransportError
-from servesweep.transport import (
-    CommandResult,
-    LocalTransport,
-    SshTransport,
-    resolve_target,
-    run_all,
-)
+from servesweep.ssh import SshTransport, resolve_target
+from servesweep.transport import CommandResult, LocalTransport, run_all
 
 CANARY = "canary-stdin-4f2a"
 
