@@ -6,6 +6,9 @@ rule collect_results:
     input:
         raw=RAW_FILES,
         gpu=GPU_FILES,
+        # Brings image checks + preflight into every DAG that needs cells (results.csv,
+        # summary.json, plots...), where they run first (common.smk, PREREQUISITES).
+        prerequisites=PREREQUISITES,
     output:
         csv=report(
             f"{RUN_DIR}/results.csv",

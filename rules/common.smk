@@ -74,7 +74,7 @@ RAW_FILES = [str(PATHS.raw(cell)) for cell in CELLS.values()]
 GPU_FILES = [str(PATHS.gpu(cell)) for cell in CELLS.values()]
 
 
-# Image checks and preflight are targets of `all`, not inputs of run_cell: thousands of
+# Image checks and preflight are inputs of `all` and collect_results, not of run_cell: thousands of
 # pending cells with file inputs make the scheduler re-stat them every round (docs/performance.md),
 # and a finished cell must not rerun when an image is re-validated. They still run before any
 # cell: a higher priority than every server config and the same gpu_server resource; run_cell
