@@ -55,6 +55,8 @@ REQUIRED_KEYS = (
     "total_input_tokens",
     "total_output_tokens",
 )
+# The record keys cell_metrics reads (records are parsed with these only).
+READ_KEYS = frozenset({*METRICS.values(), *REQUIRED_KEYS})
 ID_COLUMNS = ("run_id", "server_id", "client_id", "repeat", "fingerprint")
 # Metrics summarized per cell and compared with the baseline, and which direction is better.
 SUMMARY_METRICS: dict[str, str] = {
@@ -102,14 +104,14 @@ def check_record(record: BenchRecord | Mapping[str, Any]) -> list[str]:
 def cell_metrics(path: Path, *, cell: CellRepeat) -> dict[str, float | int]:
     """Read and check one raw cell-repeat file; CellFailed names the cell and the file."""
     try:
-        record = read_record(path)
-        metrics = record_metrics(record)
+        data = read_record(path, keys=READ_KEYS).model_dump()
+        metrics = record_metrics(data)
     except FileNotFoundError:
         raise CellFailed(f"cell {cell.key}: raw record {path} is missing") from None
     except (ValueError, ValidationError) as exc:  # JSON, line count, field types
         first = str(exc).strip().splitlines()[0]
         raise CellFailed(f"cell {cell.key}: raw record {path} is invalid: {first}") from None
-    problems = check_record(record)
+    problems = check_record(data)
     if problems:
         raise CellFailed(f"cell {cell.key}: raw record {path} is invalid: {'; '.join(problems)}")
     return metrics
@@ -117,11 +119,12 @@ def cell_metrics(path: Path, *, cell: CellRepeat) -> dict[str, float | int]:
 
 def cell_gpu(path: Path, *, cell: CellRepeat) -> dict[str, Any]:
     """GPU figures of one cell-repeat; a missing snapshot file gives NaN and status `missing`."""
-    if not path.exists():
+    try:
+        rows = telemetry.read_snapshot(path)
+    except FileNotFoundError:
         log.warning("cell %s: no GPU snapshot %s", cell.key, path)
-        figures = telemetry.gpu_figures(telemetry.snapshot_frame([]))
-        return {**figures, "gpu_status": "missing"}
-    return telemetry.gpu_figures(telemetry.read_snapshot(path))
+        return {**telemetry.gpu_figures([]), "gpu_status": "missing"}
+    return telemetry.gpu_figures(rows)
 
 
 def _axis_names(axes: Iterable[Mapping[str, Any]]) -> list[str]:
@@ -217,31 +220,42 @@ def _key(value: Any) -> str:
     return str(value)
 
 
+def _cell_positions(
+    results: pd.DataFrame, axes: Sequence[str]
+) -> list[tuple[dict[str, Any], list[int]]]:
+    """(axes values, row positions) per cell, in first-appearance (matrix) order."""
+    groups: dict[tuple[str, ...], tuple[dict[str, Any], list[int]]] = {}
+    for pos, row in enumerate(results[list(axes)].itertuples(index=False, name=None)):
+        key = tuple(_key(v) for v in row)
+        if key not in groups:
+            groups[key] = ({a: _py(v) for a, v in zip(axes, row, strict=True)}, [])
+        groups[key][1].append(pos)
+    return list(groups.values())
+
+
 def group_cells(
     results: pd.DataFrame, axes: Sequence[str]
 ) -> list[tuple[dict[str, Any], pd.DataFrame]]:
     """(axes values, repeat rows) per cell, in first-appearance (matrix) order."""
-    groups: dict[tuple[str, ...], list[int]] = {}
-    for pos, row in enumerate(results[list(axes)].itertuples(index=False, name=None)):
-        groups.setdefault(tuple(_key(v) for v in row), []).append(pos)
-    # One reordering, then contiguous slices: much cheaper than a take per cell.
-    order = [pos for positions in groups.values() for pos in positions]
-    ordered = results.iloc[order]
-    out = []
-    start = 0
-    for positions in groups.values():
-        rows = ordered.iloc[start : start + len(positions)]
-        start += len(positions)
-        first = results.iloc[positions[0]]
-        out.append(({a: _py(first[a]) for a in axes}, rows))
-    return out
+    return [(ax, results.iloc[pos]) for ax, pos in _cell_positions(results, axes)]
+
+
+def _multi_token(rows: pd.DataFrame) -> np.ndarray:
+    """Per row: did its requests produce more than one token on average? (A missing figure
+    counts as yes: pandas' all() skips it.)"""
+    per_request = rows["total_output_tokens"] / rows["completed"]
+    return (per_request > 1).to_numpy(dtype=bool, na_value=True)
+
+
+def _metric_names(multi_token: np.ndarray) -> list[str]:
+    """SUMMARY_METRICS of a cell from its rows' `_multi_token` flags."""
+    multi = bool(multi_token.size) and bool(multi_token.all())
+    return [m for m in SUMMARY_METRICS if multi or m not in OUTPUT_DEPENDENT]
 
 
 def cell_metric_names(rows: pd.DataFrame) -> list[str]:
     """SUMMARY_METRICS that apply to a cell: TPOT only if requests produced > 1 token."""
-    per_request = rows["total_output_tokens"] / rows["completed"]
-    multi_token = bool(len(rows)) and bool((per_request > 1).all())
-    return [m for m in SUMMARY_METRICS if multi_token or m not in OUTPUT_DEPENDENT]
+    return _metric_names(_multi_token(rows))
 
 
 def _floats(values: pd.Series | np.ndarray | Sequence[float]) -> np.ndarray:
@@ -339,7 +353,7 @@ RequestData = Mapping[tuple[str, str, int], "stats.Requests | None"]
 
 def raw_path(run_dir: str | Path, *, server_id: str, client_id: str, repeat: int) -> Path:
     """The raw record of a cell-repeat of a run directory (the layout of RunPaths.raw)."""
-    return Path(run_dir) / "raw" / server_id / client_id / f"r{int(repeat)}.jsonl"
+    return Path(run_dir, "raw", server_id, client_id, f"r{int(repeat)}.jsonl")
 
 
 def load_requests(
@@ -358,7 +372,7 @@ def load_requests(
         key = (str(server_id), str(client_id), int(repeat))
         path = raw_path(run_dir, server_id=key[0], client_id=key[1], repeat=key[2])
         try:
-            out[key] = stats.requests_of(read_record(path))
+            out[key] = stats.requests_of(read_record(path, keys=stats.REQUEST_KEYS))
         except (OSError, ValueError, ValidationError) as exc:
             log.warning("%s: no per-request data (%s)", path, str(exc).splitlines()[0])
             out[key] = None
@@ -369,9 +383,31 @@ def load_requests(
     return out
 
 
-def _cell_key(rows: pd.DataFrame, axes: Mapping[str, Any]) -> str:
-    ids = [str(rows[c].iloc[0]) for c in ("run_id", "server_id", "client_id") if c in rows]
-    return "|".join(ids) if len(ids) == 3 else cell_label(axes)
+# Columns that identify a cell's rows: the key of its random streams and of its requests.
+CELL_ID_COLUMNS = ("run_id", "server_id", "client_id", "repeat")
+
+
+def _ids(rows: pd.DataFrame) -> dict[str, list[Any]]:
+    """CELL_ID_COLUMNS present in `rows` -> their values."""
+    return {c: rows[c].tolist() for c in CELL_ID_COLUMNS if c in rows.columns}
+
+
+def _cell_key(ids: Mapping[str, Sequence[Any]], axes: Mapping[str, Any]) -> str:
+    """The random-stream key of a cell: `run|server|client` of its first row, else its label."""
+    cols = ("run_id", "server_id", "client_id")
+    if all(c in ids and len(ids[c]) for c in cols):
+        return "|".join(str(ids[c][0]) for c in cols)
+    return cell_label(axes)
+
+
+def _row_requests(
+    ids: Mapping[str, Sequence[Any]], requests: RequestData | None
+) -> list[stats.Requests | None] | None:
+    """Per-request figures of each row (None: the row has none), None without request data."""
+    if requests is None or not {"server_id", "client_id", "repeat"} <= set(ids):
+        return None
+    rows = zip(ids["server_id"], ids["client_id"], ids["repeat"], strict=True)
+    return [requests.get((str(s), str(c), int(r))) for s, c, r in rows]
 
 
 def cell_replicates(
@@ -381,27 +417,14 @@ def cell_replicates(
     requests: RequestData | None = None,
     bootstrap: stats.Bootstrap = stats.DEFAULT,
     key: str | None = None,
-    values: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, stats.Replicates | None]:
-    """Bootstrap replicates of each metric's median over a cell's repeat rows.
-
-    `values` (metric -> the rows' values as floats) saves converting the columns again.
-    """
-    reqs = None
-    if requests is not None and {"server_id", "client_id", "repeat"} <= set(rows.columns):
-        ids = zip(
-            rows["server_id"].tolist(),
-            rows["client_id"].tolist(),
-            rows["repeat"].tolist(),
-            strict=True,
-        )
-        reqs = [requests.get((str(s), str(c), int(r))) for s, c, r in ids]
-    if values is None:
-        values = {m: _floats(rows[m]) for m in metrics}
-    else:
-        values = {m: values[m] for m in metrics}
+    """Bootstrap replicates of each metric's median over a cell's repeat rows."""
+    ids = _ids(rows)
     return stats.cell_replicates(
-        values=values, requests=reqs, key=key or _cell_key(rows, {}), bootstrap=bootstrap
+        values={m: _floats(rows[m]) for m in metrics},
+        requests=_row_requests(ids, requests),
+        key=key or _cell_key(ids, {}),
+        bootstrap=bootstrap,
     )
 
 
@@ -409,28 +432,29 @@ def cell_replicates(
 
 
 def _twins(
-    groups: Sequence[tuple[dict[str, Any], pd.DataFrame]], baseline: Mapping[str, Any]
+    groups: Sequence[Mapping[str, Any]], baseline: Mapping[str, Any]
 ) -> tuple[dict[int, int], str | None]:
-    """Candidate group index -> its baseline twin's index, and a note when there are none."""
+    """Candidate cell index -> its baseline twin's index (cells given by their axes), and a
+    note when there are none."""
     if not baseline:
         return {}, "no baseline in this run (none configured, or narrowed out of the matrix)"
     if not groups:
         return {}, "no results in this run"
     (axis, value), *_ = baseline.items()
-    axes_known = list(groups[0][0])
+    axes_known = list(groups[0])
     if axis not in axes_known:
         return {}, f"baseline axis {axis} is not an axis of this run"
     want = _key(value)
     others = [a for a in axes_known if a != axis]
     index = {
         tuple(_key(ax[a]) for a in others): i
-        for i, (ax, _) in enumerate(groups)
+        for i, ax in enumerate(groups)
         if _key(ax[axis]) == want
     }
     if not index:
         return {}, f"baseline {axis}={want} has no results in this run"
     twins = {}
-    for i, (ax, _) in enumerate(groups):
+    for i, ax in enumerate(groups):
         if _key(ax[axis]) == want:
             continue
         twin = index.get(tuple(_key(ax[a]) for a in others))
@@ -445,17 +469,49 @@ def _twins(
 
 @dataclass(frozen=True)
 class _Cell:
-    """One cell's rows as plain arrays (pandas per-metric calls dominate large summaries)."""
+    """One cell's rows as plain values (pandas calls per cell dominate large summaries)."""
 
     axes: dict[str, Any]
-    rows: pd.DataFrame
+    n: int  # repeat rows
+    ids: dict[str, list[Any]]  # CELL_ID_COLUMNS present -> the rows' values
     metrics: list[str]
-    values: dict[str, np.ndarray]
+    values: dict[str, np.ndarray]  # metric -> the rows' values as floats
 
-    @classmethod
-    def of(cls, axes: dict[str, Any], rows: pd.DataFrame) -> _Cell:
-        metrics = cell_metric_names(rows)
-        return cls(axes, rows, metrics, {m: _floats(rows[m]) for m in metrics})
+
+def _cells(
+    results: pd.DataFrame, positions: Sequence[tuple[dict[str, Any], Sequence[int]]]
+) -> list[_Cell]:
+    """The cells given by (axes, row positions in `results`); each column is converted once."""
+    if not positions:
+        return []
+    ids = _ids(results)
+    multi = _multi_token(results)
+    columns = {m: _floats(results[m]) for m in SUMMARY_METRICS if m in results.columns}
+    cells = []
+    for axes, pos in positions:
+        rows = np.asarray(pos, dtype=np.intp)
+        metrics = _metric_names(multi[rows])
+        cells.append(
+            _Cell(
+                axes=axes,
+                n=len(rows),
+                ids={c: [v[i] for i in pos] for c, v in ids.items()},
+                metrics=metrics,
+                values={m: columns[m][rows] for m in metrics},
+            )
+        )
+    return cells
+
+
+def _cells_of_groups(groups: Sequence[tuple[dict[str, Any], pd.DataFrame]]) -> list[_Cell]:
+    """The cells of (axes, repeat rows) groups, as group_cells gives them."""
+    if not groups:
+        return []
+    ends = np.cumsum([len(rows) for _, rows in groups]).tolist()
+    starts = [0, *ends[:-1]]
+    frame = pd.concat([rows for _, rows in groups], ignore_index=True)
+    positions = [(ax, range(a, b)) for (ax, _), a, b in zip(groups, starts, ends, strict=True)]
+    return _cells(frame, positions)
 
 
 def _cell_entry(
@@ -463,17 +519,17 @@ def _cell_entry(
     reps: Mapping[str, stats.Replicates | None] | None,
     bootstrap: stats.Bootstrap | None,
 ) -> dict[str, Any]:
-    rows = cell.rows
+    ids = cell.ids
     entry: dict[str, Any] = {
         "axes": cell.axes,
         "label": cell_label(cell.axes),
-        "server_id": _py(rows["server_id"].iloc[0]) if "server_id" in rows else None,
-        "client_id": _py(rows["client_id"].iloc[0]) if "client_id" in rows else None,
-        "n": len(rows),
+        "server_id": _py(ids["server_id"][0]) if "server_id" in ids else None,
+        "client_id": _py(ids["client_id"][0]) if "client_id" in ids else None,
+        "n": cell.n,
     }
     if bootstrap is not None:
-        entry["repeat_resamples"] = stats.distinct_resamples(len(rows))
-        entry["coarse"] = stats.is_coarse(len(rows))
+        entry["repeat_resamples"] = stats.distinct_resamples(cell.n)
+        entry["coarse"] = stats.is_coarse(cell.n)
     entry["metrics"] = {
         m: metric_stats(
             cell.values[m],
@@ -496,7 +552,7 @@ def _delta_entry(
     base_reps: Mapping[str, stats.Replicates | None] | None,
     bootstrap: stats.Bootstrap | None,
 ) -> dict[str, Any]:
-    n_cand, n_base = len(cand.rows), len(base.rows)
+    n_cand, n_base = cand.n, base.n
     entry: dict[str, Any] = {
         "axes": cand.axes,
         "label": cell_label(cand.axes),
@@ -522,15 +578,14 @@ def _delta_entry(
 
 
 def _analyse(
-    groups: Sequence[tuple[dict[str, Any], pd.DataFrame]],
+    cells: Sequence[_Cell],
     *,
     baseline: Mapping[str, Any],
     requests: RequestData | None,
     bootstrap: stats.Bootstrap | None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str | None]:
     """Cells and deltas in one pass; only baseline cells' replicates are kept in memory."""
-    twins, note = _twins(groups, baseline)
-    cells = [_Cell.of(axes, rows) for axes, rows in groups]
+    twins, note = _twins([cell.axes for cell in cells], baseline)
     kept: dict[int, dict[str, stats.Replicates | None]] = {}
     keep = set(twins.values())
 
@@ -540,13 +595,11 @@ def _analyse(
         if i in kept:
             return kept[i]
         cell = cells[i]
-        reps = cell_replicates(
-            cell.rows,
-            metrics=cell.metrics,
-            requests=requests,
-            bootstrap=bootstrap,
-            key=_cell_key(cell.rows, cell.axes),
+        reps = stats.cell_replicates(
             values=cell.values,
+            requests=_row_requests(cell.ids, requests),
+            key=_cell_key(cell.ids, cell.axes),
+            bootstrap=bootstrap,
         )
         if i in keep:
             kept[i] = reps
@@ -579,7 +632,8 @@ def summarize_cells(
     bootstrap: stats.Bootstrap | None = stats.DEFAULT,
 ) -> list[dict[str, Any]]:
     """Per cell: ids, number of repeats, median/min/max and interval of each summary metric."""
-    return _analyse(groups, baseline={}, requests=requests, bootstrap=bootstrap)[0]
+    cells = _cells_of_groups(groups)
+    return _analyse(cells, baseline={}, requests=requests, bootstrap=bootstrap)[0]
 
 
 def baseline_deltas(
@@ -591,7 +645,7 @@ def baseline_deltas(
 ) -> tuple[list[dict[str, Any]], str | None]:
     """Deltas of every non-baseline cell vs its baseline twin, and a note when there are none."""
     _, deltas, note = _analyse(
-        groups, baseline=dict(baseline), requests=requests, bootstrap=bootstrap
+        _cells_of_groups(groups), baseline=dict(baseline), requests=requests, bootstrap=bootstrap
     )
     return deltas, note
 
@@ -623,9 +677,9 @@ def summarize(
     missing = [a for a in axes if a not in results.columns]
     if missing and len(results):
         raise ValueError(f"results have no column(s) for axes {missing}")
-    groups = group_cells(results, axes) if len(results) else []
-    cells, deltas, note = _analyse(
-        groups, baseline=dict(baseline), requests=requests, bootstrap=bootstrap
+    cells = _cells(results, _cell_positions(results, axes)) if len(results) else []
+    entries, deltas, note = _analyse(
+        cells, baseline=dict(baseline), requests=requests, bootstrap=bootstrap
     )
     run_ids = sorted({str(r) for r in results["run_id"]}) if "run_id" in results else []
     summary: dict[str, Any] = {
@@ -634,15 +688,15 @@ def summarize(
         "server_axes": list(server_axes),
         "client_axes": list(client_axes),
         "metrics": {m: {"better": d} for m, d in SUMMARY_METRICS.items()},
-        "cells": cells,
+        "cells": entries,
         "deltas": deltas,
         "note": note,
     }
     if bootstrap is not None:
         summary["method"] = stats.method(
             bootstrap=bootstrap,
-            repeats=[c["n"] for c in cells],
-            resampled=_resampled(cells),
+            repeats=[c["n"] for c in entries],
+            resampled=_resampled(entries),
         )
     return summary
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -108,20 +109,30 @@ class BenchRecord(BaseModel):
         return json.dumps(self.model_dump(exclude_none=False)) + "\n"
 
 
-def parse_record_line(line: str) -> BenchRecord:
-    """Parse one JSONL line (Python's json accepts bench_serving's `Infinity`)."""
-    return BenchRecord.model_validate(json.loads(line))
+def parse_record_line(line: str, *, keys: Collection[str] | None = None) -> BenchRecord:
+    """Parse one JSONL line (Python's json accepts bench_serving's `Infinity`).
+
+    With `keys`, only those keys are validated and kept: much cheaper when a caller needs a
+    few figures of a record with per-request details.
+    """
+    data = json.loads(line)
+    if keys is not None and isinstance(data, dict):
+        data = {k: data[k] for k in keys if k in data}
+    return BenchRecord.model_validate(data)
 
 
-def read_records(path: str | Path) -> list[BenchRecord]:
+def read_records(path: str | Path, *, keys: Collection[str] | None = None) -> list[BenchRecord]:
     """All records of a JSONL file (bench_serving appends one line per invocation)."""
     lines = Path(path).read_text().splitlines()
-    return [parse_record_line(line) for line in lines if line.strip()]
+    return [parse_record_line(line, keys=keys) for line in lines if line.strip()]
 
 
-def read_record(path: str | Path) -> BenchRecord:
-    """The single record of a raw cell-repeat file; more or fewer lines is an error."""
-    records = read_records(path)
+def read_record(path: str | Path, *, keys: Collection[str] | None = None) -> BenchRecord:
+    """The single record of a raw cell-repeat file; more or fewer lines is an error.
+
+    `keys` as in parse_record_line.
+    """
+    records = read_records(path, keys=keys)
     if len(records) != 1:
         raise ValueError(f"{path}: expected exactly one record, found {len(records)}")
     return records[0]

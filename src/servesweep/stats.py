@@ -42,6 +42,8 @@ REQUEST_METRICS: dict[str, tuple[str, float | str]] = {
     "tpot_p95_ms": ("tpot", 95.0),
 }
 FIGURES = ("ttft", "e2e", "tpot")
+# The record keys requests_of reads (records are read with these only).
+REQUEST_KEYS = ("tag", "ttfts", "itls", "output_lens", "errors")
 
 
 @dataclass(frozen=True)
@@ -115,12 +117,14 @@ def requests_of(record: BenchRecord) -> Requests | None:
     if len(errors) != n or len(outs) != n:
         log.warning("record %s: per-request details of unequal lengths; ignored", record.tag)
         return None
-    ok = [i for i in range(n) if not errors[i]]
-    if not ok:
+    ttft = np.array(ttfts, dtype=float)
+    gen = np.fromiter(map(math.fsum, itls), dtype=float, count=n)
+    out = np.array(outs, dtype=float)
+    if any(errors):  # leave the failed requests out
+        ok = np.array([not e for e in errors], dtype=bool)
+        ttft, gen, out = ttft[ok], gen[ok], out[ok]
+    if not ttft.size:
         return None
-    ttft = np.array([ttfts[i] for i in ok], dtype=float)
-    gen = np.array([math.fsum(itls[i]) for i in ok], dtype=float)
-    out = np.array([outs[i] for i in ok], dtype=float)
     multi = out > 1
     return Requests(
         ttft=np.sort(ttft * 1000.0),
@@ -141,36 +145,51 @@ def is_coarse(n: int) -> bool:
     return distinct_resamples(n) < COARSE_BELOW
 
 
-def _stat_of_sorted(v: np.ndarray, order: np.ndarray, stat: float | str) -> np.ndarray:
-    """The statistic of each row of v[order], where order rows are ascending and v is sorted."""
-    m = order.shape[1]
-    if stat == "mean":
-        return v[order].mean(axis=1)
-    h = (m - 1) * float(stat) / 100.0
+def _ranks(n: int, percentile: float) -> tuple[float, int, int]:
+    """(h, lo, hi) of numpy's linear percentile of n sorted values: values[lo], values[hi]."""
+    h = (n - 1) * percentile / 100.0
     lo = int(math.floor(h))
-    hi = min(lo + 1, m - 1)
-    below = v[order[:, lo]]
-    return below + (h - lo) * (v[order[:, hi]] - below)
+    return h, lo, min(lo + 1, n - 1)
+
+
+def _stat_of_sorted(
+    values: np.ndarray,
+    starts: np.ndarray,
+    order: np.ndarray,
+    stat: float | str,
+    cache: dict[int, np.ndarray],
+) -> np.ndarray:
+    """The statistic of each resample i: values[starts[i] + order[i]], where the m values from
+    each start are sorted and each row of `order` (positions 0..m-1) is ascending; `cache`
+    keeps the positions of order's columns for the next statistic of the same draw."""
+    if stat == "mean":
+        return values.take(starts[:, None] + order).mean(axis=1)
+    h, lo, hi = _ranks(order.shape[1], float(stat))
+    for col in (lo, hi):
+        if col not in cache:
+            cache[col] = starts + order[:, col]
+    below = values.take(cache[lo])
+    return below + (h - lo) * (values.take(cache[hi]) - below)
 
 
 def figure_stat(values: np.ndarray, stat: float | str) -> float:
     """One statistic of sorted values (numpy's linear percentile, or the mean)."""
     if stat == "mean":
         return float(values.mean())
-    h = (len(values) - 1) * float(stat) / 100.0
-    lo = int(math.floor(h))
-    hi = min(lo + 1, len(values) - 1)
+    h, lo, hi = _ranks(len(values), float(stat))
     return float(values[lo] + (h - lo) * (values[hi] - values[lo]))
 
 
 def _row_median(x: np.ndarray) -> np.ndarray:
-    """Median of each row (np.median's answer, cheaper for the few columns of repeats)."""
-    n = x.shape[1]
-    if n == 1:
-        return x[:, 0].copy()
-    s = np.sort(x, axis=1)
+    """Median along the last axis (np.median's answer, cheaper for the few repeats); x is
+    partitioned in place, the result is a new array."""
+    n = x.shape[-1]
     mid = n // 2
-    return s[:, mid] if n % 2 else 0.5 * (s[:, mid - 1] + s[:, mid])
+    if n % 2:
+        x.partition(mid, axis=-1)
+        return x[..., mid].copy()
+    x.partition((mid - 1, mid), axis=-1)
+    return 0.5 * (x[..., mid - 1] + x[..., mid])
 
 
 def _rng(bootstrap: Bootstrap, *parts: str) -> np.random.Generator:
@@ -178,26 +197,55 @@ def _rng(bootstrap: Bootstrap, *parts: str) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence(bootstrap.seed, spawn_key=words))
 
 
-def _resampled_stats(
-    figures: Sequence[tuple[np.ndarray, float | str]], count: int, rng: np.random.Generator
+def _drawn_repeat_figures(
+    *,
+    metrics: Sequence[str],
+    repeats: Sequence[Requests],
+    anchors: np.ndarray,
+    picks: np.ndarray,
+    rng: np.random.Generator,
 ) -> np.ndarray:
-    """(count, len(figures)): statistics of `count` resamples with replacement.
+    """(len(metrics), *picks.shape): each drawn repeat's figures from its resampled requests.
 
-    Every (sorted values, statistic) pair has the same number of values m; one draw of
-    resampled positions serves them all (each statistic's bootstrap distribution is exact;
-    statistics are never combined across figures, so the shared draw does not matter).
+    `picks` are the drawn repeats (positions in `repeats`), `anchors[k, j]` the record value
+    of metric k in repeat j. Every slot of `picks` gets its own resample with replacement of
+    its repeat's requests, whose figures are first shifted by (record value - figure of the
+    repeat's own requests): the recomputed figure is anchored on the record. One draw of
+    resampled positions serves all slots whose repeats have the same request count m, in
+    row-major order (in chunks of CHUNK_ELEMENTS); the metrics share it (each metric's
+    bootstrap distribution is exact; statistics are never combined across metrics).
     """
-    m = len(figures[0][0])
-    dtype = np.int16 if m < 2**15 else np.int32
-    out = np.empty((count, len(figures)))
-    rows = max(1, CHUNK_ELEMENTS // m)
-    for start in range(0, count, rows):
-        stop = min(count, start + rows)
-        # Sorting resampled positions of a sorted array sorts the resampled values.
-        order = np.sort(rng.integers(0, m, size=(stop - start, m), dtype=dtype), axis=1)
-        for k, (v, stat) in enumerate(figures):
-            out[start:stop, k] = _stat_of_sorted(v, order, stat)
-    return out
+    figures = [REQUEST_METRICS[metric] for metric in metrics]
+    sizes = np.array([len(r.figure(figures[0][0])) for r in repeats])  # same for every metric
+    drawn = picks.ravel()
+    out = np.empty((len(metrics), drawn.size))
+    for m in dict.fromkeys(sizes.tolist()):
+        members = np.flatnonzero(sizes == m)
+        slots = None  # the common case: every repeat has m requests, every slot is served
+        starts = drawn * m  # where each slot's repeat starts in the joined figures of members
+        if members.size < len(repeats):
+            local = np.zeros(len(repeats), dtype=np.intp)
+            local[members] = np.arange(members.size)
+            slots = np.flatnonzero(sizes[drawn] == m)
+            starts = local[drawn[slots]] * m
+        shifted = []
+        for k, (name, stat) in enumerate(figures):
+            own = [repeats[j].figure(name) for j in members]
+            offsets = anchors[k, members] - [figure_stat(v, stat) for v in own]
+            shifted.append(np.concatenate([v + d for v, d in zip(own, offsets, strict=True)]))
+        dtype = np.int16 if m < 2**15 else np.int32
+        # As few chunks as CHUNK_ELEMENTS allows, of about equal size.
+        chunks = max(1, -(-starts.size * m // CHUNK_ELEMENTS))
+        chunk = max(1, -(-starts.size // chunks))
+        for start in range(0, starts.size, chunk):
+            part = slice(start, min(starts.size, start + chunk))
+            order = rng.integers(0, m, size=(part.stop - start, m), dtype=dtype)
+            order.sort(axis=1)  # resampled positions of sorted figures, sorted: figures sorted
+            target = part if slots is None else slots[part]
+            cache: dict[int, np.ndarray] = {}
+            for k, (_, stat) in enumerate(figures):
+                out[k, target] = _stat_of_sorted(shifted[k], starts[part], order, stat, cache)
+    return out.reshape(len(metrics), *picks.shape)
 
 
 def cell_replicates(
@@ -232,23 +280,24 @@ def cell_replicates(
         rng = _rng(bootstrap, key, tag, ",".join(map(str, used)))
         picks = rng.integers(0, len(used), size=(bootstrap.replicates, len(used)))
         if sizes is None:
-            for metric in metrics:
-                per_repeat = arrays[metric][list(used)][picks]
-                out[metric] = Replicates(_row_median(per_repeat), len(used), False)
+            record = np.array([arrays[m][list(used)] for m in metrics])
+            medians = _row_median(record[:, picks])
+            for k, metric in enumerate(metrics):
+                out[metric] = Replicates(medians[k], len(used), False)
             continue
         assert requests is not None
-        per_repeat = np.empty((len(metrics), *picks.shape))
-        for j, repeat in enumerate(used):
-            reqs = requests[repeat]
-            assert reqs is not None
-            figures = [(reqs.figure(REQUEST_METRICS[m][0]), REQUEST_METRICS[m][1]) for m in metrics]
-            slots = picks == j
-            drawn = _resampled_stats(figures, int(slots.sum()), rng)
-            for k, (metric, (v, stat)) in enumerate(zip(metrics, figures, strict=True)):
-                offset = arrays[metric][repeat] - figure_stat(v, stat)
-                per_repeat[k][slots] = drawn[:, k] + offset
+        repeats = [r for r in (requests[i] for i in used) if r is not None]
+        assert len(repeats) == len(used)  # _request_sizes: every used repeat has requests
+        per_repeat = _drawn_repeat_figures(
+            metrics=metrics,
+            repeats=repeats,
+            anchors=np.array([arrays[m][list(used)] for m in metrics]),
+            picks=picks,
+            rng=rng,
+        )
+        medians = _row_median(per_repeat)
         for k, metric in enumerate(metrics):
-            out[metric] = Replicates(_row_median(per_repeat[k]), len(used), True)
+            out[metric] = Replicates(medians[k], len(used), True)
     return {m: out[m] for m in values}
 
 

@@ -6,14 +6,16 @@ import csv
 import io
 import logging
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from servesweep.files import atomic_open
-from servesweep.transport import CommandResult, Transport, run_all
+
+if TYPE_CHECKING:  # transport imports paramiko (~0.1 s): the analysis scripts never need it
+    from servesweep.transport import CommandResult, Transport
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,12 @@ HEADER_ALIASES = {
 }
 META_COLUMNS = ("node", "phase", "status", "detail")
 SNAPSHOT_COLUMNS = (*META_COLUMNS, *COLUMNS.values())
+FIELD_OF_COLUMN = {col: field for field, col in COLUMNS.items()}
+# A snapshot row with every value missing (parse_snapshot fills in what a file has).
+_MISSING_ROW: dict[str, Any] = {
+    col: None if col in META_COLUMNS or FIELD_OF_COLUMN[col] in STRING_FIELDS else math.nan
+    for col in SNAPSHOT_COLUMNS
+} | {"detail": ""}
 PHASES = ("before", "after")
 STATUS_OK = "ok"
 STATUS_UNAVAILABLE = "unavailable"
@@ -91,6 +99,10 @@ def snapshot_command() -> str:
 
 def _number(field: str, text: str) -> float:
     """One numeric value, with or without its unit; `[N/A]`-style values are NaN."""
+    try:
+        return float(text)  # the common case: a bare number
+    except ValueError:
+        pass
     value = text.strip()
     if not value or value.strip("[]") in ("N/A", "Not Supported", "Unknown Error", "Unknown"):
         return math.nan
@@ -206,6 +218,8 @@ def take_snapshot(
     Transport failures (unreachable node, timeout) raise TransportError: they are not
     telemetry gaps but a broken cluster.
     """
+    from servesweep.transport import run_all  # see the TYPE_CHECKING import
+
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES}, not {phase!r}")
     results = run_all(transport, nodes, snapshot_command(), timeout=timeout)
@@ -218,31 +232,85 @@ def write_snapshot(path: str | Path, df: pd.DataFrame) -> None:
         df.reindex(columns=list(SNAPSHOT_COLUMNS)).to_csv(fh, index=False)
 
 
-def read_snapshot(path: str | Path) -> pd.DataFrame:
-    """Read a snapshot CSV written by `write_snapshot`, with its column types."""
-    text_cols = [COLUMNS[f] for f in STRING_FIELDS] + list(META_COLUMNS)
-    df = pd.read_csv(
-        path, dtype={c: "string" for c in text_cols}, keep_default_na=False, na_values=[""]
-    )
-    return _typed(df.reindex(columns=list(SNAPSHOT_COLUMNS)))
+def parse_snapshot(text: str) -> list[dict[str, Any]]:
+    """Rows of a snapshot CSV as `write_snapshot` writes it (a header of SNAPSHOT_COLUMNS).
+
+    Every row has every SNAPSHOT_COLUMNS key: numbers are floats (NaN when empty or
+    `[N/A]`-style), text is a str or None when empty (`detail` is "" then). Unknown columns
+    are ignored, absent ones are missing values; a row with more or fewer values than the
+    header is a ValueError naming the row.
+    """
+    lines = csv.reader(io.StringIO(text))
+    header = next(lines, None)
+    if not header:
+        raise ValueError("empty GPU snapshot (expected a header line)")
+    kept = [
+        (i, col, FIELD_OF_COLUMN.get(col))
+        for i, col in enumerate(header)
+        if col in SNAPSHOT_COLUMNS
+    ]
+    rows = []
+    for n, cells in enumerate(lines, start=1):  # n: data row number, for messages
+        if not cells or all(not c.strip() for c in cells):
+            continue
+        if len(cells) != len(header):
+            raise ValueError(f"row {n}: {len(cells)} values for {len(header)} columns")
+        row = dict(_MISSING_ROW)
+        for i, col, field in kept:
+            text = cells[i]
+            if not text:
+                continue  # missing: as in _MISSING_ROW
+            if field is None or field in STRING_FIELDS:
+                row[col] = text
+                continue
+            try:
+                row[col] = _number(field, text)
+            except ValueError as exc:
+                raise ValueError(f"row {n}: {exc}") from None
+        rows.append(row)
+    return rows
+
+
+def read_snapshot(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a snapshot file (see parse_snapshot); `snapshot_frame` makes a typed frame."""
+    try:
+        return parse_snapshot(Path(path).read_text())
+    except ValueError as exc:
+        raise ValueError(f"GPU snapshot {path}: {exc}") from None
 
 
 # ---------------------------------------------------------------- figures
 
 
-def _num(value: Any) -> float:
-    return math.nan if pd.isna(value) else float(value)
+def _text(value: Any) -> str:
+    """A text value of a row; missing (None, NA) is ""."""
+    return value if isinstance(value, str) else ""
 
 
-def gpu_figures(df: pd.DataFrame) -> dict[str, Any]:
+def _present(value: Any) -> float | None:
+    """A numeric value of a row as a float; None where missing (None, NA, NaN)."""
+    if value is None or value is pd.NA:
+        return None
+    number = float(value)
+    return None if math.isnan(number) else number
+
+
+def _values(rows: Iterable[Mapping[str, Any]], column: str) -> list[float]:
+    """The values of a numeric column that are present (missing ones left out)."""
+    values = (_present(r.get(column)) for r in rows)
+    return [v for v in values if v is not None]
+
+
+def gpu_figures(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """Per-cell GPU figures for results.csv; NaN (never guessed) where no GPU was read.
 
+    `rows` are snapshot rows (read_snapshot, node_rows; a frame's `.to_dict("records")`).
     `gpu_status` is `ok` when every node answered, `unavailable` when none did, and `partial`
     when some did (figures then cover the GPUs that answered).
     """
-    status = df["status"].fillna("") if "status" in df.columns else pd.Series([], dtype="string")
-    ok = df[status == STATUS_OK]
-    if ok.empty:
+    snapshot = list(rows)
+    ok = [r for r in snapshot if _text(r.get("status")) == STATUS_OK]
+    if not ok:
         return {
             "gpu_count": math.nan,
             "gpu_mem_used_peak_mib": math.nan,
@@ -250,11 +318,13 @@ def gpu_figures(df: pd.DataFrame) -> dict[str, Any]:
             "gpu_util_mean_pct": math.nan,
             "gpu_status": STATUS_UNAVAILABLE,
         }
-    after = ok[ok["phase"] == "after"]
+    memory = _values(ok, "memory_used_mib")
+    power = _values(ok, "power_draw_w")
+    util = _values((r for r in ok if _text(r.get("phase")) == "after"), "utilization_gpu_pct")
     return {
-        "gpu_count": int(len(ok[["node", "index"]].drop_duplicates())),
-        "gpu_mem_used_peak_mib": _num(ok["memory_used_mib"].max()),
-        "gpu_power_peak_w": _num(ok["power_draw_w"].max()),
-        "gpu_util_mean_pct": _num(after["utilization_gpu_pct"].mean()),
-        "gpu_status": STATUS_OK if (status == STATUS_OK).all() else STATUS_PARTIAL,
+        "gpu_count": len({(_text(r.get("node")), _present(r.get("index"))) for r in ok}),
+        "gpu_mem_used_peak_mib": max(memory) if memory else math.nan,
+        "gpu_power_peak_w": max(power) if power else math.nan,
+        "gpu_util_mean_pct": math.fsum(util) / len(util) if util else math.nan,
+        "gpu_status": STATUS_OK if len(ok) == len(snapshot) else STATUS_PARTIAL,
     }

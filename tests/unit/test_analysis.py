@@ -398,6 +398,33 @@ def test_summary_is_the_same_after_the_csv_round_trip(tmp_path, default_results)
     assert summary_of(exp, back) == summary_of(exp, df)
 
 
+def test_summary_parts_of_grouped_rows_match_the_summary(default_results):
+    exp, df = default_results
+    s = summary_of(exp, df)
+    groups = analysis.group_cells(df, [*exp.matrix.server, *exp.matrix.client])
+    assert [ax for ax, _ in groups] == [c["axes"] for c in s["cells"]]
+    assert analysis.summarize_cells(groups) == s["cells"]
+    assert analysis.baseline_deltas(groups, baseline=exp.baseline) == (s["deltas"], None)
+
+
+def test_each_stage_reads_only_the_record_keys_it_needs(tmp_path):
+    exp = experiment()
+    paths = make_run(tmp_path, exp)
+    cells = cell_repeats(exp)
+    n = 40
+    details = {"ttfts": [0.5] * n, "itls": [[]] * n, "output_lens": [1] * n, "errors": [""] * n}
+    write_record(paths.raw(cells[0]), {**template(REC_0523), **details})
+    # Details that do not validate: results.csv does not read them, the bootstrap cannot.
+    broken = json.dumps({**template(REC_0523), **details, "itls": "garbage"})
+    paths.raw(cells[1]).write_text(broken + "\n")
+    df = analysis.collect_results(cells=cells, paths=paths)
+    assert len(df) == 24
+    reqs = analysis.load_requests(results=df.iloc[:2], run_dir=paths.root)
+    first, second = ((c.server.id, c.client.id, c.repeat) for c in cells[:2])
+    assert reqs[first].ttft == pytest.approx([500.0] * n)
+    assert reqs[second] is None
+
+
 def test_empty_run():
     exp = experiment()
     df = analysis.collect_results(cells=[], paths=RunPaths(Path("/nonexistent/run")))

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from servesweep.records import RECORD_KEYS, BenchRecord, read_record, read_records, write_record
 
@@ -32,3 +33,16 @@ def test_a_raw_file_holds_exactly_one_record(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="exactly one record, found 2"):
         read_record(path)
     assert BenchRecord().completed is None
+
+
+def test_read_record_with_keys_validates_and_keeps_only_those(tmp_path: Path) -> None:
+    path = tmp_path / "r1.jsonl"
+    path.write_text('{"completed": 3, "duration": 1.5, "itls": "garbage", "tag": "x"}\n')
+    rec = read_record(path, keys=("completed", "duration", "median_ttft_ms"))
+    assert (rec.completed, rec.duration, rec.median_ttft_ms) == (3, 1.5, None)
+    assert rec.itls is None and rec.tag is None  # not read, so not validated either
+    with pytest.raises(ValidationError, match="itls"):
+        read_record(path, keys=("completed", "itls"))
+    path.write_text('{"completed": 1}\n{"completed": 2}\n')
+    with pytest.raises(ValueError, match="exactly one record, found 2"):
+        read_record(path, keys=("completed",))

@@ -196,6 +196,72 @@ def test_one_repeat_does_not_crash_and_is_flagged():
     assert d.verdict == "within noise" and d.coarse
 
 
+class RecordingRng:
+    """A numpy Generator that keeps a copy of every array `integers` returns, in order."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.draws: list[np.ndarray] = []
+
+    def integers(self, *args, **kwargs):
+        out = self.rng.integers(*args, **kwargs)
+        self.draws.append(out.copy())
+        return out
+
+
+def test_each_drawn_repeat_gets_its_own_resample_of_its_requests(monkeypatch):
+    # The vectorised draw against a slot-by-slot computation of the hierarchical bootstrap:
+    # replicate b draws repeats picks[b]; each slot resamples its repeat's requests (one row
+    # of positions, served in row-major slot order per request count), recomputes the figure
+    # with numpy, anchors it on the record value; the replicate is the median over slots.
+    rng = np.random.default_rng(8)
+    counts = [30, 25, 30, 25]  # unequal request counts (failed requests); even repeat count
+    reqs = []
+    for m in counts:
+        ttft = np.sort(rng.lognormal(np.log(500.0), 0.25, m))
+        reqs.append(stats.Requests(ttft=ttft, e2e=np.sort(ttft + 40.0), tpot=np.array([])))
+    values = {
+        "ttft_p50_ms": rng.normal(500.0, 10.0, 4),
+        "ttft_p99_ms": rng.normal(900.0, 30.0, 4),
+        "ttft_mean_ms": rng.normal(520.0, 10.0, 4),
+        "e2e_p50_ms": rng.normal(560.0, 10.0, 4),
+        "input_tps": np.array([90.0, 100.0, 110.0, 120.0]),
+    }
+    streams: list[RecordingRng] = []
+
+    def recording(bootstrap, *parts):
+        streams.append(RecordingRng(len(streams)))
+        return streams[-1]
+
+    monkeypatch.setattr(stats, "_rng", recording)
+    monkeypatch.setattr(stats, "CHUNK_ELEMENTS", 1000)  # several chunks per request count
+    reps = stats.cell_replicates(
+        values=values, requests=reqs, key="k", bootstrap=stats.Bootstrap(replicates=150)
+    )
+    requests_stream, record_stream = streams
+    picks, *chunks = requests_stream.draws
+    pools = {m: np.concatenate([c for c in chunks if c.shape[1] == m]) for m in set(counts)}
+    served = dict.fromkeys(pools, 0)
+    metrics = [m for m in values if m != "input_tps"]
+    per_slot = np.empty((len(metrics), picks.size))
+    for slot, j in enumerate(picks.ravel()):
+        m = counts[j]
+        positions, served[m] = pools[m][served[m]], served[m] + 1
+        for k, metric in enumerate(metrics):
+            name, stat = stats.REQUEST_METRICS[metric]
+            own = reqs[j].figure(name)
+            figure = np.mean if stat == "mean" else lambda v, q=stat: np.percentile(v, q)
+            per_slot[k, slot] = figure(own[positions]) + values[metric][j] - figure(own)
+    assert served == {m: len(p) for m, p in pools.items()}  # every drawn row used once
+    expected = np.median(per_slot.reshape(len(metrics), *picks.shape), axis=2)
+    for k, metric in enumerate(metrics):
+        assert reps[metric].requests and reps[metric].n_repeats == 4
+        assert reps[metric].values == pytest.approx(expected[k], rel=1e-12), metric
+    (record_picks,) = record_stream.draws
+    want = np.median(values["input_tps"][record_picks], axis=1)
+    assert np.array_equal(reps["input_tps"].values, want)
+
+
 # ---------------------------------------------------------------- deltas and verdicts
 
 

@@ -222,7 +222,7 @@ def test_mixed_nodes_and_round_trip(tmp_path):
     b_line = next(line for line in lines if line.startswith("b,before,"))
     assert b_line == "b,before,unavailable,nvidia-smi not found on node b" + "," * 17
     back = telemetry.read_snapshot(path)
-    pd.testing.assert_frame_equal(back, both)
+    pd.testing.assert_frame_equal(telemetry.snapshot_frame(back), both)
 
     figures = telemetry.gpu_figures(back)
     assert figures["gpu_status"] == "partial"
@@ -234,7 +234,7 @@ def test_gpu_figures_over_before_and_after():
         node="a", phase="before", status="ok"
     )
     load = telemetry.parse_noheader(LOAD_8.read_text()).assign(node="a", phase="after", status="ok")
-    figures = telemetry.gpu_figures(pd.concat([idle, load], ignore_index=True))
+    figures = telemetry.gpu_figures(pd.concat([idle, load]).to_dict("records"))
     assert figures == {
         "gpu_count": 8,
         "gpu_mem_used_peak_mib": 21491.0,
@@ -243,7 +243,7 @@ def test_gpu_figures_over_before_and_after():
         "gpu_status": "ok",
     }
     # The utilisation figure is of the after phase only.
-    idle_only = telemetry.gpu_figures(idle)
+    idle_only = telemetry.gpu_figures(idle.to_dict("records"))
     assert idle_only["gpu_mem_used_peak_mib"] == 0
     assert math.isnan(idle_only["gpu_util_mean_pct"])
     assert list(figures) == list(telemetry.GPU_FIGURES)
@@ -254,10 +254,10 @@ def test_gpu_figures_unavailable_are_nan():
         CommandResult("local", "nvidia-smi", 127, "", "sh: 1: nvidia-smi: not found"),
         phase="before",
     )
-    figures = telemetry.gpu_figures(telemetry.snapshot_frame(rows))
+    figures = telemetry.gpu_figures(rows)
     assert figures["gpu_status"] == "unavailable"
     assert all(math.isnan(figures[k]) for k in telemetry.GPU_FIGURES if k != "gpu_status")
-    assert telemetry.gpu_figures(telemetry.snapshot_frame([]))["gpu_status"] == "unavailable"
+    assert telemetry.gpu_figures([])["gpu_status"] == "unavailable"
 
 
 def test_node_rows_empty_or_unparsable_output():
@@ -273,3 +273,86 @@ def test_node_rows_empty_or_unparsable_output():
 def test_unknown_phase_is_refused():
     with pytest.raises(ValueError, match="phase"):
         telemetry.take_snapshot(transport=LocalTransport(), nodes=["a"], phase="during")
+
+
+# ---------------------------------------------------------------- snapshot files
+
+HEADER = ",".join(telemetry.SNAPSHOT_COLUMNS)
+EMPTY_VALUES = "," * (len(telemetry.COLUMNS) - 1)
+
+
+def snapshot_text(*rows: str, header: str = HEADER) -> str:
+    return "\n".join([header, *rows]) + "\n"
+
+
+def test_parse_snapshot_types_ok_unavailable_and_na_values():
+    load = LOAD_8.read_text().splitlines()[0]  # one GPU of the recorded 8-GPU output
+    gpu = ",".join(v.strip() for v in load.split(","))
+    na_power = gpu.split(",")
+    na_power[telemetry.QUERY_FIELDS.index("power.draw")] = "[N/A]"
+    rows = telemetry.parse_snapshot(
+        snapshot_text(
+            f"a,after,ok,,{gpu}",
+            f"a,after,ok,,{','.join(na_power)}",
+            f"b,after,unavailable,nvidia-smi not found on node b,{EMPTY_VALUES}",
+        )
+    )
+    assert [list(r) for r in rows] == [list(telemetry.SNAPSHOT_COLUMNS)] * 3
+    ok, na, gone = rows
+    assert ok["detail"] == "" and ok["status"] == "ok"
+    assert ok["index"] == 0.0 and isinstance(ok["memory_used_mib"], float)
+    assert isinstance(ok["uuid"], str) and ok["uuid"].startswith("GPU-")
+    assert math.isnan(na["power_draw_w"])  # `[N/A]` as nvidia-smi prints it: NaN
+    assert na["memory_used_mib"] == ok["memory_used_mib"]
+    assert gone["detail"] == "nvidia-smi not found on node b"
+    assert gone["uuid"] is None and gone["pstate"] is None
+    assert all(math.isnan(gone[c]) for c in ("index", "memory_used_mib", "power_draw_w"))
+    figures = telemetry.gpu_figures(rows)
+    assert figures["gpu_status"] == "partial" and figures["gpu_count"] == 1
+    assert figures["gpu_power_peak_w"] == ok["power_draw_w"]  # the NaN one left out
+
+
+def test_parse_snapshot_unknown_absent_columns_and_blank_lines():
+    text = snapshot_text(
+        "",
+        "n,before,ok,,3,5000,x",
+        "",
+        header="node,phase,status,detail,index,memory_used_mib,extra",
+    )
+    (row,) = telemetry.parse_snapshot(text)
+    assert "extra" not in row and list(row) == list(telemetry.SNAPSHOT_COLUMNS)
+    assert (row["index"], row["memory_used_mib"]) == (3.0, 5000.0)
+    assert row["uuid"] is None and math.isnan(row["power_draw_w"])
+    assert telemetry.parse_snapshot(HEADER + "\n") == []
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "empty GPU snapshot"),
+        (snapshot_text(f"a,after,ok,,{EMPTY_VALUES}", "a,after,ok,"), "row 2: 4 values for 21"),
+        (snapshot_text(f"a,after,ok,,{EMPTY_VALUES},"), "row 1: 22 values for 21"),
+        (
+            snapshot_text("a,after,ok,,t,0,u,n,p,d,80,lots,0,0,0,0,0,0,0,0,P0"),
+            "row 1: field memory.used: not a number: 'lots'",
+        ),
+    ],
+)
+def test_parse_snapshot_malformed_rows_are_errors(text, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        telemetry.parse_snapshot(text)
+
+
+def test_read_snapshot_names_the_file(tmp_path):
+    path = tmp_path / "r1.csv"
+    path.write_text(snapshot_text("a,after,ok"))
+    with pytest.raises(ValueError, match=re.escape(f"GPU snapshot {path}: row 1: 3 values")):
+        telemetry.read_snapshot(path)
+
+
+def test_gpu_figures_of_frame_records_with_missing_values():
+    rows = telemetry.node_rows(CommandResult("n", "c", 0, IDLE_8.read_text(), ""), phase="after")
+    rows += telemetry.node_rows(CommandResult("m", "c", 127, "", "not found"), phase="after")
+    records = telemetry.snapshot_frame(rows).to_dict("records")  # pd.NA where missing
+    assert telemetry.gpu_figures(records) == telemetry.gpu_figures(rows)
+    assert telemetry.gpu_figures(records)["gpu_count"] == 8
