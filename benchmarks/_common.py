@@ -23,7 +23,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from servesweep.sim.process import free_port  # noqa: F401 (re-exported)
+from servesweep.errors import ServerStartError
+from servesweep.sim.process import free_port, start_sim  # noqa: F401 (free_port re-exported)
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # tests.support (staged bench_serving, tokenizer) and helpers
@@ -170,17 +171,8 @@ class Sim:
     log_path: Path
 
 
-def _get(url: str, timeout: float = 2.0) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except (urllib.error.URLError, OSError):
-        return None
-
-
 def _generates(base_url: str) -> bool:
+    """Whether a tiny non-streaming /generate request succeeds."""
     body = json.dumps(
         {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}, "stream": False}
     ).encode()
@@ -194,65 +186,25 @@ def _generates(base_url: str) -> bool:
         return False
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
-@contextlib.contextmanager
-def _sim_process(
-    *, workdir: Path, core: int | None, time_scale: float, args: Sequence[str]
-) -> Iterator[tuple[Sim | None, subprocess.Popen[bytes]]]:
-    port = free_port()
-    log_path = workdir / f"sim-{port}.log"
-    argv = [
-        *pin(core),
-        sys.executable,
-        "-m",
-        "servesweep.sim",
-        "--model-path",
-        "sim/bench",
-        "--host",
-        HOST,
-        "--port",
-        str(port),
-        "--sim-time-scale",
-        repr(time_scale),
-        "--sim-startup-s",
-        "0",
-        "--skip-server-warmup",
-        *args,
-    ]
-    with open(log_path, "wb") as fh:
-        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT)
-    base_url = f"http://{HOST}:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while proc.poll() is None and _get(f"{base_url}/health") != 200:
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-        ok = proc.poll() is None and _get(f"{base_url}/health") == 200 and _generates(base_url)
-        yield (Sim(base_url, proc.pid, time_scale, log_path) if ok else None), proc
-    finally:
-        _stop(proc)
-
-
 @contextlib.contextmanager
 def zero_cost_sim(*, workdir: Path, core: int | None, args: Sequence[str] = ()) -> Iterator[Sim]:
-    """The sim in zero-cost mode (`--sim-time-scale 0`), else with FALLBACK_SCALE."""
+    """The sim pinned to `core` in zero-cost mode (`--sim-time-scale 0`), else with
+    FALLBACK_SCALE; stopped on exit."""
     for scale in (ZERO_COST_SCALE, FALLBACK_SCALE):
-        with _sim_process(workdir=workdir, core=core, time_scale=scale, args=args) as (sim, _):
-            if sim is None:
+        argv = ["--model-path", "sim/bench", "--host", HOST, "--port", "0", "--skip-server-warmup"]
+        argv += ["--sim-time-scale", repr(scale), "--sim-startup-s", "0", *args]
+        log_path = workdir / f"sim-scale-{scale!r}.log"
+        with start_sim(argv=argv, log_path=log_path, prefix=pin(core)) as proc:
+            try:
+                base_url = proc.wait_ready(timeout_s=60).url
+            except ServerStartError as exc:
+                log.info("sim with --sim-time-scale %r did not start (%s)", scale, exc)
+                continue
+            if not _generates(base_url):
                 log.info("sim with --sim-time-scale %r did not serve; trying the next", scale)
                 continue
-            log.info("sim at %s (time scale %r, core %s)", sim.base_url, scale, core)
-            yield sim
+            log.info("sim at %s (time scale %r, core %s)", base_url, scale, core)
+            yield Sim(base_url, proc.pid, scale, log_path)
             return
     raise RuntimeError(f"the sim did not start; logs in {workdir}")
 

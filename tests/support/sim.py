@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from servesweep.sim.process import free_port  # noqa: F401 (re-exported)
+from servesweep.sim.process import start_sim
 
 HOST = "127.0.0.1"
-SIM_MODULE = "servesweep.sim"
 SIM_MAIN = Path(__file__).resolve().parents[2] / "src" / "servesweep" / "sim" / "__main__.py"
 
 
@@ -37,24 +31,6 @@ def sim_available() -> bool:
     return SIM_MAIN.exists()
 
 
-def _healthy(base_url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{base_url}/health", timeout=2) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
 @contextlib.contextmanager
 def running_sim(
     *,
@@ -65,43 +41,21 @@ def running_sim(
     startup_s: float = 1.0,
     ready_timeout_s: float = 60.0,
 ) -> Iterator[SimServer]:
-    """Start `python -m servesweep.sim`, wait for /health 200, stop it (by pid) on exit."""
-    for attempt in range(3):
-        port = free_port()
-        argv = [
-            sys.executable,
-            "-m",
-            SIM_MODULE,
-            "--model-path",
-            model_path,
-            "--host",
-            HOST,
-            "--port",
-            str(port),
-            "--sim-time-scale",
-            str(time_scale),
-            "--sim-startup-s",
-            str(startup_s),
-            *args,
-        ]
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        server = SimServer(f"http://{HOST}:{port}", port, proc.pid, log_path)
-        try:
-            deadline = time.monotonic() + ready_timeout_s
-            while proc.poll() is None and not _healthy(server.base_url):
-                if time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"sim not healthy in {ready_timeout_s} s:\n{server.log_text()}"
-                    )
-                time.sleep(0.05)
-            if proc.poll() is not None:
-                text = server.log_text()
-                if "Address already in use" in text and attempt < 2:
-                    continue  # lost the free-port race; try another port
-                raise RuntimeError(f"sim exited with {proc.returncode}:\n{text[-3000:]}")
-            yield server
-            return
-        finally:
-            _stop(proc)
+    """Start `python -m servesweep.sim` on a port the OS picks, wait until it is ready, stop
+    it (by pid) on exit."""
+    argv = [
+        "--model-path",
+        model_path,
+        "--host",
+        HOST,
+        "--port",
+        "0",
+        "--sim-time-scale",
+        str(time_scale),
+        "--sim-startup-s",
+        str(startup_s),
+        *args,
+    ]
+    with start_sim(argv=argv, log_path=log_path) as proc:
+        base_url = proc.wait_ready(timeout_s=ready_timeout_s).url
+        yield SimServer(base_url, int(base_url.rsplit(":", 1)[1]), proc.pid, log_path)

@@ -1,5 +1,6 @@
 """Tests for servesweep.transport (LocalTransport, run_all) and servesweep.ssh (SshTransport)
-against a real in-process SSH server (paramiko's server side on 127.0.0.1, commands run by /bin/sh)."""
+against a real in-process SSH server (paramiko's server side on 127.0.0.1, commands run by
+/bin/sh)."""
 
 from __future__ import annotations
 

@@ -107,13 +107,15 @@ def start_sim(
     log_path: str | Path,
     env: Mapping[str, str] | None = None,
     module: str = "servesweep.sim",
+    prefix: Sequence[str] = (),
 ) -> SimProcess:
-    """Start `python -m <module> <argv>` detached, stdout+stderr to `log_path`."""
+    """Start `<prefix> python -m <module> <argv>` detached, stdout+stderr to `log_path`;
+    `prefix` is a command that execs the rest, such as `taskset -c 1` to pin the sim."""
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", module, *argv],
+            [*prefix, sys.executable, "-m", module, *argv],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -8,6 +8,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -420,9 +421,8 @@ class SimServer:
         midstream = index in self.faults.midstream_error_at
         if not prompt.stream:
             return await self._generate_whole(stream, prompt, midstream=midstream, index=index)
-        resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
-        try:
-            await resp.prepare(request)
+
+        async def write_events(resp: web.StreamResponse) -> None:
             sent = -1
             while True:
                 await stream.wait_change()
@@ -435,6 +435,21 @@ class SimServer:
                 if stream.finished:
                     await resp.write(SSE_DONE)
                     break
+
+        return await self._stream_response(request, stream, write_events)
+
+    async def _stream_response(
+        self,
+        request: web.Request,
+        stream: RequestStream,
+        write_events: Callable[[web.StreamResponse], Awaitable[None]],
+    ) -> web.StreamResponse:
+        """An SSE response with the events `write_events` writes: a client that disconnects or
+        a cancelled handler aborts the request, a finished stream marks it delivered."""
+        resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
+        try:
+            await resp.prepare(request)
+            await write_events(resp)
             await resp.write_eof()
         except ConnectionError:
             self._client_gone(stream)
@@ -525,9 +540,8 @@ class SimServer:
                     "usage": _usage(stream),
                 }
             )
-        resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
-        try:
-            await resp.prepare(request)
+
+        async def write_events(resp: web.StreamResponse) -> None:
             sent = 0
             while True:
                 await stream.wait_change()
@@ -567,15 +581,8 @@ class SimServer:
                         await resp.write(_sse(usage))
                     await resp.write(SSE_DONE)
                     break
-            await resp.write_eof()
-        except ConnectionError:
-            self._client_gone(stream)
-            return resp
-        except asyncio.CancelledError:
-            self.engine.abort(stream)
-            raise
-        self.engine.mark_delivered(stream)
-        return resp
+
+        return await self._stream_response(request, stream, write_events)
 
     async def _prefill_only(
         self, request: web.Request, *, index: int, prompt: Prompt, openai: bool
