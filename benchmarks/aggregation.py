@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import yaml
 from _common import REPO, add_common_args, log, scratch_dir, setup_logging, write_result
 
@@ -142,7 +141,7 @@ def write_run(*, workdir: Path, config: dict[str, Any], requests: int) -> tuple[
     before = telemetry.take_snapshot(transport=LocalTransport(), nodes=["local"], phase="before")
     after = telemetry.take_snapshot(transport=LocalTransport(), nodes=["local"], phase="after")
     template = workdir / "gpu-template.csv"
-    telemetry.write_snapshot(template, pd.concat([before, after], ignore_index=True))
+    telemetry.write_snapshot(template, before + after)
     gpu_bytes = template.read_bytes()
     rng = np.random.default_rng(7)
     cells = cell_repeats(exp)

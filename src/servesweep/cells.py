@@ -10,8 +10,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pandas as pd
-
 from servesweep import loadgen, telemetry, validation
 from servesweep.config import CellRepeat, Experiment, RunPaths, Workload
 from servesweep.errors import (
@@ -217,7 +215,7 @@ def run_cell(
             logs=[str(bench_log), *server_logs(manager, state)],
             node=nodes[0],
         )
-        snapshot = pd.concat([before, after], ignore_index=True)
+        snapshot = before + after
         _write(gpu_out, lambda: telemetry.write_snapshot(gpu_out, snapshot), written)
         _write(raw_out, lambda: write_record(raw_out, record), written)
     except BaseException as exc:

@@ -64,6 +64,10 @@ RECORD_KEYS = [
     "max_concurrent_requests",
 ]
 DETAIL_KEYS = ("input_lens", "output_lens", "ttfts", "itls", "generated_texts", "errors")
+# Extra record key the builtin client adds (bench_serving has no such key): which client
+# wrote the record, and the value naming the builtin.
+CLIENT_KEY = "client"
+BUILTIN_CLIENT = "servesweep.loadgen.builtin"
 
 
 class BenchRecord(BaseModel):

@@ -6,15 +6,18 @@ import csv
 import io
 import logging
 import math
+import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
 from servesweep.files import atomic_open
 
-if TYPE_CHECKING:  # transport imports paramiko (~0.1 s): the analysis scripts never need it
+if TYPE_CHECKING:
+    # pandas (~0.25 s) only for snapshot_frame: run_cell, one process per cell, never needs it;
+    # transport imports paramiko (~0.1 s): the analysis scripts never need it.
+    import pandas as pd
+
     from servesweep.transport import CommandResult, Transport
 
 log = logging.getLogger(__name__)
@@ -39,7 +42,7 @@ QUERY_FIELDS: tuple[str, ...] = (
     "clocks.mem",
     "pstate",
 )
-# Query field -> DataFrame/CSV column (units in the name, as nvidia-smi's `nounits` drops them).
+# Query field -> row key and CSV column (units in the name, as nvidia-smi's `nounits` drops them).
 COLUMNS: dict[str, str] = {
     "timestamp": "timestamp",
     "index": "index",
@@ -143,22 +146,27 @@ def _header_field(name: str) -> str:
     return HEADER_ALIASES.get(bare, bare)
 
 
-def parse_noheader(text: str, *, fields: Sequence[str] = QUERY_FIELDS) -> pd.DataFrame:
-    """Parse `--format=csv,noheader,nounits` output (one line per GPU) for `fields`."""
-    return _typed(pd.DataFrame(_rows(_reader(text), fields)))
+def parse_noheader(text: str, *, fields: Sequence[str] = QUERY_FIELDS) -> list[dict[str, Any]]:
+    """Rows of `--format=csv,noheader,nounits` output (one line per GPU) for `fields`.
+
+    Keys are the COLUMNS of `fields`; numbers are floats (NaN for `[N/A]`-style), text is str.
+    """
+    return _rows(_reader(text), fields)
 
 
-def parse_with_header(text: str) -> pd.DataFrame:
-    """Parse `--format=csv` output (header line, values with units), any subset of fields."""
+def parse_with_header(text: str) -> list[dict[str, Any]]:
+    """Rows of `--format=csv` output (header line, values with units), any subset of fields."""
     lines = list(_reader(text))
     if not lines:
         raise ValueError("empty nvidia-smi output (expected a header line)")
     fields = [_header_field(h) for h in lines[0]]
-    return _typed(pd.DataFrame(_rows(lines[1:], fields)))
+    return _rows(lines[1:], fields)
 
 
 def _typed(df: pd.DataFrame) -> pd.DataFrame:
     """Column types of a snapshot frame: numbers float (index Int64), text nullable strings."""
+    import pandas as pd  # only here and in snapshot_frame: see the TYPE_CHECKING import
+
     out = df.copy()
     for field, col in COLUMNS.items():
         if col not in out.columns:
@@ -182,11 +190,14 @@ def _typed(df: pd.DataFrame) -> pd.DataFrame:
 
 def _unavailable(node: str, phase: str, detail: str) -> list[dict[str, Any]]:
     log.warning("GPU snapshot %s: %s", phase, detail)
-    return [{"node": node, "phase": phase, "status": STATUS_UNAVAILABLE, "detail": detail}]
+    meta = {"node": node, "phase": phase, "status": STATUS_UNAVAILABLE, "detail": detail}
+    return [_MISSING_ROW | meta]
 
 
 def node_rows(result: CommandResult, *, phase: str) -> list[dict[str, Any]]:
-    """Snapshot rows of one node from its nvidia-smi result; failures give one honest row."""
+    """Snapshot rows of one node from its nvidia-smi result; failures give one honest row.
+
+    Every row has every SNAPSHOT_COLUMNS key, in that order."""
     node = result.node
     if result.returncode in NOT_FOUND_CODES:
         return _unavailable(node, phase, f"nvidia-smi not found on node {node}")
@@ -196,7 +207,7 @@ def node_rows(result: CommandResult, *, phase: str) -> list[dict[str, Any]]:
             node, phase, f"nvidia-smi failed on node {node} (exit {result.returncode}): {tail}"
         )
     try:
-        gpus = _rows(_reader(result.stdout), QUERY_FIELDS)
+        gpus = parse_noheader(result.stdout)
     except ValueError as exc:
         return _unavailable(node, phase, f"nvidia-smi output on node {node} not parsed: {exc}")
     if not gpus:
@@ -205,15 +216,18 @@ def node_rows(result: CommandResult, *, phase: str) -> list[dict[str, Any]]:
     return [{**meta, **gpu} for gpu in gpus]
 
 
-def snapshot_frame(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
+def snapshot_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     """A typed snapshot frame with every column of SNAPSHOT_COLUMNS, from row dicts."""
+    import pandas as pd  # only here and in _typed: see the TYPE_CHECKING import
+
     return _typed(pd.DataFrame(list(rows), columns=list(SNAPSHOT_COLUMNS)))
 
 
 def take_snapshot(
     *, transport: Transport, nodes: Sequence[str], phase: str, timeout: float = 30.0
-) -> pd.DataFrame:
-    """Query every node's GPUs in parallel; one row per GPU, or one `unavailable` row per node.
+) -> list[dict[str, Any]]:
+    """Query every node's GPUs in parallel; one row per GPU, or one `unavailable` row per node
+    (rows as node_rows gives them, nodes in the order given).
 
     Transport failures (unreachable node, timeout) raise TransportError: they are not
     telemetry gaps but a broken cluster.
@@ -223,13 +237,32 @@ def take_snapshot(
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES}, not {phase!r}")
     results = run_all(transport, nodes, snapshot_command(), timeout=timeout)
-    return snapshot_frame(row for res in results.values() for row in node_rows(res, phase=phase))
+    return [row for res in results.values() for row in node_rows(res, phase=phase)]
 
 
-def write_snapshot(path: str | Path, df: pd.DataFrame) -> None:
-    """Write a snapshot frame (e.g. before and after concatenated) as CSV, atomically."""
+def _missing(value: Any) -> bool:
+    """Whether a row value is missing: None, NaN, or pandas' NA (a typed frame's records)."""
+    if isinstance(value, float):
+        return math.isnan(value)
+    pandas = sys.modules.get("pandas")  # a pd.NA exists only if something imported pandas
+    return value is None or (pandas is not None and value is pandas.NA)
+
+
+def _csv_value(value: Any) -> str:
+    """One value as write_snapshot writes it: missing is empty; str() of a float reads back
+    equal (shortest repr), also for numpy floats, whose repr the csv module would write."""
+    return "" if _missing(value) else str(value)
+
+
+def write_snapshot(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> None:
+    """Write snapshot rows (e.g. before and after) as CSV with SNAPSHOT_COLUMNS, atomically.
+
+    Absent keys and missing values (None, NaN, pandas' NA) are empty; other keys are left out.
+    """
     with atomic_open(path) as fh:
-        df.reindex(columns=list(SNAPSHOT_COLUMNS)).to_csv(fh, index=False)
+        writer = csv.writer(fh, lineterminator="\n")
+        writer.writerow(SNAPSHOT_COLUMNS)
+        writer.writerows([_csv_value(row.get(col)) for col in SNAPSHOT_COLUMNS] for row in rows)
 
 
 def parse_snapshot(text: str) -> list[dict[str, Any]]:
@@ -289,10 +322,7 @@ def _text(value: Any) -> str:
 
 def _present(value: Any) -> float | None:
     """A numeric value of a row as a float; None where missing (None, NA, NaN)."""
-    if value is None or value is pd.NA:
-        return None
-    number = float(value)
-    return None if math.isnan(number) else number
+    return None if _missing(value) else float(value)
 
 
 def _values(rows: Iterable[Mapping[str, Any]], column: str) -> list[float]:

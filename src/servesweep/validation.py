@@ -6,8 +6,7 @@ import logging
 
 from servesweep.config import Workload
 from servesweep.errors import CellFailed
-from servesweep.loadgen.metrics import BUILTIN_CLIENT, CLIENT_KEY
-from servesweep.records import DETAIL_KEYS, BenchRecord
+from servesweep.records import BUILTIN_CLIENT, CLIENT_KEY, DETAIL_KEYS, BenchRecord
 
 log = logging.getLogger(__name__)
 

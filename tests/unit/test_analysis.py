@@ -50,7 +50,7 @@ def cell_record(cell, base: dict, backend: dict[str, float]) -> dict:
     return rec
 
 
-def gpu_snapshot() -> pd.DataFrame:
+def gpu_snapshot() -> list[dict]:
     idle = telemetry.parse_noheader(
         (DATA / "nvidia-smi-8gpu" / "query-idle-8gpu-noheader-nounits.csv").read_text()
     )
@@ -58,10 +58,9 @@ def gpu_snapshot() -> pd.DataFrame:
         (DATA / "nvidia-smi-8gpu" / "query-load-8gpu-noheader-nounits.csv").read_text()
     )
     meta = {"node": "local", "status": "ok", "detail": ""}
-    return pd.concat(
-        [idle.assign(phase="before", **meta), load.assign(phase="after", **meta)],
-        ignore_index=True,
-    )
+    return [{**row, **meta, "phase": "before"} for row in idle] + [
+        {**row, **meta, "phase": "after"} for row in load
+    ]
 
 
 def make_run(root: Path, exp, *, base: Path = REC_0523, backend=None) -> RunPaths:

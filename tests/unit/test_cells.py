@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import yaml
 
@@ -15,8 +17,24 @@ from servesweep.events import read_events
 from servesweep.records import read_record
 from servesweep.runtime import ProcessRuntime
 from servesweep.servers import ServerManager
+from servesweep.telemetry import read_snapshot
 from servesweep.transport import LocalTransport
-from tests.helpers import DEFAULT_CONFIG, deep_update, free_port
+from tests.helpers import DEFAULT_CONFIG, REPO, deep_update, free_port
+
+# Modules the run_cell job must not import: one fresh process per cell-repeat pays their import
+# (pandas + numpy ~0.3 s) thousands of times in a large matrix; paramiko loads only for SSH
+# clusters (servesweep.ssh) and aiohttp only in the client's own process.
+HEAVY_MODULES = ("pandas", "numpy", "paramiko", "aiohttp")
+# Runs scripts/run_cell.py (argv[1]) as Snakemake's shell: job does, up to its argument parsing
+# (`--help` exits after every import), then prints which of argv[2:] got imported.
+IMPORTED_BY_SCRIPT = """
+import contextlib, io, json, runpy, sys
+script, names = sys.argv[1], sys.argv[2:]
+sys.argv = [script, "--help"]
+with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+    runpy.run_path(script, run_name="__main__")
+print(json.dumps([name for name in names if name in sys.modules]))
+"""
 
 
 def _setup(tmp_path: Path, faults: dict | None = None):
@@ -60,9 +78,9 @@ def test_valid_cell_writes_record_and_gpu_snapshot(tmp_path: Path) -> None:
         manager.stop_all(reason="test")
     record = read_record(paths.raw(cell))
     assert record.completed == 4 and record.tag == cell.key
-    gpu = pd.read_csv(paths.gpu(cell))
-    assert list(gpu["phase"]) == ["before", "after"]
-    assert "nvidia-smi" in gpu["detail"][0]
+    gpu = read_snapshot(paths.gpu(cell))
+    assert [row["phase"] for row in gpu] == ["before", "after"]
+    assert "nvidia-smi" in gpu[0]["detail"]
     done = [f for _, e, f in read_events(paths.orchestrator_log) if e == "cell-done"]
     assert done[0]["cell"] == cell.key and float(done[0]["client_seconds"]) > 0
     assert not list(paths.raw(cell).parent.glob(".*")), "no temp file left"
@@ -116,3 +134,22 @@ def test_prerequisites_of_docker_runs_include_each_nodes_image_evidence(tmp_path
     paths = RunPaths.for_run(exp, tmp_path / "results")
     expected = [paths.build(node) for node in exp.cluster.nodes] + [paths.preflight]
     assert paths.prerequisites(exp) == expected
+
+
+def test_run_cell_script_imports_no_heavy_modules() -> None:
+    script = REPO / "scripts" / "run_cell.py"
+    names = ["servesweep.cells", *HEAVY_MODULES]
+    proc = subprocess.run(
+        [sys.executable, "-c", IMPORTED_BY_SCRIPT, str(script), *names],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    imported = json.loads(proc.stdout)
+    assert imported[:1] == ["servesweep.cells"], "the script did not get to its imports"
+    heavy = imported[1:]
+    assert not heavy, (
+        f"scripts/run_cell.py imports {', '.join(heavy)}: every cell-repeat is a fresh process "
+        "that pays this start cost; import it lazily in the function that needs it"
+    )

@@ -68,11 +68,10 @@ def detailed_record(
     }
 
 
-def gpu_snapshot() -> pd.DataFrame:
+def gpu_snapshot() -> list[dict]:
     text = (DATA / "nvidia-smi-8gpu" / "query-idle-8gpu-noheader-nounits.csv").read_text()
-    return telemetry.parse_noheader(text).assign(
-        phase="before", node="local", status="ok", detail=""
-    )
+    meta = {"phase": "before", "node": "local", "status": "ok", "detail": ""}
+    return [{**row, **meta} for row in telemetry.parse_noheader(text)]
 
 
 def write_run(

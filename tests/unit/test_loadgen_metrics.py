@@ -9,15 +9,19 @@ import numpy as np
 import pytest
 
 from servesweep.loadgen.metrics import (
-    BUILTIN_CLIENT,
-    CLIENT_KEY,
     RequestResult,
     build_record,
     compute_metrics,
     record_line,
     request_details,
 )
-from servesweep.records import DETAIL_KEYS, RECORD_KEYS, parse_record_line
+from servesweep.records import (
+    BUILTIN_CLIENT,
+    CLIENT_KEY,
+    DETAIL_KEYS,
+    RECORD_KEYS,
+    parse_record_line,
+)
 
 SETTINGS = {
     "tag": "t1",

@@ -6,6 +6,7 @@ import math
 import re
 import shlex
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
@@ -51,6 +52,11 @@ class PerNodePath(LocalTransport):
         return CommandResult(node, command, res.returncode, res.stdout, res.stderr)
 
 
+def without(rows: list[dict], *keys: str) -> list[dict]:
+    """`rows` with `keys` left out."""
+    return [{k: v for k, v in row.items() if k not in keys} for row in rows]
+
+
 # ---------------------------------------------------------------- command and parsers
 
 
@@ -64,9 +70,7 @@ def test_query_fields_are_the_recorded_query():
 
 
 def test_parse_with_header_load():
-    df = telemetry.parse_with_header((RECORDED / "query-load.csv").read_text())
-    assert len(df) == 1
-    row = df.iloc[0]
+    (row,) = telemetry.parse_with_header((RECORDED / "query-load.csv").read_text())
     assert row["index"] == 0
     assert row["name"] == "NVIDIA H200"
     assert row["driver_version"] == "580.159.04"
@@ -77,37 +81,33 @@ def test_parse_with_header_load():
     assert row["clocks_sm_mhz"] == 1515  # header says clocks.current.sm [MHz]
     assert row["clocks_mem_mhz"] == 3201
     assert row["pstate"] == "P0"
-    assert df["memory_used_mib"].dtype == "float64"
-    assert str(df["index"].dtype) == "Int64"
+    assert isinstance(row["memory_used_mib"], float) and isinstance(row["index"], float)
 
 
 def test_both_formats_of_the_idle_capture_agree():
     with_header = telemetry.parse_with_header((RECORDED / "query-idle.csv").read_text())
     noheader = telemetry.parse_noheader((RECORDED / "query-idle-noheader-nounits.csv").read_text())
-    assert list(with_header.columns) == list(noheader.columns)
+    assert [list(r) for r in with_header] == [list(r) for r in noheader]
     # Two captures 27 ms apart: everything but the timestamp is identical.
-    cols = [c for c in noheader.columns if c != "timestamp"]
-    pd.testing.assert_frame_equal(with_header[cols], noheader[cols])
-    assert noheader["power_draw_w"].iloc[0] == pytest.approx(127.69)
-    assert noheader["memory_used_mib"].iloc[0] == 0
+    assert without(with_header, "timestamp") == without(noheader, "timestamp")
+    assert noheader[0]["power_draw_w"] == pytest.approx(127.69)
+    assert noheader[0]["memory_used_mib"] == 0
 
 
 def test_parse_subset_of_fields_from_a_sampling_loop():
-    df = telemetry.parse_with_header((RECORDED / "query-loop-500ms.csv").read_text())
-    assert list(df.columns) == ["index", "power_draw_w", "utilization_gpu_pct", "memory_used_mib"]
-    assert len(df) == 8
-    assert df["power_draw_w"].max() == pytest.approx(692.75)
-    assert set(df["memory_used_mib"]) == {21491}
+    rows = telemetry.parse_with_header((RECORDED / "query-loop-500ms.csv").read_text())
+    assert list(rows[0]) == ["index", "power_draw_w", "utilization_gpu_pct", "memory_used_mib"]
+    assert len(rows) == 8
+    assert max(r["power_draw_w"] for r in rows) == pytest.approx(692.75)
+    assert {r["memory_used_mib"] for r in rows} == {21491}
 
 
 def test_eight_gpu_samples_match_the_recordings():
     idle = telemetry.parse_noheader(IDLE_8.read_text())
     load = telemetry.parse_noheader(LOAD_8.read_text())
-    assert list(idle["index"]) == list(range(8)) == list(load["index"])
+    assert [r["index"] for r in idle] == list(range(8)) == [r["index"] for r in load]
     recorded_load = telemetry.parse_with_header((RECORDED / "query-load.csv").read_text())
-    cols = [c for c in load.columns if c != "index"]
-    for i in range(8):
-        assert load[cols].iloc[i].equals(recorded_load[cols].iloc[0])
+    assert without(load, "index") == without(recorded_load, "index") * 8
 
 
 def test_not_available_values_are_nan_and_garbage_is_an_error():
@@ -115,9 +115,9 @@ def test_not_available_values_are_nan_and_garbage_is_an_error():
     values = line.split(", ")
     values[12] = "[N/A]"  # power.draw
     values[14] = "[Not Supported]"  # clocks.sm
-    df = telemetry.parse_noheader(", ".join(values))
-    assert math.isnan(df["power_draw_w"].iloc[0])
-    assert math.isnan(df["clocks_sm_mhz"].iloc[0])
+    (row,) = telemetry.parse_noheader(", ".join(values))
+    assert math.isnan(row["power_draw_w"])
+    assert math.isnan(row["clocks_sm_mhz"])
     values[7] = "lots"
     with pytest.raises(ValueError, match="memory.used"):
         telemetry.parse_noheader(", ".join(values))
@@ -132,32 +132,38 @@ def test_snapshot_with_fake_nvidia_smi_on_path(tmp_path, monkeypatch):
     bin_dir = tmp_path / "bin"
     fake_nvidia_smi(bin_dir, IDLE_8)
     monkeypatch.setenv("PATH", f"{bin_dir}:{Path(CAT).parent}")
-    df = telemetry.take_snapshot(
+    rows = telemetry.take_snapshot(
         transport=LocalTransport(), nodes=["local"], phase="before", timeout=30
     )
+    assert [list(r) for r in rows] == [list(telemetry.SNAPSHOT_COLUMNS)] * 8
+    assert {(r["node"], r["phase"], r["status"]) for r in rows} == {("local", "before", "ok")}
+    assert [r["index"] for r in rows] == list(range(8))
+    assert sum(r["memory_total_mib"] for r in rows) == 8 * 143771
+
+
+def test_snapshot_frame_types():
+    rows = telemetry.node_rows(CommandResult("n", "c", 0, IDLE_8.read_text(), ""), phase="after")
+    rows += telemetry.node_rows(CommandResult("m", "c", 127, "", "not found"), phase="after")
+    df = telemetry.snapshot_frame(rows)
     assert list(df.columns) == list(telemetry.SNAPSHOT_COLUMNS)
-    assert len(df) == 8
-    assert set(df["node"]) == {"local"}
-    assert set(df["phase"]) == {"before"}
-    assert set(df["status"]) == {"ok"}
-    assert list(df["index"]) == list(range(8))
-    assert df["memory_total_mib"].sum() == 8 * 143771
     assert df["power_limit_w"].dtype == "float64"
+    assert str(df["index"].dtype) == "Int64"
+    assert str(df["name"].dtype) == "string" and pd.isna(df["name"].iloc[8])
+    assert df["detail"].iloc[0] == ""
 
 
 def test_snapshot_without_nvidia_smi_is_unavailable_not_invented(tmp_path, monkeypatch):
     empty = tmp_path / "empty-bin"
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
-    df = telemetry.take_snapshot(
+    (row,) = telemetry.take_snapshot(
         transport=LocalTransport(), nodes=["local"], phase="after", timeout=30
     )
-    assert len(df) == 1
-    row = df.iloc[0]
+    assert list(row) == list(telemetry.SNAPSHOT_COLUMNS)
     assert row["status"] == "unavailable"
     assert row["detail"] == "nvidia-smi not found on node local"
-    numeric = [telemetry.COLUMNS[f] for f in telemetry.QUERY_FIELDS]
-    assert df[numeric].isna().all(axis=None)
+    values = [row[telemetry.COLUMNS[f]] for f in telemetry.QUERY_FIELDS]
+    assert all(v is None or math.isnan(v) for v in values)
 
 
 def test_failing_nvidia_smi_is_unavailable_with_its_message(tmp_path, monkeypatch):
@@ -171,11 +177,11 @@ def test_failing_nvidia_smi_is_unavailable_with_its_message(tmp_path, monkeypatc
     )
     script.chmod(0o755)
     monkeypatch.setenv("PATH", str(bin_dir))
-    df = telemetry.take_snapshot(
+    (row,) = telemetry.take_snapshot(
         transport=LocalTransport(), nodes=["gpu-a"], phase="before", timeout=30
     )
-    assert df["status"].tolist() == ["unavailable"]
-    detail = df["detail"].iloc[0]
+    assert row["status"] == "unavailable"
+    detail = row["detail"]
     assert detail.startswith("nvidia-smi failed on node gpu-a (exit 9): NVIDIA-SMI has failed")
 
 
@@ -197,12 +203,12 @@ def test_snapshot_runs_nodes_in_parallel(tmp_path):
     for node in nodes:
         fake_nvidia_smi(tmp_path / node, IDLE_8, extra=wait)
         paths[node] = tmp_path / node
-    df = telemetry.take_snapshot(
+    rows = telemetry.take_snapshot(
         transport=PerNodePath(paths), nodes=nodes, phase="before", timeout=60
     )
-    assert set(df["status"]) == {"ok"}, df["detail"].tolist()
-    assert df.groupby("node").size().to_dict() == {"n1": 8, "n2": 8, "n3": 8}
-    assert list(dict.fromkeys(df["node"])) == nodes
+    assert {r["status"] for r in rows} == {"ok"}, [r["detail"] for r in rows]
+    assert Counter(r["node"] for r in rows) == {"n1": 8, "n2": 8, "n3": 8}
+    assert list(dict.fromkeys(r["node"] for r in rows)) == nodes
 
 
 def test_mixed_nodes_and_round_trip(tmp_path):
@@ -212,7 +218,7 @@ def test_mixed_nodes_and_round_trip(tmp_path):
     before = telemetry.take_snapshot(transport=transport, nodes=["a", "b"], phase="before")
     fake_nvidia_smi(tmp_path / "gpu", LOAD_8)
     after = telemetry.take_snapshot(transport=transport, nodes=["a", "b"], phase="after")
-    both = pd.concat([before, after], ignore_index=True)
+    both = before + after
     path = tmp_path / "gpu" / "cell" / "r1.csv"
     telemetry.write_snapshot(path, both)
     assert [p.name for p in path.parent.iterdir()] == ["r1.csv"]  # no temp file left
@@ -222,7 +228,14 @@ def test_mixed_nodes_and_round_trip(tmp_path):
     b_line = next(line for line in lines if line.startswith("b,before,"))
     assert b_line == "b,before,unavailable,nvidia-smi not found on node b" + "," * 17
     back = telemetry.read_snapshot(path)
-    pd.testing.assert_frame_equal(telemetry.snapshot_frame(back), both)
+    assert back[:8] == before[:8]  # the GPU rows read back equal (none has a missing value)
+    pd.testing.assert_frame_equal(telemetry.snapshot_frame(back), telemetry.snapshot_frame(both))
+    # A typed frame's records (numpy floats, pandas' NA) write the same values.
+    again = tmp_path / "again.csv"
+    telemetry.write_snapshot(again, telemetry.snapshot_frame(both).to_dict("records"))
+    pd.testing.assert_frame_equal(
+        telemetry.snapshot_frame(telemetry.read_snapshot(again)), telemetry.snapshot_frame(both)
+    )
 
     figures = telemetry.gpu_figures(back)
     assert figures["gpu_status"] == "partial"
@@ -230,11 +243,10 @@ def test_mixed_nodes_and_round_trip(tmp_path):
 
 
 def test_gpu_figures_over_before_and_after():
-    idle = telemetry.parse_noheader(IDLE_8.read_text()).assign(
-        node="a", phase="before", status="ok"
-    )
-    load = telemetry.parse_noheader(LOAD_8.read_text()).assign(node="a", phase="after", status="ok")
-    figures = telemetry.gpu_figures(pd.concat([idle, load]).to_dict("records"))
+    meta = {"node": "a", "status": "ok"}
+    idle = [{**r, **meta, "phase": "before"} for r in telemetry.parse_noheader(IDLE_8.read_text())]
+    load = [{**r, **meta, "phase": "after"} for r in telemetry.parse_noheader(LOAD_8.read_text())]
+    figures = telemetry.gpu_figures(idle + load)
     assert figures == {
         "gpu_count": 8,
         "gpu_mem_used_peak_mib": 21491.0,
@@ -243,7 +255,7 @@ def test_gpu_figures_over_before_and_after():
         "gpu_status": "ok",
     }
     # The utilisation figure is of the after phase only.
-    idle_only = telemetry.gpu_figures(idle.to_dict("records"))
+    idle_only = telemetry.gpu_figures(idle)
     assert idle_only["gpu_mem_used_peak_mib"] == 0
     assert math.isnan(idle_only["gpu_util_mean_pct"])
     assert list(figures) == list(telemetry.GPU_FIGURES)

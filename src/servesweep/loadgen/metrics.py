@@ -9,12 +9,15 @@ from typing import Any
 
 import numpy as np
 
-from servesweep.records import DETAIL_KEYS, RECORD_KEYS, BenchRecord
+from servesweep.records import (
+    BUILTIN_CLIENT,
+    CLIENT_KEY,
+    DETAIL_KEYS,
+    RECORD_KEYS,
+    BenchRecord,
+)
 
-# Extra record key the builtin adds (bench_serving has no such key): which client wrote it.
-CLIENT_KEY = "client"
-BUILTIN_CLIENT = "servesweep.loadgen.builtin"
-BUILTIN_EXTRA_KEYS = (CLIENT_KEY,)
+BUILTIN_EXTRA_KEYS = (CLIENT_KEY,)  # record keys the builtin adds to bench_serving's
 
 
 @dataclass
