@@ -5,7 +5,7 @@ experiment reshaped to N cell-repeats (10 server configs x N/50 client configs x
 the sim at zero cost and one 16-token request per cell, in a scratch directory. Reports whether
 it completed, the wall time, the time per cell early and late in the run (a scheduler that
 slows down with the number of pending jobs shows up as a growing gap), and where a cell's time
-goes. `--timeout S` stops the run (SIGTERM, so running jobs finish and servers are stopped)
+goes. `--timeout S` stops the run (SIGINT, as Ctrl-C: the running job ends, servers are stopped)
 and extrapolates from the cells done.
 
     python benchmarks/large_run.py [--cell-repeats 10000] [--timeout 0]
@@ -117,19 +117,20 @@ def progress(run_dir: Path, *, started: float, ended: float, n: int) -> dict[str
 
 
 def stop(proc: subprocess.Popen[bytes]) -> bool:
-    """SIGTERM (running jobs finish, onerror stops servers); True if Snakemake then hung.
+    """SIGINT, as a user's Ctrl-C (the running job ends, onerror stops servers); True if
+    Snakemake then hung and was killed.
 
-    Snakemake 9's SIGTERM handler takes the job scheduler's (non-reentrant) lock; when the
-    signal lands while the main thread holds it selecting jobs, which with thousands of
-    pending jobs is most of the time, the handler waits for itself forever. Then: SIGKILL.
+    Not SIGTERM: Snakemake 9's SIGTERM handler takes the job scheduler's (non-reentrant) lock;
+    when the signal lands while the main thread holds it selecting jobs, which with thousands
+    of pending jobs is most of the time, the handler waits for itself forever (README).
     """
-    log.info("timeout: SIGTERM to snakemake (running jobs finish, servers stop)")
-    proc.send_signal(signal.SIGTERM)
+    log.info("timeout: SIGINT to snakemake (the running job ends, servers stop)")
+    proc.send_signal(signal.SIGINT)
     try:
         proc.wait(timeout=TERM_GRACE_S)
         return False
     except subprocess.TimeoutExpired:
-        log.info("snakemake still running %.0f s after SIGTERM: SIGKILL", TERM_GRACE_S)
+        log.info("snakemake still running %.0f s after SIGINT: SIGKILL", TERM_GRACE_S)
         proc.kill()
         proc.wait()
         return True
@@ -200,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "completed": completed,
         "timed_out": timed_out,
-        "hung_after_sigterm": hung,
+        "hung_after_sigint": hung,
         "returncode": proc.returncode,
         "wall_s": ended - started,
         "snakemake_cpu_s": snakemake_cpu,

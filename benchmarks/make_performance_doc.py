@@ -294,8 +294,8 @@ def large_run_section(data: dict[str, Any], before: dict[str, Any] | None) -> st
         if data["completed"]
         else ("stopped at the timeout" if data["timed_out"] else "**failed**")
     )
-    if data.get("hung_after_sigterm"):
-        status += " (Snakemake hung after SIGTERM and was killed; see below)"
+    if data.get("hung_after_sigint") or data.get("hung_after_sigterm"):
+        status += " (Snakemake hung after the stop signal and was killed; see below)"
     out = [
         "## 5. Large matrix on the zero-cost sim",
         where(data),
@@ -328,10 +328,10 @@ def large_run_section(data: dict[str, Any], before: dict[str, Any] | None) -> st
         "",
         "`cell cycle` is one cell end to end (cell-done to cell-done); its first and last "
         "tenth show whether the scheduler slows down while thousands of jobs are pending. "
-        "`projected cells` extrapolates the last tenth's cycle to every cell. Snakemake 9's "
-        "SIGTERM handler takes the job scheduler's non-reentrant lock; with thousands of "
-        "pending jobs the main thread holds it most of the time (selecting jobs), so a "
-        "SIGTERM can hang Snakemake for good: the script then kills it and stops the server.",
+        "`projected cells` extrapolates the last tenth's cycle to every cell. `--timeout` stops "
+        "the run with SIGINT (as Ctrl-C), not SIGTERM: Snakemake 9's SIGTERM handler takes "
+        "the job scheduler's non-reentrant lock, which with thousands of pending jobs the "
+        "main thread holds most of the time, so a SIGTERM can hang Snakemake for good.",
     ]
     return "\n".join(out)
 

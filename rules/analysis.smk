@@ -4,8 +4,9 @@
 
 rule collect_results:
     input:
+        # GPU snapshots are read too, but come from the same run_cell jobs as the raw files:
+        # listing them would add 10k DAG edges at 10k cells and order nothing.
         raw=RAW_FILES,
-        gpu=GPU_FILES,
         # Brings image checks + preflight into every DAG that needs cells (results.csv,
         # summary.json, plots...), where they run first (common.smk, PREREQUISITES).
         prerequisites=PREREQUISITES,

@@ -71,7 +71,6 @@ def cell_priority(wildcards):
 
 # Computed once (10k cells: ~1 s per listing); only collect_results lists them.
 RAW_FILES = [str(PATHS.raw(cell)) for cell in CELLS.values()]
-GPU_FILES = [str(PATHS.gpu(cell)) for cell in CELLS.values()]
 
 
 # Image checks and preflight are inputs of `all` and collect_results, not of run_cell: thousands of
