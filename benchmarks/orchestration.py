@@ -36,8 +36,10 @@ RUN_ID = "orchestration-bench"
 IMPORTS = {
     "python -c pass": "pass",
     "run_cell script imports": "import servesweep.cells, servesweep.servers, servesweep.scripting",
-    "plot script imports": "import servesweep.plots, servesweep.analysis, servesweep.scripting",
-    "summarize script imports": "import servesweep.analysis, servesweep.scripting",
+    "plot script imports": "import servesweep.plots, servesweep.summary, servesweep.scripting",
+    "summarize script imports": (
+        "import servesweep.results, servesweep.summary, servesweep.scripting"
+    ),
     "builtin client imports": "import servesweep.loadgen.builtin",
     "snakemake script preamble": "import snakemake.script",
 }

@@ -3,17 +3,19 @@
 import json
 from pathlib import Path
 
-from servesweep import analysis, scripting
+from servesweep import scripting
 from servesweep.config import axis_names
+from servesweep.results import read_results_csv
+from servesweep.summary import load_requests, summarize, warmups, write_summary
 
 
 def main() -> None:
     exp, paths = scripting.experiment(snakemake)
-    results = analysis.read_results_csv(snakemake.input.csv)
+    results = read_results_csv(snakemake.input.csv)
     # Per-request details come from the raw records results.csv was built from.
-    requests = analysis.load_requests(results=results, run_dir=paths.root)
+    requests = load_requests(results=results, run_dir=paths.root)
     server_axes, client_axes = axis_names(exp)
-    summary = analysis.summarize(
+    summary = summarize(
         results=results,
         baseline=exp.baseline,
         server_axes=server_axes,
@@ -22,8 +24,8 @@ def main() -> None:
     )
     scan = json.loads(Path(snakemake.input.logscan).read_text())
     summary["log_scan"] = {k: v for k, v in scan.items() if k != "per_log"}
-    summary["warmup"] = analysis.warmups(paths.root / "service")
-    analysis.write_summary(summary, snakemake.output.json)
+    summary["warmup"] = warmups(paths.root / "service")
+    write_summary(summary, snakemake.output.json)
 
 
 scripting.run(main)

@@ -9,8 +9,9 @@ from typing import Any
 
 import pandas as pd
 
-from servesweep import analysis, stats, telemetry
+from servesweep import stats, summary, telemetry
 from servesweep.files import atomic_open
+from servesweep.results import ID_COLUMNS, METRICS, read_results_csv
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ def run_inputs(*, run_dir: str | Path, current_raw: Sequence[str] | None = None)
     elif csv.exists():
         rows = pd.read_csv(csv, usecols=["server_id", "client_id", "repeat"])
         paths = (
-            analysis.raw_path(run_dir, server_id=str(s), client_id=str(c), repeat=int(r))
+            summary.raw_path(run_dir, server_id=str(s), client_id=str(c), repeat=int(r))
             for s, c, r in rows.itertuples(index=False, name=None)
         )
         raw = [str(p) for p in paths if p.exists()]
@@ -74,8 +75,8 @@ def load_run(
     run_dir: str | Path,
 ) -> tuple[pd.DataFrame, dict[tuple[str, str, int], stats.Requests | None]]:
     """results.csv of a run directory and the per-request data of its raw records."""
-    results = analysis.read_results_csv(Path(run_dir) / "results.csv")
-    return results, analysis.load_requests(results=results, run_dir=run_dir)
+    results = read_results_csv(Path(run_dir) / "results.csv")
+    return results, summary.load_requests(results=results, run_dir=run_dir)
 
 
 # ---------------------------------------------------------------- comparison (pure)
@@ -83,7 +84,7 @@ def load_run(
 
 def axis_columns(results: pd.DataFrame) -> list[str]:
     """The matrix-axis columns of a results table (neither ids, metrics nor GPU figures)."""
-    other = {*analysis.ID_COLUMNS, *analysis.METRICS, *telemetry.GPU_FIGURES}
+    other = {*ID_COLUMNS, *METRICS, *telemetry.GPU_FIGURES}
     return [c for c in results.columns if c not in other]
 
 
@@ -118,19 +119,19 @@ def _cell_entry(
     rows_b: pd.DataFrame,
     *,
     seeds: tuple[str, str],
-    requests: tuple[analysis.RequestData | None, analysis.RequestData | None],
+    requests: tuple[summary.RequestData | None, summary.RequestData | None],
     bootstrap: stats.Bootstrap,
     metrics: Sequence[str] | None,
 ) -> dict[str, Any]:
-    names_a, names_b = analysis.cell_metric_names(rows_a), analysis.cell_metric_names(rows_b)
+    names_a, names_b = summary.cell_metric_names(rows_a), summary.cell_metric_names(rows_b)
     names = [m for m in names_a if m in names_b and (metrics is None or m in metrics)]
     axes_cols = [c for c in axis_columns(rows_b) if c in rows_a.columns]
     first = rows_b.iloc[0]
-    axes = {c: analysis.json_value(first[c]) for c in axes_cols if pd.notna(first[c])}
+    axes = {c: summary.json_value(first[c]) for c in axes_cols if pd.notna(first[c])}
     reps = []
     for rows, seed, reqs in zip((rows_a, rows_b), seeds, requests, strict=True):
         reps.append(
-            analysis.cell_replicates(
+            summary.cell_replicates(
                 rows,
                 metrics=names,
                 requests=reqs,
@@ -142,7 +143,7 @@ def _cell_entry(
     out: dict[str, Any] = {
         "server_id": key[0],
         "client_id": key[1],
-        "label": analysis.cell_label(axes) if axes else f"{key[0]} / {key[1]}",
+        "label": summary.cell_label(axes) if axes else f"{key[0]} / {key[1]}",
         "axes": axes,
         "fingerprint_a": fp_a,
         "fingerprint_b": fp_b,
@@ -153,10 +154,10 @@ def _cell_entry(
         "metrics": {},
     }
     for m in names:
-        d = analysis.compare(
+        d = summary.compare(
             rows_b[m],
             rows_a[m],
-            better=analysis.SUMMARY_METRICS[m],
+            better=summary.SUMMARY_METRICS[m],
             candidate_replicates=reps[1][m],
             baseline_replicates=reps[0][m],
             level=bootstrap.level,
@@ -182,8 +183,8 @@ def compare_runs(
     results_b: pd.DataFrame,
     run_a: str,
     run_b: str,
-    requests_a: analysis.RequestData | None = None,
-    requests_b: analysis.RequestData | None = None,
+    requests_a: summary.RequestData | None = None,
+    requests_b: summary.RequestData | None = None,
     bootstrap: stats.Bootstrap = stats.DEFAULT,
     metrics: Sequence[str] | None = None,
 ) -> dict[str, Any]:
@@ -222,7 +223,7 @@ def compare_runs(
                 "changed": e["fingerprint_changed"],
             },
         )
-    used = [m for m in analysis.SUMMARY_METRICS if any(m in e["metrics"] for e in entries)]
+    used = [m for m in summary.SUMMARY_METRICS if any(m in e["metrics"] for e in entries)]
     counts = {
         m: {
             v: sum(e["metrics"].get(m, {}).get("verdict") == v for e in entries)
@@ -241,7 +242,7 @@ def compare_runs(
         "run_b": run_b,
         "matched_by": MATCHED_BY,
         "direction": DIRECTION,
-        "metrics": {m: {"better": analysis.SUMMARY_METRICS[m]} for m in used},
+        "metrics": {m: {"better": summary.SUMMARY_METRICS[m]} for m in used},
         "cells": entries,
         "only_in_a": [
             {"server_id": s, "client_id": c} for s, c in cells_a if (s, c) not in cells_b
@@ -281,7 +282,7 @@ def comparison_table(comparison: Mapping[str, Any]) -> pd.DataFrame:
                     "client_id": cell["client_id"],
                     "label": cell["label"],
                     "metric": metric,
-                    "better_is": analysis.SUMMARY_METRICS.get(metric),
+                    "better_is": summary.SUMMARY_METRICS.get(metric),
                     "n_a": cell["n_a"],
                     "n_b": cell["n_b"],
                     **{k: d[k] for k in ("median_a", "median_b", "delta_pct")},
@@ -298,7 +299,7 @@ def comparison_table(comparison: Mapping[str, Any]) -> pd.DataFrame:
 
 def write_comparison(comparison: Mapping[str, Any], path: str | Path) -> None:
     """Write comparison.json atomically; strict JSON (no NaN/Infinity)."""
-    analysis.write_summary(comparison, path)
+    summary.write_summary(comparison, path)
 
 
 def write_table(table: pd.DataFrame, path: str | Path) -> None:

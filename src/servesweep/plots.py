@@ -16,8 +16,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from servesweep import stats
-from servesweep.analysis import SUMMARY_METRICS
 from servesweep.files import atomic_open
+from servesweep.summary import SUMMARY_METRICS
 
 # Figures are built on matplotlib.figure.Figure directly (no pyplot state, no GUI backend);
 # PNGs are rendered by the Agg canvas that savefig picks for the format.

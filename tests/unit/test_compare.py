@@ -14,9 +14,11 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from servesweep import analysis, compare, plots, telemetry
+from servesweep import compare, plots, telemetry
 from servesweep.config import CellRepeat, RunPaths, cell_repeats, load_experiment_file
 from servesweep.records import write_record
+from servesweep.results import collect_results, write_results_csv
+from servesweep.summary import summarize
 from tests.helpers import REPO, experiment_file
 
 DATA = REPO / "tests" / "data"
@@ -87,8 +89,8 @@ def write_run(
     for cell in cells:
         write_record(paths.raw(cell), detailed_record(rng, scale=scale(cell)))
         telemetry.write_snapshot(paths.gpu(cell), snapshot)
-    results = analysis.collect_results(cells=cells, paths=paths)
-    analysis.write_results_csv(results, paths.results_csv)  # written last: newest file
+    results = collect_results(cells=cells, paths=paths)
+    write_results_csv(results, paths.results_csv)  # written last: newest file
     return cfg
 
 
@@ -297,7 +299,7 @@ def test_summary_resamples_requests_from_raw_records(runs):
     exp = load_experiment_file(runs / "B.yaml")
     results, requests = compare.load_run(runs / "results" / "B")
     kw = {"server_axes": list(exp.matrix.server), "client_axes": list(exp.matrix.client)}
-    s = analysis.summarize(results=results, baseline=exp.baseline, requests=requests, **kw)
+    s = summarize(results=results, baseline=exp.baseline, requests=requests, **kw)
     cell0 = s["cells"][0]["metrics"]
     assert cell0["ttft_p99_ms"]["resampled"] == "repeats+requests"
     assert cell0["input_tps"]["resampled"] == "repeats"
@@ -305,9 +307,9 @@ def test_summary_resamples_requests_from_raw_records(runs):
     assert cell0["ttft_p99_ms"]["median"] <= cell0["ttft_p99_ms"]["ci_high"]
     assert [d["metrics"]["ttft_p50_ms"]["verdict"] for d in s["deltas"]] == ["better", "better"]
     assert s["method"]["resampled"]["ttft_p50_ms"] == "repeats+requests"
-    repeat_only = analysis.summarize(results=results, baseline=exp.baseline, **kw)
+    repeat_only = summarize(results=results, baseline=exp.baseline, **kw)
     assert repeat_only["cells"][0]["metrics"]["ttft_p99_ms"]["resampled"] == "repeats"
-    assert analysis.summarize(results=results, baseline=exp.baseline, requests=requests, **kw) == s
+    assert summarize(results=results, baseline=exp.baseline, requests=requests, **kw) == s
 
 
 # ---------------------------------------------------------------- the snakemake rule

@@ -11,8 +11,10 @@ import pytest
 from matplotlib.collections import LineCollection, PathCollection
 from matplotlib.figure import Figure
 
-from servesweep import analysis, plots
+from servesweep import plots
 from servesweep.config import cell_repeats, load_experiment_file
+from servesweep.results import METRICS, result_row
+from servesweep.summary import summarize
 
 CONFIG = Path(__file__).resolve().parents[2] / "config" / "config.yaml"
 # flashinfer_mxfp4 helps at chunk 8192 and hurts at 16384; concurrency 16 doubles latency.
@@ -34,7 +36,7 @@ def results_for(effect: dict | None = None, **env: str) -> tuple[object, pd.Data
         s = cell.server.axes
         f = effect[(s["moe_runner_backend"], s["chunked_prefill_size"])] * REPEAT[cell.repeat]
         f *= 2.0 if cell.client.axes["concurrency"] == 16 else 1.0
-        metrics = {m: np.nan for m in analysis.METRICS}
+        metrics = {m: np.nan for m in METRICS}
         metrics |= {
             "ttft_p50_ms": 1000 * f,
             "ttft_p95_ms": 1500 * f,
@@ -44,12 +46,12 @@ def results_for(effect: dict | None = None, **env: str) -> tuple[object, pd.Data
             "completed": 40,
             "total_output_tokens": 40,
         }
-        rows.append(analysis.result_row(run_id=exp.run_id, cell=cell, metrics=metrics, gpu={}))
+        rows.append(result_row(run_id=exp.run_id, cell=cell, metrics=metrics, gpu={}))
     return exp, pd.DataFrame(rows)
 
 
 def summary_for(exp, df: pd.DataFrame) -> dict:
-    return analysis.summarize(
+    return summarize(
         results=df,
         baseline=exp.baseline,
         server_axes=list(exp.matrix.server),
@@ -138,7 +140,7 @@ def test_plot_deltas_one_repeat_is_unknown_without_whiskers():
 
 def test_plot_deltas_of_a_summary_without_intervals():
     exp, df = results_for()
-    old = analysis.summarize(
+    old = summarize(
         results=df,
         baseline=exp.baseline,
         server_axes=list(exp.matrix.server),

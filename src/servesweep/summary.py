@@ -1,11 +1,11 @@
-"""Records to results.csv (one row per cell-repeat), summary.json (medians, intervals, deltas)."""
+"""summary.json: per-cell medians and bootstrap intervals, deltas vs the baseline, verdicts."""
 
 from __future__ import annotations
 
 import json
 import logging
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,50 +14,12 @@ import numpy as np
 import pandas as pd
 from pydantic import ValidationError
 
-from servesweep import stats, telemetry
-from servesweep.config import CellRepeat, ClientSpec, RunPaths, Workload
-from servesweep.errors import CellFailed
-from servesweep.files import atomic_open, write_text_atomic
-from servesweep.records import BenchRecord, read_record
+from servesweep import stats
+from servesweep.files import write_text_atomic
+from servesweep.records import read_record
 
 log = logging.getLogger(__name__)
 
-# results.csv metric column -> bench_serving record key (SGLANG.md 1.5-1.6).
-METRICS: dict[str, str] = {
-    "ttft_p50_ms": "median_ttft_ms",
-    "ttft_p95_ms": "p95_ttft_ms",  # 0.5.14+; NaN for 0.5.9-0.5.13 records
-    "ttft_p99_ms": "p99_ttft_ms",
-    "ttft_mean_ms": "mean_ttft_ms",
-    "e2e_p50_ms": "median_e2e_latency_ms",
-    "e2e_p99_ms": "p99_e2e_latency_ms",
-    "e2e_mean_ms": "mean_e2e_latency_ms",
-    "tpot_p50_ms": "median_tpot_ms",
-    "tpot_p95_ms": "p95_tpot_ms",  # 0.5.14+
-    "itl_p50_ms": "median_itl_ms",
-    "input_tps": "input_throughput",
-    "output_tps": "output_throughput",
-    "request_tps": "request_throughput",
-    "duration_s": "duration",
-    "completed": "completed",
-    "total_input_tokens": "total_input_tokens",
-    "total_output_tokens": "total_output_tokens",
-    "concurrency_mean": "concurrency",
-}
-INTEGER_METRICS = ("completed", "total_input_tokens", "total_output_tokens")
-# Keys every supported record version (0.5.9..0.5.23, builtin) has; absent = invalid record.
-REQUIRED_KEYS = (
-    "completed",
-    "duration",
-    "median_ttft_ms",
-    "p99_ttft_ms",
-    "median_e2e_latency_ms",
-    "input_throughput",
-    "total_input_tokens",
-    "total_output_tokens",
-)
-# The record keys cell_metrics reads (records are parsed with these only).
-READ_KEYS = frozenset({*METRICS.values(), *REQUIRED_KEYS})
-ID_COLUMNS = ("run_id", "server_id", "client_id", "repeat", "fingerprint")
 # Metrics summarized per cell and compared with the baseline, and which direction is better.
 SUMMARY_METRICS: dict[str, str] = {
     "ttft_p50_ms": "lower",
@@ -70,128 +32,7 @@ SUMMARY_METRICS: dict[str, str] = {
 OUTPUT_DEPENDENT = ("tpot_p50_ms",)
 
 
-# ---------------------------------------------------------------- records -> rows
-
-
-def _number(key: str, value: Any) -> float:
-    if value is None:
-        return math.nan
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"record key {key}: not a number: {value!r}")
-    return float(value)
-
-
-def record_metrics(record: BenchRecord | Mapping[str, Any]) -> dict[str, float | int]:
-    """The METRICS of one record; absent keys are NaN (older bench_serving versions)."""
-    data = record.model_dump() if isinstance(record, BenchRecord) else dict(record)
-    out: dict[str, float | int] = {}
-    for column, key in METRICS.items():
-        value = _number(key, data.get(key))
-        out[column] = int(value) if column in INTEGER_METRICS and value.is_integer() else value
-    return out
-
-
-def check_record(record: BenchRecord | Mapping[str, Any]) -> list[str]:
-    """Why a record cannot be analysed (missing required keys, nothing completed); [] if fine."""
-    data = record.model_dump() if isinstance(record, BenchRecord) else dict(record)
-    problems = [f"missing {key}" for key in REQUIRED_KEYS if data.get(key) is None]
-    completed = data.get("completed")
-    if isinstance(completed, int | float) and completed < 1:
-        problems.append(f"completed = {completed}")
-    return problems
-
-
-def cell_metrics(path: Path, *, cell: CellRepeat) -> dict[str, float | int]:
-    """Read and check one raw cell-repeat file; CellFailed names the cell and the file."""
-    try:
-        data = read_record(path, keys=READ_KEYS).model_dump()
-        metrics = record_metrics(data)
-    except FileNotFoundError:
-        raise CellFailed(f"cell {cell.key}: raw record {path} is missing") from None
-    except (ValueError, ValidationError) as exc:  # JSON, line count, field types
-        first = str(exc).strip().splitlines()[0]
-        raise CellFailed(f"cell {cell.key}: raw record {path} is invalid: {first}") from None
-    problems = check_record(data)
-    if problems:
-        raise CellFailed(f"cell {cell.key}: raw record {path} is invalid: {'; '.join(problems)}")
-    return metrics
-
-
-def cell_gpu(path: Path, *, cell: CellRepeat) -> dict[str, Any]:
-    """GPU figures of one cell-repeat; a missing snapshot file gives NaN and status `missing`."""
-    try:
-        rows = telemetry.read_snapshot(path)
-    except FileNotFoundError:
-        log.warning("cell %s: no GPU snapshot %s", cell.key, path)
-        return {**telemetry.gpu_figures([]), "gpu_status": "missing"}
-    return telemetry.gpu_figures(rows)
-
-
-def _axis_names(axes: Iterable[Mapping[str, Any]]) -> list[str]:
-    names: dict[str, None] = {}
-    for a in axes:
-        names.update(dict.fromkeys(a))
-    return list(names)
-
-
-def result_columns(server_axes: Sequence[str], client_axes: Sequence[str]) -> list[str]:
-    """Column order of results.csv: ids, server axes, client axes, metrics, GPU figures."""
-    return [*ID_COLUMNS, *server_axes, *client_axes, *METRICS, *telemetry.GPU_FIGURES]
-
-
-def result_row(
-    *,
-    run_id: str,
-    cell: CellRepeat,
-    metrics: Mapping[str, Any],
-    gpu: Mapping[str, Any],
-) -> dict[str, Any]:
-    """One results.csv row (pure)."""
-    return {
-        "run_id": run_id,
-        "server_id": cell.server.id,
-        "client_id": cell.client.id,
-        "repeat": cell.repeat,
-        "fingerprint": cell.server.fingerprint,
-        **cell.server.axes,
-        **cell.client.axes,
-        **metrics,
-        **gpu,
-    }
-
-
-def collect_results(*, cells: Sequence[CellRepeat], paths: RunPaths) -> pd.DataFrame:
-    """One row per cell-repeat from the raw records and GPU snapshots of a run."""
-    server_axes = _axis_names(c.server.axes for c in cells)
-    client_axes = _axis_names(c.client.axes for c in cells)
-    rows = [
-        result_row(
-            run_id=paths.root.name,
-            cell=cell,
-            metrics=cell_metrics(paths.raw(cell), cell=cell),
-            gpu=cell_gpu(paths.gpu(cell), cell=cell),
-        )
-        for cell in cells
-    ]
-    df = pd.DataFrame(rows, columns=result_columns(server_axes, client_axes))
-    for col in (*INTEGER_METRICS, "gpu_count"):
-        df[col] = pd.to_numeric(df[col]).astype("Int64")
-    log.info("collected %d cell-repeats of run %s", len(df), paths.root.name)
-    return df
-
-
-def write_results_csv(df: pd.DataFrame, path: str | Path) -> None:
-    """Write results.csv atomically."""
-    with atomic_open(path) as fh:
-        df.to_csv(fh, index=False)
-
-
-def read_results_csv(path: str | Path) -> pd.DataFrame:
-    """Read results.csv back (integer columns stay integers where they have no gaps)."""
-    return pd.read_csv(path)
-
-
-# ---------------------------------------------------------------- summary
+# ---------------------------------------------------------------- cells, medians, deltas
 
 
 def _py(value: Any) -> Any:
@@ -428,7 +269,7 @@ def cell_replicates(
     )
 
 
-# ---------------------------------------------------------------- summary
+# ---------------------------------------------------------------- summary.json
 
 
 def _twins(
@@ -717,64 +558,6 @@ def _jsonable(value: Any) -> Any:
 def read_summary(path: str | Path) -> dict[str, Any]:
     """Read summary.json."""
     return json.loads(Path(path).read_text())
-
-
-# ---------------------------------------------------------------- case table (PD suite)
-
-
-def _tokens(n: int) -> str:
-    return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
-
-
-def case_label(workload: Workload) -> str:
-    """'16K -> 512, C8' (+ ', non-streaming'), as the seed's table names cases."""
-    label = f"{_tokens(workload.input_len)} -> {_tokens(workload.output_len)}, "
-    label += f"C{workload.concurrency}"
-    return label + ("" if workload.stream else ", non-streaming")
-
-
-def case_table(*, results: pd.DataFrame, clients: Sequence[ClientSpec]) -> pd.DataFrame:
-    """One row per case (medians over repeats): Case | Requests | Input TPS | TTFT P50 / P95 |
-    TPOT P50 / P95; TPOT is N/A where a request makes one token or does not stream."""
-    rows = []
-    for client in clients:
-        cell = results[results["client_id"] == client.id]
-        if cell.empty:
-            continue
-        w = client.workload
-        med = cell[["input_tps", "ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms", "tpot_p95_ms"]]
-        med = med.median()
-        tpot = "N/A"
-        if w.output_len > 1 and w.stream:
-            tpot = f"{med['tpot_p50_ms']:.2f} / {med['tpot_p95_ms']:.2f} ms"
-        rows.append(
-            {
-                "Case": case_label(w),
-                "Requests": w.num_requests,
-                "Input TPS": f"{med['input_tps']:.2f}",
-                "TTFT P50 / P95": (
-                    f"{med['ttft_p50_ms'] / 1000:.3f} / {med['ttft_p95_ms'] / 1000:.3f} s"
-                ),
-                "TPOT P50 / P95": tpot,
-            }
-        )
-    return pd.DataFrame(
-        rows, columns=["Case", "Requests", "Input TPS", "TTFT P50 / P95", "TPOT P50 / P95"]
-    )
-
-
-def markdown_table(df: pd.DataFrame) -> str:
-    """A GitHub markdown table (numbers right-aligned as in the seed's write-up)."""
-    head = "| " + " | ".join(df.columns) + " |"
-    align = (
-        "|"
-        + "|".join(
-            "---:" if c == "Requests" or "/" in c or "TPS" in c else "---" for c in df.columns
-        )
-        + "|"
-    )
-    body = ["| " + " | ".join(str(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return "\n".join([head, align, *body]) + "\n"
 
 
 def warmups(service_root: Path) -> list[dict[str, Any]]:

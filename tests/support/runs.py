@@ -1,0 +1,69 @@
+"""A synthetic run for analysis tests: raw records and GPU snapshots as run_cell leaves them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from servesweep import telemetry
+from servesweep.config import RunPaths, cell_repeats, load_experiment_file
+from servesweep.records import write_record
+
+REPO = Path(__file__).resolve().parents[2]
+DATA = REPO / "tests" / "data"
+CONFIG = REPO / "config" / "config.yaml"
+REC_0523 = DATA / "records" / "bench_serving-0.5.23.jsonl"
+REC_059 = DATA / "records" / "bench_serving-0.5.9.jsonl"
+REC_BUILTIN = DATA / "records" / "builtin.jsonl"
+
+# Multiplicative effects on latencies (throughputs are divided by them).
+CHUNK = {8192: 1.0, 16384: 1.05}
+CONC = {8: 1.0, 16: 1.8}
+REPEAT = {1: 1.0, 2: 1.02, 3: 0.98}  # median factor over repeats is exactly 1
+THROUGHPUTS = ("request_throughput", "input_throughput", "output_throughput", "total_throughput")
+
+
+def template(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def experiment(**env: str):
+    return load_experiment_file(CONFIG, env)
+
+
+def cell_record(cell, base: dict, backend: dict[str, float]) -> dict:
+    s, c = cell.server.axes, cell.client.axes
+    f = backend[s["moe_runner_backend"]] * CHUNK[s["chunked_prefill_size"]]
+    f *= CONC[c["concurrency"]] * REPEAT[cell.repeat]
+    rec = dict(base)
+    for key, value in base.items():
+        if key.endswith("_ms") and value is not None:
+            rec[key] = value * f
+        elif key in THROUGHPUTS:
+            rec[key] = value / f
+    rec["max_concurrency"] = c["concurrency"]
+    return rec
+
+
+def gpu_snapshot() -> list[dict]:
+    idle = telemetry.parse_noheader(
+        (DATA / "nvidia-smi-8gpu" / "query-idle-8gpu-noheader-nounits.csv").read_text()
+    )
+    load = telemetry.parse_noheader(
+        (DATA / "nvidia-smi-8gpu" / "query-load-8gpu-noheader-nounits.csv").read_text()
+    )
+    meta = {"node": "local", "status": "ok", "detail": ""}
+    return [{**row, **meta, "phase": "before"} for row in idle] + [
+        {**row, **meta, "phase": "after"} for row in load
+    ]
+
+
+def make_run(root: Path, exp, *, base: Path = REC_0523, backend=None) -> RunPaths:
+    backend = backend or {"marlin": 1.0, "flashinfer_mxfp4": 0.9}
+    paths = RunPaths.for_run(exp, root / "results")
+    snapshot = gpu_snapshot()
+    rec = template(base)
+    for cell in cell_repeats(exp):
+        write_record(paths.raw(cell), cell_record(cell, rec, backend))
+        telemetry.write_snapshot(paths.gpu(cell), snapshot)
+    return paths

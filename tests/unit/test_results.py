@@ -1,0 +1,158 @@
+"""Tests of servesweep.results: raw records -> results.csv, on the default matrix."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from servesweep import results, telemetry
+from servesweep.config import cell_repeats
+from servesweep.errors import CellFailed
+from servesweep.records import BenchRecord, read_record
+from tests.support.runs import REC_0523, REC_059, REC_BUILTIN, experiment, make_run, template
+
+# ---------------------------------------------------------------- record_metrics
+
+
+def test_record_metrics_of_bench_serving_0523():
+    raw = template(REC_0523)
+    m = results.record_metrics(read_record(REC_0523))
+    assert list(m) == list(results.METRICS)
+    for column, key in results.METRICS.items():
+        assert m[column] == pytest.approx(raw[key]), column
+    assert m["ttft_p50_ms"] == raw["median_ttft_ms"]
+    assert m["input_tps"] == raw["input_throughput"]
+    assert m["completed"] == 40 and isinstance(m["completed"], int)
+    assert m["total_input_tokens"] == 40 * 16384
+    assert m["tpot_p50_ms"] == 0.0  # bench_serving reports 0 when every output is 1 token
+
+
+def test_record_metrics_of_bench_serving_059_lacks_p95():
+    m = results.record_metrics(template(REC_059))  # a plain dict works too
+    assert math.isnan(m["ttft_p95_ms"])
+    assert math.isnan(m["tpot_p95_ms"])
+    assert m["ttft_p99_ms"] == template(REC_059)["p99_ttft_ms"]
+    assert results.check_record(template(REC_059)) == []
+
+
+def test_record_metrics_of_builtin_client():
+    m = results.record_metrics(BenchRecord.model_validate(template(REC_BUILTIN)))
+    assert m["tpot_p50_ms"] == pytest.approx(template(REC_BUILTIN)["median_tpot_ms"])
+    assert m["tpot_p50_ms"] > 5
+    assert m["total_output_tokens"] == 24 * 128
+
+
+def test_record_metrics_missing_and_bad_values():
+    m = results.record_metrics({"median_ttft_ms": 12.5, "completed": 3})
+    assert m["ttft_p50_ms"] == 12.5
+    assert m["completed"] == 3
+    assert math.isnan(m["input_tps"])
+    assert results.check_record({"median_ttft_ms": 12.5, "completed": 3})  # not analysable
+    with pytest.raises(ValueError, match="median_ttft_ms"):
+        results.record_metrics({"median_ttft_ms": "fast"})
+
+
+# ---------------------------------------------------------------- collect_results
+
+
+def test_collect_results_default_matrix(tmp_path):
+    exp = experiment()
+    paths = make_run(tmp_path, exp)
+    cells = cell_repeats(exp)
+    df = results.collect_results(cells=cells, paths=paths)
+    assert len(df) == 24
+    assert list(df.columns) == [
+        "run_id",
+        "server_id",
+        "client_id",
+        "repeat",
+        "fingerprint",
+        "moe_runner_backend",
+        "chunked_prefill_size",
+        "concurrency",
+        *results.METRICS,
+        *telemetry.GPU_FIGURES,
+    ]
+    assert set(df["run_id"]) == {"moe-prefill-sim"}
+    assert list(df["server_id"]) == [c.server.id for c in cells]
+    assert list(df["fingerprint"]) == [c.server.fingerprint for c in cells]
+    assert list(df["repeat"]) == [1, 2, 3] * 8
+    assert df["server_id"].iloc[0] == "moe_runner_backend~marlin,chunked_prefill_size~8192"
+    row = df[
+        (df.moe_runner_backend == "flashinfer_mxfp4")
+        & (df.chunked_prefill_size == 16384)
+        & (df.concurrency == 16)
+        & (df.repeat == 2)
+    ].iloc[0]
+    factor = 0.9 * 1.05 * 1.8 * 1.02
+    assert row["ttft_p50_ms"] == pytest.approx(template(REC_0523)["median_ttft_ms"] * factor)
+    assert row["input_tps"] == pytest.approx(template(REC_0523)["input_throughput"] / factor)
+    assert row["gpu_status"] == "ok"
+    assert row["gpu_count"] == 8
+    assert row["gpu_mem_used_peak_mib"] == 21491
+    assert row["gpu_util_mean_pct"] == 100
+
+
+def test_results_csv_round_trip(tmp_path):
+    exp = experiment()
+    paths = make_run(tmp_path, exp)
+    df = results.collect_results(cells=cell_repeats(exp), paths=paths)
+    results.write_results_csv(df, paths.results_csv)
+    assert sorted(p.name for p in paths.root.iterdir()) == ["gpu", "raw", "results.csv"]
+    back = results.read_results_csv(paths.results_csv)
+    pd.testing.assert_frame_equal(back, df, check_dtype=False)
+    # Server ids contain commas, so the CSV quotes them.
+    second_line = paths.results_csv.read_text().splitlines()[1]
+    assert second_line.startswith(
+        'moe-prefill-sim,"moe_runner_backend~marlin,chunked_prefill_size~8192",concurrency~8,1,'
+    )
+
+
+def test_missing_raw_file_names_cell_and_file(tmp_path):
+    exp = experiment()
+    paths = make_run(tmp_path, exp)
+    cells = cell_repeats(exp)
+    victim = cells[5]
+    paths.raw(victim).unlink()
+    with pytest.raises(CellFailed) as err:
+        results.collect_results(cells=cells, paths=paths)
+    assert str(paths.raw(victim)) in str(err.value)
+    assert victim.key in str(err.value)
+    assert "missing" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        ('{"completed": 40, "median_ttft_ms": ', "invalid"),
+        ("", "expected exactly one record, found 0"),
+        (REC_0523.read_text() * 2, "expected exactly one record, found 2"),
+        ('{"completed": "forty"}', "invalid"),
+        (json.dumps({**template(REC_0523), "completed": 0}), "completed = 0"),
+        (json.dumps({**template(REC_0523), "median_ttft_ms": None}), "missing median_ttft_ms"),
+    ],
+)
+def test_invalid_raw_file_names_the_file(tmp_path, content, reason):
+    exp = experiment()
+    paths = make_run(tmp_path, exp)
+    cells = cell_repeats(exp)
+    paths.raw(cells[0]).write_text(content)
+    with pytest.raises(CellFailed, match="is invalid") as err:
+        results.collect_results(cells=cells, paths=paths)
+    assert str(paths.raw(cells[0])) in str(err.value)
+    assert reason in str(err.value)
+
+
+def test_missing_gpu_snapshot_is_reported_not_invented(tmp_path):
+    exp = experiment()
+    paths = make_run(tmp_path, exp)
+    cells = cell_repeats(exp)
+    paths.gpu(cells[0]).unlink()
+    df = results.collect_results(cells=cells, paths=paths)
+    assert df["gpu_status"].iloc[0] == "missing"
+    assert pd.isna(df["gpu_count"].iloc[0])
+    assert math.isnan(df["gpu_power_peak_w"].iloc[0])
+    assert df["gpu_status"].iloc[1] == "ok"

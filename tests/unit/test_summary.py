@@ -1,0 +1,230 @@
+"""Tests of servesweep.summary: results.csv -> summary.json, on the default matrix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from servesweep import summary
+from servesweep.config import RunPaths, cell_repeats
+from servesweep.records import write_record
+from servesweep.results import collect_results, read_results_csv, write_results_csv
+from tests.support.runs import REC_0523, REC_059, REC_BUILTIN, experiment, make_run, template
+
+
+def summary_of(exp, results: pd.DataFrame, **kw) -> dict:
+    return summary.summarize(
+        results=results,
+        baseline=kw.get("baseline", exp.baseline),
+        server_axes=list(exp.matrix.server),
+        client_axes=list(exp.matrix.client),
+    )
+
+
+# ---------------------------------------------------------------- summarize
+
+
+@pytest.fixture(scope="module")
+def default_results(tmp_path_factory):
+    exp = experiment()
+    paths = make_run(tmp_path_factory.mktemp("run"), exp)
+    return exp, collect_results(cells=cell_repeats(exp), paths=paths)
+
+
+def test_summary_cells(default_results):
+    exp, df = default_results
+    before = df.copy()
+    s = summary_of(exp, df)
+    pd.testing.assert_frame_equal(df, before)  # pure
+    assert s["run_id"] == "moe-prefill-sim"
+    assert s["baseline"] == {"moe_runner_backend": "marlin"}
+    assert s["server_axes"] == ["moe_runner_backend", "chunked_prefill_size"]
+    assert s["client_axes"] == ["concurrency"]
+    assert len(s["cells"]) == 8
+    assert all(c["n"] == 3 for c in s["cells"])
+    first = s["cells"][0]
+    assert first["axes"] == {
+        "moe_runner_backend": "marlin",
+        "chunked_prefill_size": 8192,
+        "concurrency": 8,
+    }
+    assert first["server_id"] == "moe_runner_backend~marlin,chunked_prefill_size~8192"
+    # Output length 1: TPOT is meaningless and left out.
+    assert list(first["metrics"]) == [
+        "ttft_p50_ms",
+        "ttft_p95_ms",
+        "ttft_p99_ms",
+        "e2e_p50_ms",
+        "input_tps",
+    ]
+    ttft = template(REC_0523)["median_ttft_ms"]
+    # 3 repeats, no per-request details: the 95% interval of the median is [min, max].
+    assert first["metrics"]["ttft_p50_ms"] == {
+        "median": pytest.approx(ttft),
+        "min": pytest.approx(ttft * 0.98),
+        "max": pytest.approx(ttft * 1.02),
+        "ci_low": pytest.approx(ttft * 0.98),
+        "ci_high": pytest.approx(ttft * 1.02),
+        "resampled": "repeats",
+    }
+    assert first["repeat_resamples"] == 10 and first["coarse"] is True
+    assert s["method"]["repeats"] == {
+        "3": {"cells": 8, "distinct_repeat_resamples": 10, "coarse": True}
+    }
+    assert s["metrics"]["input_tps"] == {"better": "higher"}
+    assert s["metrics"]["ttft_p99_ms"] == {"better": "lower"}
+
+
+def test_summary_deltas_vs_baseline(default_results):
+    exp, df = default_results
+    s = summary_of(exp, df)
+    assert s["note"] is None
+    assert len(s["deltas"]) == 4
+    labels = [d["label"] for d in s["deltas"]]
+    assert (
+        labels[0] == "moe_runner_backend=flashinfer_mxfp4, chunked_prefill_size=8192, concurrency=8"
+    )
+    for d in s["deltas"]:
+        assert d["axes"]["moe_runner_backend"] == "flashinfer_mxfp4"
+        assert d["baseline_axes"] == {**d["axes"], "moe_runner_backend": "marlin"}
+        assert (d["n_candidate"], d["n_baseline"]) == (3, 3)
+        ttft = d["metrics"]["ttft_p50_ms"]
+        assert ttft["delta_pct"] == pytest.approx(-10.0)
+        assert ttft["delta_abs"] == pytest.approx(
+            ttft["candidate_median"] - ttft["baseline_median"]
+        )
+        assert ttft["better"] is True
+        tps = d["metrics"]["input_tps"]
+        assert tps["delta_pct"] == pytest.approx(100 / 9)
+        assert tps["better"] is True
+
+
+def test_worse_candidate_and_client_axis_baseline(default_results):
+    exp, df = default_results
+    s = summary_of(exp, df, baseline={"concurrency": 8})
+    assert len(s["deltas"]) == 4
+    for d in s["deltas"]:
+        assert d["axes"]["concurrency"] == 16
+        assert d["metrics"]["ttft_p50_ms"]["delta_pct"] == pytest.approx(80.0)
+        assert d["metrics"]["ttft_p50_ms"]["better"] is False
+        assert d["metrics"]["input_tps"]["better"] is False
+
+
+def test_tpot_is_summarized_when_requests_produce_tokens(tmp_path):
+    exp = experiment()
+    paths = make_run(tmp_path, exp, base=REC_BUILTIN)
+    df = collect_results(cells=cell_repeats(exp), paths=paths)
+    s = summary_of(exp, df)
+    assert "tpot_p50_ms" in s["cells"][0]["metrics"]
+    assert s["deltas"][0]["metrics"]["tpot_p50_ms"]["delta_pct"] == pytest.approx(-10.0)
+
+
+def test_summary_of_old_records_without_p95(tmp_path):
+    exp = experiment()
+    paths = make_run(tmp_path, exp, base=REC_059)
+    df = collect_results(cells=cell_repeats(exp), paths=paths)
+    s = summary_of(exp, df)
+    assert s["cells"][0]["metrics"]["ttft_p95_ms"] == {
+        "median": None,
+        "min": None,
+        "max": None,
+        "ci_low": None,
+        "ci_high": None,
+        "resampled": None,
+    }
+    p95 = s["deltas"][0]["metrics"]["ttft_p95_ms"]
+    assert p95["delta_pct"] is None and p95["better"] is None
+    assert p95["ci_low"] is None and p95["verdict"] == "unknown"
+    summary.write_summary(s, tmp_path / "summary.json")
+    assert summary.read_summary(tmp_path / "summary.json") == json.loads(json.dumps(s))
+
+
+def test_narrowed_matrix_without_baseline(tmp_path):
+    exp = experiment(BACKENDS_CSV="flashinfer_mxfp4")
+    assert exp.baseline == {}
+    paths = make_run(tmp_path, exp)
+    df = collect_results(cells=cell_repeats(exp), paths=paths)
+    s = summary_of(exp, df)
+    assert len(s["cells"]) == 4
+    assert s["deltas"] == []
+    assert "no baseline in this run" in s["note"]
+
+
+def test_one_cell_matrix_of_the_baseline(tmp_path):
+    exp = experiment(
+        BACKENDS_CSV="marlin", CHUNKED_PREFILL_SIZES_CSV="8192", CONCURRENCIES_CSV="16"
+    )
+    paths = make_run(tmp_path, exp)
+    df = collect_results(cells=cell_repeats(exp), paths=paths)
+    s = summary_of(exp, df)
+    assert [c["n"] for c in s["cells"]] == [3]
+    assert s["deltas"] == []
+    assert s["note"] == "only the baseline moe_runner_backend=marlin ran: no other value to compare"
+
+
+def test_baseline_on_an_axis_the_run_lacks(default_results):
+    exp, df = default_results
+    s = summary_of(exp, df, baseline={"page_size": 64})
+    assert s["deltas"] == []
+    assert s["note"] == "baseline axis page_size is not an axis of this run"
+    with pytest.raises(ValueError, match="tp_size"):
+        summary.summarize(results=df, baseline={}, server_axes=["tp_size"], client_axes=[])
+
+
+def test_write_summary_is_strict_json(tmp_path, default_results):
+    exp, df = default_results
+    s = summary_of(exp, df)
+    s["cells"][0]["metrics"]["ttft_p50_ms"]["median"] = float("nan")  # as a later stage might
+    path = tmp_path / "out" / "summary.json"
+    summary.write_summary(s, path)
+    text = path.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    back = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    assert back["cells"][0]["metrics"]["ttft_p50_ms"]["median"] is None
+    assert back["deltas"][0]["metrics"]["ttft_p50_ms"]["delta_pct"] == pytest.approx(-10.0)
+
+
+def test_summary_is_the_same_after_the_csv_round_trip(tmp_path, default_results):
+    exp, df = default_results
+    write_results_csv(df, tmp_path / "results.csv")
+    back = read_results_csv(tmp_path / "results.csv")
+    assert summary_of(exp, back) == summary_of(exp, df)
+
+
+def test_summary_parts_of_grouped_rows_match_the_summary(default_results):
+    exp, df = default_results
+    s = summary_of(exp, df)
+    groups = summary.group_cells(df, [*exp.matrix.server, *exp.matrix.client])
+    assert [ax for ax, _ in groups] == [c["axes"] for c in s["cells"]]
+    assert summary.summarize_cells(groups) == s["cells"]
+    assert summary.baseline_deltas(groups, baseline=exp.baseline) == (s["deltas"], None)
+
+
+def test_each_stage_reads_only_the_record_keys_it_needs(tmp_path):
+    exp = experiment()
+    paths = make_run(tmp_path, exp)
+    cells = cell_repeats(exp)
+    n = 40
+    details = {"ttfts": [0.5] * n, "itls": [[]] * n, "output_lens": [1] * n, "errors": [""] * n}
+    write_record(paths.raw(cells[0]), {**template(REC_0523), **details})
+    # Details that do not validate: results.csv does not read them, the bootstrap cannot.
+    broken = json.dumps({**template(REC_0523), **details, "itls": "garbage"})
+    paths.raw(cells[1]).write_text(broken + "\n")
+    df = collect_results(cells=cells, paths=paths)
+    assert len(df) == 24
+    reqs = summary.load_requests(results=df.iloc[:2], run_dir=paths.root)
+    first, second = ((c.server.id, c.client.id, c.repeat) for c in cells[:2])
+    assert reqs[first].ttft == pytest.approx([500.0] * n)
+    assert reqs[second] is None
+
+
+def test_empty_run():
+    exp = experiment()
+    df = collect_results(cells=[], paths=RunPaths(Path("/nonexistent/run")))
+    assert len(df) == 0
+    s = summary_of(exp, df)
+    assert s["cells"] == [] and s["deltas"] == []
+    assert s["note"] == "no results in this run"
