@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -38,24 +39,36 @@ def shim(tmp_path: Path) -> FaultShim:
     return FaultShim.create(tmp_path / "shim")
 
 
-@pytest.fixture()
-def make_run(
-    tmp_path: Path, shim: FaultShim, request: pytest.FixtureRequest
+def _runs(
+    tmp_path: Path, request: pytest.FixtureRequest, config: Callable[..., dict[str, Any]]
 ) -> Iterator[Callable[..., Run]]:
-    """Runs of a slice of the suite's matrix on this machine, in the test's own directory."""
+    """A factory of runs, each in its own directory of the test's, named after its scenario
+    (the parametrize id, else the test's name); ends what they left running afterwards."""
     runs: list[Run] = []
-    name = request.node.name.removeprefix("test_").replace("_", "-")[:24]
+    callspec = getattr(request.node, "callspec", None)
+    name = callspec.id if callspec else request.node.name.removeprefix("test_")
+    name = name.replace("_", "-")[:24]
 
     def make(layout: dict[str, Any], **extra: Any) -> Run:
         workdir = tmp_path / f"w{len(runs)}"
         workdir.mkdir()
-        run = Run.create(workdir, local_config(unique_run_id(name), shim, **layout, **extra))
+        run = Run.create(workdir, config(unique_run_id(name), **layout, **extra))
         runs.append(run)
         return run
 
     yield make
     for run in runs:
+        if run.in_containers:
+            remove_containers(run.run_id)
         kill_local_leftovers(run.port)
+
+
+@pytest.fixture()
+def make_run(
+    tmp_path: Path, shim: FaultShim, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., Run]]:
+    """Runs of a slice of the suite's matrix on this machine: `make_run(WITHIN, **extra)`."""
+    yield from _runs(tmp_path, request, functools.partial(local_config, shim=shim))
 
 
 @pytest.fixture()
@@ -66,24 +79,10 @@ def make_cluster_run(
     docker_node: str,  # noqa: F811
     request: pytest.FixtureRequest,
 ) -> Iterator[Callable[..., Run]]:
-    """Runs of a slice of the suite's matrix on the loopback SSH nodes with docker."""
-    runs: list[Run] = []
-    name = request.node.name.removeprefix("test_").replace("_", "-")[:24]
-
-    def make(layout: dict[str, Any], *, nodes: list[str], **extra: Any) -> Run:
-        workdir = tmp_path / f"w{len(runs)}"
-        workdir.mkdir()
-        config = cluster_config(
-            unique_run_id(name), shim, nodes_dir=nodes_dir, nodes=nodes, **layout, **extra
-        )
-        run = Run.create(workdir, config)
-        runs.append(run)
-        return run
-
-    yield make
-    for run in runs:
-        remove_containers(run.run_id)
-        kill_local_leftovers(run.port)
+    """Runs of a slice of the suite's matrix on the loopback SSH nodes with docker:
+    `make_cluster_run(WITHIN, nodes=[...], **extra)`."""
+    config = functools.partial(cluster_config, shim=shim, nodes_dir=nodes_dir)
+    yield from _runs(tmp_path, request, config)
 
 
 @pytest.fixture(scope="session")

@@ -197,6 +197,7 @@ class Run:
     port: int
     cells: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    in_containers: bool = False  # docker runtime: its containers count as left running too
 
     @classmethod
     def create(cls, workdir: Path, changes: dict[str, Any], **env: str) -> Run:
@@ -205,7 +206,8 @@ class Run:
         cells = cell_keys(
             raw["matrix"]["server"]["moe_runner_backend"], raw["matrix"]["client"]["concurrency"]
         )
-        return cls(workdir, config, raw["run_id"], int(raw["engine"]["port"]), cells, dict(env))
+        port, in_containers = int(raw["engine"]["port"]), raw["runtime"]["kind"] == "docker"
+        return cls(workdir, config, raw["run_id"], port, cells, dict(env), in_containers)
 
     @property
     def run_dir(self) -> Path:
@@ -269,6 +271,11 @@ class Run:
 
     def server_log(self, backend: str, node: str = "local") -> Path:
         return self.run_dir / "service" / server_id(backend) / f"{node}.log"
+
+    def leftovers(self) -> list[str]:
+        """What of the run still runs: its containers (docker), processes on its port."""
+        ids = containers(self.run_id) if self.in_containers else []
+        return [f"container {c[:12]}" for c in ids] + local_leftovers(self.port)
 
     def finished(self) -> dict[str, str]:
         """cell -> digest of its raw and gpu files (content and mtime), for cells with both."""
@@ -404,16 +411,15 @@ def log_paths(line: str) -> list[str]:
 def check_stopped_cleanly(
     checks: Checks,
     run: Run,
-    text: str,
-    returncode: int,
+    proc: subprocess.CompletedProcess[str],
     *,
     cause: str,
     node: str = r"node local\b",
     finished: int,
-    leftovers: Callable[[], list[str]] | None = None,
     name_cell: bool = True,
 ) -> str:
-    """The common checks of a failed run; returns the error line shown."""
+    """The common checks of a failed run (`proc`: its snakemake); returns the error line shown."""
+    returncode, text = proc.returncode, output(proc)
     checks.check("the run exits non-zero", returncode != 0, f"exit {returncode}")
     lines = error_lines(text)
     checks.check("a one-line `servesweep: <Kind>: ...` error is printed", bool(lines), text[-3000:])
@@ -432,7 +438,7 @@ def check_stopped_cleanly(
     logs = log_paths(line)
     existing = [p for p in logs if (run.workdir / p).exists() or Path(p).exists()]
     checks.check("the error names a log file that exists", bool(existing), f"{logs} in {line}")
-    left = (leftovers or (lambda: local_leftovers(run.port)))()
+    left = run.leftovers()
     checks.check("no server, client or container is left", not left, "\n".join(left))
     for cell in failed:
         stray = [
@@ -465,7 +471,6 @@ def check_rerun(
     proc: subprocess.CompletedProcess[str],
     reference: pd.DataFrame,
     *,
-    leftovers: Callable[[], list[str]] | None = None,
     reruns_finished: bool = False,
 ) -> None:
     """After the cause is removed: only missing cells run, and the results equal a clean run.
@@ -511,8 +516,22 @@ def check_rerun(
         bool((fps == 1).all()),
         str(fps),
     )
-    left = (leftovers or (lambda: local_leftovers(run.port)))()
+    left = run.leftovers()
     checks.check("nothing is left running after the rerun", not left, "\n".join(left))
+
+
+def rerun_and_check(
+    checks: Checks,
+    run: Run,
+    reference: pd.DataFrame,
+    *,
+    remove_cause: Callable[[], object] | None = None,
+) -> None:
+    """Note the finished cells, remove the fault's cause, rerun, and make the rerun checks."""
+    before, n_events = run.finished(), len(run.events())
+    if remove_cause:
+        remove_cause()
+    check_rerun(checks, run, before, n_events, run.snakemake(), reference)
 
 
 # ---------------------------------------------------------------- disk
@@ -617,12 +636,6 @@ def containers(run_id: str, **labels: str) -> list[str]:
     return docker(*args).stdout.split()
 
 
-def docker_leftovers(run: Run) -> list[str]:
-    """Containers of the run, plus any process of this machine on the run's port."""
-    left = [f"container {c[:12]}" for c in containers(run.run_id)]
-    return left + local_leftovers(run.port)
-
-
 def remove_containers(run_id: str) -> None:
     """Teardown safety net: remove the run's containers (this test started them)."""
     ids = containers(run_id)
@@ -679,7 +692,109 @@ def ssh_sessions(root: int, address: str, *, listener: int) -> list[int]:
     return sorted({p for end in ours for p in serving.get(end, set())} - {listener})
 
 
-def rerun_after_sigkill(checks: Checks, run: Run) -> subprocess.CompletedProcess[str]:
+# ---------------------------------------------------------------- faults during a hung request
+
+
+def hang_started(run: Run) -> Callable[[], bool]:
+    """Whether the second cell's request hangs: rank 0's server log says so."""
+    if not run.in_containers:
+        return file_contains(run.server_log(TARGET), HANG_MARKER)
+    return container_log_contains(
+        lambda: containers(run.run_id, role="server", rank="0"), HANG_MARKER
+    )
+
+
+def run_during_hang(
+    run: Run, shim: FaultShim, act: Callable[[subprocess.Popen[str]], None]
+) -> subprocess.CompletedProcess[str]:
+    """Start the run with the second cell's request hanging (a window of the request timeout);
+    once it hangs, call `act` on snakemake (a signal, a kill), wait for it, clear the fault."""
+    shim.inject(TARGET, f"--sim-hang-at {SECOND_CELL_INDEX}")
+    proc = run.start()
+    try:
+        wait_for(
+            hang_started(run),
+            limit_s=300 if run.in_containers else 60,
+            what=f"request #{SECOND_CELL_INDEX} to hang",
+        )
+        act(proc)
+        out, err = proc.communicate(timeout=SNAKEMAKE_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            kill_group(proc, signal.SIGKILL)
+            proc.communicate()
+    shim.clear()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def check_killed_during_hang(
+    checks: Checks,
+    run: Run,
+    shim: FaultShim,
+    reference: pd.DataFrame,
+    *,
+    kill: Callable[[subprocess.Popen[str]], None],
+    cause: str,
+    node: str,
+) -> str:
+    """Kill a part of the run while a request hangs: the stop checks, then the rerun checks;
+    returns the error line shown."""
+    proc = run_during_hang(run, shim, kill)
+    line = check_stopped_cleanly(checks, run, proc, cause=cause, node=node, finished=1)
+    rerun_and_check(checks, run, reference)
+    return line
+
+
+def check_rank1_dies(
+    checks: Checks,
+    run: Run,
+    shim: FaultShim,
+    reference: pd.DataFrame,
+    *,
+    kill_rank1: Callable[[subprocess.Popen[str]], None],
+    node: str,
+    died: str,
+) -> None:
+    """Rank 1 of a two-node server dies while a request hangs: the stop checks (the error names
+    a node matching `node`), the rerun checks, and the error names the node that died."""
+    line = check_killed_during_hang(
+        checks,
+        run,
+        shim,
+        reference,
+        kill=kill_rank1,
+        cause=r"ServerDied: .*(exited|nccl|fatal pattern)",
+        node=node,
+    )
+    checks.check(f"the error names the node that died ({died})", f"node {died}" in line, line)
+    checks.finish()
+
+
+def sigkill_mid_cell(checks: Checks, run: Run, shim: FaultShim) -> None:
+    """SIGKILL snakemake's process group while the second cell's request hangs."""
+    proc = run_during_hang(run, shim, lambda p: kill_group(p, signal.SIGKILL))
+    checks.check(
+        "snakemake died of SIGKILL", proc.returncode == -signal.SIGKILL, str(proc.returncode)
+    )
+
+
+def check_rerun_after_sigkill(checks: Checks, run: Run, reference: pd.DataFrame) -> None:
+    """The finished cell is kept; the rerun (unlocked if need be) finds the stale server and
+    passes the rerun checks."""
+    before, n_events = run.finished(), len(run.events())
+    checks.check("the finished cell is kept", len(before) == 1, str(before))
+    rerun = _rerun_unlocked(checks, run)
+    events = run.events()[n_events:]
+    handled = [e for _, e, _ in events if e in ("reuse", "stale", "unhealthy")]
+    checks.check(
+        "the rerun found the stale server (reused if healthy, else removed by label)",
+        bool(handled),
+        str(events),
+    )
+    check_rerun(checks, run, before, n_events, rerun, reference)
+
+
+def _rerun_unlocked(checks: Checks, run: Run) -> subprocess.CompletedProcess[str]:
     """Rerun after snakemake was SIGKILLed: if Snakemake kept its lock, the plain rerun must
     refuse without touching anything, then `--unlock` and rerun (README: hard kill)."""
     n_events = len(run.events())

@@ -149,29 +149,38 @@ def _checks(case: Case) -> str:
     return "<br>".join(f"- {_cell(i)}" for i in items) or "(none recorded)"
 
 
-# Rows in the order of the issue's list of scenarios; the ssh + docker variant after its local
-# twin, known-gap extras last.
+# Rows in the order of the issue's list of scenarios, by scenario id: the parametrize id of a
+# table-driven test (`test_fault_then_rerun[server_fails_to_start]`), else the test's name
+# without `test_`. The ssh + docker variant after its local twin, known-gap extras last.
 ORDER = (
-    "test_server_fails_to_start",
-    "test_server_never_becomes_ready",
-    "test_rank_above_zero_dies_mid_cell",
-    "test_rank_above_zero_node_dies_mid_cell",
-    "test_server_crashes_mid_cell",
-    "test_some_requests_get_http_500",
-    "test_mid_stream_error",
-    "test_server_hangs_client_times_out",
-    "test_fatal_pattern_in_a_log",
-    "test_image_smoke_fails",
-    "test_ssh_connection_drops_mid_cell",
-    "test_snakemake_gets_sigint",
-    "test_snakemake_is_sigkilled_then_rerun",
-    "test_snakemake_is_sigkilled_then_rerun_with_containers",
-    "test_disk_fills_while_writing_a_raw_file",
+    "server_fails_to_start",
+    "server_never_becomes_ready",
+    "rank_above_zero_dies_mid_cell",
+    "rank_above_zero_node_dies_mid_cell",
+    "server_crashes_mid_cell",
+    "some_requests_get_http_500",
+    "mid_stream_error",
+    "server_hangs_client_times_out",
+    "fatal_pattern_in_a_log",
+    "image_smoke_fails",
+    "ssh_connection_drops_mid_cell",
+    "snakemake_gets_sigint",
+    "snakemake_is_sigkilled_then_rerun",
+    "snakemake_is_sigkilled_then_rerun_with_containers",
+    "disk_fills_while_writing_a_raw_file",
 )
 
 
+def scenario_id(name: str) -> str:
+    """The scenario a test case name stands for: its parametrize id, else the name."""
+    if name.endswith("]") and "[" in name:
+        return name[name.index("[") + 1 : -1]
+    return name.removeprefix("test_")
+
+
 def _rank(case: Case) -> int:
-    return ORDER.index(case.name) if case.name in ORDER else len(ORDER)
+    key = scenario_id(case.name)
+    return ORDER.index(key) if key in ORDER else len(ORDER)
 
 
 def scenario_table(cases: Iterable[Case]) -> list[str]:

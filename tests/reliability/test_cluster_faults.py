@@ -16,24 +16,20 @@ import pytest
 from tests.integration.nodes import ADDRESSES
 from tests.reliability.harness import (
     ACROSS,
-    HANG_MARKER,
-    SECOND_CELL_INDEX,
     SNAKEMAKE_TIMEOUT_S,
-    TARGET,
     WITHIN,
     Checks,
     FaultShim,
     Run,
-    check_rerun,
+    check_killed_during_hang,
+    check_rank1_dies,
+    check_rerun_after_sigkill,
     check_stopped_cleanly,
-    container_log_contains,
     containers,
     docker,
-    docker_leftovers,
-    error_lines,
-    kill_group,
     output,
-    rerun_after_sigkill,
+    rerun_and_check,
+    sigkill_mid_cell,
     ssh_sessions,
     wait_for,
 )
@@ -41,29 +37,6 @@ from tests.reliability.harness import (
 pytestmark = [pytest.mark.reliability, pytest.mark.integration]
 
 STALE_CLIENT_S = 60  # request timeout of the SIGKILL scenario: its hung client lives that long
-
-
-def _during_hang(
-    run: Run, shim: FaultShim, act: Callable[[subprocess.Popen[str]], None]
-) -> tuple[int, str]:
-    """Start the run; once the second cell's request hangs (rank 0's log), call `act`."""
-    shim.inject(TARGET, f"--sim-hang-at {SECOND_CELL_INDEX}")
-    proc = run.start()
-    try:
-        rank0 = lambda: containers(run.run_id, role="server", rank="0")  # noqa: E731
-        wait_for(
-            container_log_contains(rank0, HANG_MARKER),
-            limit_s=300,
-            what=f"request #{SECOND_CELL_INDEX} to hang",
-        )
-        act(proc)
-        out, err = proc.communicate(timeout=SNAKEMAKE_TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            kill_group(proc, signal.SIGKILL)
-            proc.communicate()
-    shim.clear()
-    return proc.returncode, out + err
 
 
 def test_rank_above_zero_node_dies_mid_cell(
@@ -79,25 +52,9 @@ def test_rank_above_zero_node_dies_mid_cell(
         [rank1] = containers(run.run_id, role="server", rank="1")
         docker("kill", rank1)
 
-    returncode, text = _during_hang(run, shim, kill_rank1)
-    check_stopped_cleanly(
-        checks,
-        run,
-        text,
-        returncode,
-        cause=r"ServerDied: .*(exited|nccl|fatal pattern)",
-        node=r"node node[12]\b",
-        finished=1,
-        leftovers=lambda: docker_leftovers(run),
+    check_rank1_dies(
+        checks, run, shim, reference, kill_rank1=kill_rank1, node=r"node node[12]\b", died="node2"
     )
-    line = error_lines(text)[0]
-    before, n_events = run.finished(), len(run.events())
-    rerun = run.snakemake()
-    check_rerun(
-        checks, run, before, n_events, rerun, reference, leftovers=lambda: docker_leftovers(run)
-    )
-    checks.check("the error names the node that died (node2)", "node node2" in line, line)
-    checks.finish()
 
 
 def test_ssh_connection_drops_mid_cell(
@@ -110,39 +67,30 @@ def test_ssh_connection_drops_mid_cell(
     checks.scenario("the SSH connection drops mid-cell (sshd session serving the run killed)")
     run = make_cluster_run(WITHIN, nodes=["node1"])
     listener = int((nodes_dir / "sshd.pid").read_text().split()[0])
-    killed: list[int] = []
 
     def drop_ssh(proc: subprocess.Popen[str]) -> None:
         sessions = ssh_sessions(proc.pid, ADDRESSES["node1"], listener=listener)
         assert sessions, "no SSH session of the run found"
         for pid in sessions:
             os.kill(pid, signal.SIGKILL)
-        killed.extend(sessions)
+        checks.note(f"killed sshd session process(es) {sessions}")
 
-    returncode, text = _during_hang(run, shim, drop_ssh)
-    checks.note(f"killed sshd session process(es) {killed}")
-    check_stopped_cleanly(
+    check_killed_during_hang(
         checks,
         run,
-        text,
-        returncode,
+        shim,
+        reference,
+        kill=drop_ssh,
         cause=r"TransportError: .*(connection lost|closed|cannot)",
         node=r"node node1\b",
-        finished=1,
-        leftovers=lambda: docker_leftovers(run),
-    )
-    before, n_events = run.finished(), len(run.events())
-    rerun = run.snakemake()
-    check_rerun(
-        checks, run, before, n_events, rerun, reference, leftovers=lambda: docker_leftovers(run)
     )
 
 
 def test_image_smoke_fails(
     checks: Checks,
     make_cluster_run: Callable[..., Run],
-    shim: FaultShim,
     reference: pd.DataFrame,
+    shim: FaultShim,
 ) -> None:
     checks.scenario("the image smoke fails (re-validated image, first cell config finished)")
     broken = shim.flag_file("smoke-broken")
@@ -164,12 +112,10 @@ def test_image_smoke_fails(
     check_stopped_cleanly(
         checks,
         run,
-        output(proc),
-        proc.returncode,
+        proc,
         cause=r"SmokeFailed: .*exit 3",
         node=r"node node1\b",
         finished=1,
-        leftovers=lambda: docker_leftovers(run),
         name_cell=False,
     )
     events = [e for _, e, _ in run.events()[n_start:]]
@@ -177,18 +123,7 @@ def test_image_smoke_fails(
     checks.check(
         "no image evidence for the failed smoke", not list((run.run_dir / "build").glob("*.json"))
     )
-    before, n_events = run.finished(), len(run.events())
-    broken.unlink()
-    rerun = run.snakemake()
-    check_rerun(
-        checks,
-        run,
-        before,
-        n_events,
-        rerun,
-        reference,
-        leftovers=lambda: docker_leftovers(run),
-    )
+    rerun_and_check(checks, run, reference, remove_cause=broken.unlink)
 
 
 def test_snakemake_is_sigkilled_then_rerun_with_containers(
@@ -200,14 +135,12 @@ def test_snakemake_is_sigkilled_then_rerun_with_containers(
     checks.scenario("snakemake is SIGKILLed mid-cell, then rerun (ssh + docker: stale containers)")
     # A long request timeout keeps the killed run's client container alive through the rerun.
     run = make_cluster_run(WITHIN, nodes=["node1"], request_timeout_s=STALE_CLIENT_S)
-    returncode, _ = _during_hang(run, shim, lambda proc: kill_group(proc, signal.SIGKILL))
-    checks.check("snakemake died of SIGKILL", returncode == -signal.SIGKILL, str(returncode))
+    sigkill_mid_cell(checks, run, shim)
     servers = containers(run.run_id, role="server")
     checks.check("the server container outlives snakemake", bool(servers), str(servers))
     stale_clients = set(containers(run.run_id, role="client"))
     checks.check("the killed run's client container outlives it", bool(stale_clients))
-    before, n_events = run.finished(), len(run.events())
-    checks.check("the finished cell is kept", len(before) == 1, str(before))
+    n_events = len(run.events())
     overlap: list[str] = []
 
     def watch() -> None:
@@ -227,17 +160,8 @@ def test_snakemake_is_sigkilled_then_rerun_with_containers(
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    rerun = rerun_after_sigkill(checks, run)
+    check_rerun_after_sigkill(checks, run, reference)
     watcher.join(timeout=60)
-    handled = [e for _, e, _ in run.events()[n_events:] if e in ("reuse", "stale", "unhealthy")]
-    checks.check(
-        "the rerun found the stale server (reused if healthy, else removed by label)",
-        bool(handled),
-        str(run.events()[n_events:]),
-    )
-    check_rerun(
-        checks, run, before, n_events, rerun, reference, leftovers=lambda: docker_leftovers(run)
-    )
     checks.check(
         "no client of the killed run still loads the server when the rerun's cell runs",
         not overlap,
