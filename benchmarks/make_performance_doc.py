@@ -345,68 +345,76 @@ SECTIONS: dict[str, Callable[[dict[str, Any], dict[str, Any] | None], str]] = {
 }
 
 
-def summary_rows(found: dict[str, dict[str, Any]]) -> list[list[str]]:
+def _client_headline(d: dict[str, Any]) -> tuple[str, str, str]:
+    g = d["goals"]
+    measured = (
+        f"{num(g['builtin_rps_c256'])} req/s; TTFT "
+        f"{'not above' if g['ttft_not_above_bench_at_every_concurrency'] else 'above'} "
+        f"bench's; {num(g['builtin_us_per_token'])} us/token"
+    )
+    keys = (
+        "builtin_rps_c256_met",
+        "ttft_not_above_bench_at_every_concurrency",
+        "builtin_us_per_token_met",
+    )
+    goal = ">= 2.1k req/s at C=256; TTFT <= bench_serving's; <= 25 us/token"
+    return goal, measured, ", ".join(met(g[k]) for k in keys)
+
+
+def _planning_headline(d: dict[str, Any]) -> tuple[str, str, str]:
+    ratios = ", ".join(f"{num(r['ratio_wall'])}x at {r['cell_repeats']:,}" for r in d["rows"])
+    ok = all(r["goal_met"] for r in d["rows"])
+    return f"<= {d['goal_ratio']}x a plain Snakefile", ratios, met(ok)
+
+
+def _orchestration_headline(d: dict[str, Any]) -> tuple[str, str, str]:
+    return f"<= {d['goal_ratio']}", num(d["ratio"]), met(d["goal_met"])
+
+
+def _aggregation_headline(d: dict[str, Any]) -> tuple[str, str, str]:
+    goal = f"<= {num(d['goal_s'])} s for {d['params']['cell_repeats']:,} records"
+    return goal, f"{num(d['csv_plus_summary_s'])} s", met(d["goal_met"])
+
+
+def _large_run_headline(d: dict[str, Any]) -> tuple[str, str, str]:
+    measured = f"{num(d.get('cells_done'))} done in {num(d['wall_s'], 0)} s"
+    verdict = met(d["completed"])
+    if d["timed_out"]:
+        hours = (d.get("projected_cells_s") or 0) / 3600
+        measured += f" (stopped by --timeout; all cells projected at {hours:.1f} h here)"
+        verdict = "not run to the end"
+    return f"{d['params']['cell_repeats']:,} cell-repeats complete", measured, verdict
+
+
+HEADLINES: dict[str, tuple[str, Callable[[dict[str, Any]], tuple[str, str, str]]]] = {
+    "client": ("1 client", _client_headline),
+    "planning": ("2 planning", _planning_headline),
+    "orchestration": ("3 orchestration", _orchestration_headline),
+    "aggregation": ("4 aggregation", _aggregation_headline),
+    "large_run": ("5 large run", _large_run_headline),
+}
+
+
+def summary_rows(
+    found: dict[str, dict[str, Any]], before: dict[str, dict[str, Any]]
+) -> list[list[str]]:
+    """One row per measured item: goal, figure before the changes (`<item>.before.json`, if
+    any, with its commit), figure now, verdict now."""
     rows = []
-    if "client" in found:
-        g = found["client"]["goals"]
-        rows.append(
-            [
-                "1 client",
-                ">= 2.1k req/s at C=256; TTFT <= bench_serving's; <= 25 us/token",
-                f"{num(g['builtin_rps_c256'])} req/s; TTFT "
-                f"{'not above' if g['ttft_not_above_bench_at_every_concurrency'] else 'above'} "
-                f"bench's; {num(g['builtin_us_per_token'])} us/token",
-                ", ".join(
-                    met(g[k])
-                    for k in (
-                        "builtin_rps_c256_met",
-                        "ttft_not_above_bench_at_every_concurrency",
-                        "builtin_us_per_token_met",
-                    )
-                ),
-            ]
-        )
-    if "planning" in found:
-        d = found["planning"]
-        ratios = ", ".join(f"{num(r['ratio_wall'])}x at {r['cell_repeats']:,}" for r in d["rows"])
-        ok = all(r["goal_met"] for r in d["rows"])
-        rows.append(["2 planning", f"<= {d['goal_ratio']}x a plain Snakefile", ratios, met(ok)])
-    if "orchestration" in found:
-        d = found["orchestration"]
-        rows.append(
-            ["3 orchestration", f"<= {d['goal_ratio']}", num(d["ratio"]), met(d["goal_met"])]
-        )
-    if "aggregation" in found:
-        d = found["aggregation"]
-        rows.append(
-            [
-                "4 aggregation",
-                f"<= {num(d['goal_s'])} s for {d['params']['cell_repeats']:,} records",
-                f"{num(d['csv_plus_summary_s'])} s",
-                met(d["goal_met"]),
-            ]
-        )
-    if "large_run" in found:
-        d = found["large_run"]
-        measured = f"{num(d.get('cells_done'))} done in {num(d['wall_s'], 0)} s"
-        verdict = met(d["completed"])
-        if d["timed_out"]:
-            hours = (d.get("projected_cells_s") or 0) / 3600
-            measured += f" (stopped by --timeout; all cells projected at {hours:.1f} h here)"
-            verdict = "not run to the end"
-        rows.append(
-            [
-                "5 large run",
-                f"{d['params']['cell_repeats']:,} cell-repeats complete",
-                measured,
-                verdict,
-            ]
-        )
+    for name, (label, headline) in HEADLINES.items():
+        if name not in found:
+            continue
+        goal, measured, verdict = headline(found[name])
+        was = "-"
+        if name in before:
+            was = f"{headline(before[name])[1]} (`{before[name]['provenance']['git_sha']}`)"
+        rows.append([label, goal, was, measured, verdict])
     return rows
 
 
 def render(results: Path) -> str:
     found = {name: data for name in ITEMS if (data := load(results, name)) is not None}
+    before = {n: data for n in ITEMS if (data := load(results, f"{n}.before")) is not None}
     parts = [
         "# Performance",
         "",
@@ -417,11 +425,13 @@ def render(results: Path) -> str:
         "noisy machine: read them as ratios and orders of magnitude, not as exact timings. "
         "Each section says when and where it was measured.",
         "",
-        table(["item", "goal", "measured", ""], summary_rows(found)),
+        "Before = the same script at the commit in brackets, before the changes of issue 7.",
+        "",
+        table(["item", "goal", "before", "now", ""], summary_rows(found, before)),
     ]
     for name in ITEMS:
         if name in found:
-            parts += ["", SECTIONS[name](found[name], load(results, f"{name}.before"))]
+            parts += ["", SECTIONS[name](found[name], before.get(name))]
         else:
             parts += ["", f"## {name}", "", f"Not measured (no `{name}.json`)."]
     return "\n".join(parts) + "\n"
