@@ -23,6 +23,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from servesweep.config import CLIENT_AXIS_ENV, SERVER_ARG_ENV, SERVER_AXIS_ENV
 from servesweep.errors import ServerStartError
 from servesweep.sim.process import free_port, start_sim  # noqa: F401 (free_port re-exported)
 
@@ -40,6 +41,21 @@ FALLBACK_SCALE = 1e-9
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 log = logging.getLogger("benchmarks")
+# Variables the workflow narrows the matrix with (servesweep.config): never inherited by a run.
+NARROWING_ENV = (*SERVER_AXIS_ENV, *CLIENT_AXIS_ENV, *SERVER_ARG_ENV, "RUN_ID", "SUITE")
+
+
+def workflow_env(**extra: str) -> dict[str, str]:
+    """This process's environment without the narrowing variables, plus `extra`."""
+    return {**{k: v for k, v in os.environ.items() if k not in NARROWING_ENV}, **extra}
+
+
+def snakemake_exe() -> str:
+    """The `snakemake` on PATH, or exit saying it is missing."""
+    exe = shutil.which("snakemake")
+    if exe is None:
+        raise SystemExit("snakemake is not installed")
+    return exe
 
 
 def setup_logging() -> None:

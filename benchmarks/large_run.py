@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -37,7 +35,9 @@ from _common import (
     proc_cpu_s,
     scratch_dir,
     setup_logging,
+    snakemake_exe,
     time_scale_note,
+    workflow_env,
     write_result,
 )
 
@@ -52,8 +52,6 @@ SERVER_AXES = {
 }
 REPEATS_PER_CELL = 5
 RUN_ID = "large-run-bench"
-CLEARED_ENV = ("RUN_ID", "BACKENDS_CSV", "CHUNKED_PREFILL_SIZES_CSV", "CONCURRENCIES_CSV")
-CLEARED_ENV += ("EP_SIZE", "SUITE")
 TERM_GRACE_S = 120.0  # a running cell finishes well within this
 
 
@@ -148,11 +146,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     setup_logging()
     args = parse_args(argv)
-    exe = shutil.which("snakemake")
-    if exe is None:
-        raise SystemExit("snakemake is not installed")
+    exe = snakemake_exe()
     raw = experiment(args.cell_repeats)
-    env = {k: v for k, v in os.environ.items() if k not in CLEARED_ENV}
+    env = workflow_env()
     profile = yaml.safe_load((REPO / "profiles" / "default" / "config.yaml").read_text())
     with scratch_dir("large", keep=args.keep_tmp) as tmp:
         config = tmp / "exp.yaml"

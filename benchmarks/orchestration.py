@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
-import shutil
 import subprocess
 import sys
 import time
@@ -23,14 +21,22 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from _common import REPO, add_common_args, log, median, scratch_dir, setup_logging, write_result
+from _common import (
+    REPO,
+    add_common_args,
+    log,
+    median,
+    scratch_dir,
+    setup_logging,
+    snakemake_exe,
+    workflow_env,
+    write_result,
+)
 
 from servesweep.events import read_events
 from tests.helpers import experiment_file
 
 GOAL_RATIO = 1.10
-CLEARED_ENV = ("RUN_ID", "BACKENDS_CSV", "CHUNKED_PREFILL_SIZES_CSV", "CONCURRENCIES_CSV")
-CLEARED_ENV += ("EP_SIZE", "SUITE")
 RUN_ID = "orchestration-bench"
 # What a job's Python process imports before doing anything (scripts/<rule>.py).
 IMPORTS = {
@@ -130,10 +136,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     setup_logging()
     args = parse_args(argv)
-    exe = shutil.which("snakemake")
-    if exe is None:
-        raise SystemExit("snakemake is not installed")
-    env = {k: v for k, v in os.environ.items() if k not in CLEARED_ENV}
+    exe = snakemake_exe()
+    env = workflow_env()
     with scratch_dir("orchestration", keep=args.keep_tmp) as tmp:
         changes: dict[str, Any] = {"run_id": RUN_ID}
         if args.config:

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pstats
 import resource
-import shutil
 import subprocess
 import sys
 import time
@@ -24,7 +22,17 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from _common import REPO, add_common_args, log, median, scratch_dir, setup_logging, write_result
+from _common import (
+    REPO,
+    add_common_args,
+    log,
+    median,
+    scratch_dir,
+    setup_logging,
+    snakemake_exe,
+    workflow_env,
+    write_result,
+)
 
 GOAL_RATIO = 1.3
 SERVER_AXES = {
@@ -32,8 +40,6 @@ SERVER_AXES = {
     "chunked_prefill_size": [4096, 8192, 12288, 16384, 20480],
 }
 REPEATS_PER_CELL = 5
-CLEARED_ENV = ("RUN_ID", "BACKENDS_CSV", "CHUNKED_PREFILL_SIZES_CSV", "CONCURRENCIES_CSV")
-CLEARED_ENV += ("EP_SIZE", "SUITE")
 PLAIN_SNAKEFILE = """\
 # N trivial jobs and one job gathering them (the baseline of benchmarks/planning.py).
 import os
@@ -85,11 +91,6 @@ def experiment(n: int) -> dict[str, Any]:
     }
     raw["repeats"] = REPEATS_PER_CELL
     return raw
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in CLEARED_ENV}
-    return {**env, **extra}
 
 
 def dry_run(argv: list[str], *, env: dict[str, str], out: Path) -> dict[str, float]:
@@ -165,9 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     args = parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s]
-    exe = shutil.which("snakemake")
-    if exe is None:
-        raise SystemExit("snakemake is not installed")
+    exe = snakemake_exe()
     snakefile = Path(args.workflow) / "Snakefile"
     rows = []
     profile = None
@@ -184,10 +183,10 @@ def main(argv: list[str] | None = None) -> int:
             timings: dict[str, list[dict[str, float]]] = {"servesweep": [], "plain": []}
             for k in range(args.repeats):  # interleaved: both see the same machine load
                 out = tmp / f"ours{n}.{k}.txt"
-                timings["servesweep"].append(dry_run(ours_argv, env=clean_env(), out=out))
+                timings["servesweep"].append(dry_run(ours_argv, env=workflow_env(), out=out))
                 jobs = job_count(out)
                 pout = tmp / f"plain{n}.{k}.txt"
-                env = clean_env(PLAIN_N=str(n))
+                env = workflow_env(PLAIN_N=str(n))
                 timings["plain"].append(dry_run(plain_argv, env=env, out=pout))
                 plain_jobs = job_count(pout)
             row: dict[str, Any] = {"cell_repeats": n, "jobs": jobs, "plain_jobs": plain_jobs}
@@ -214,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             argv_p = [exe, "-s", str(snakefile), "-d", str(tmp / f"prof{n}")]
             argv_p += ["--configfile", str(config), "-n"]
             profile = {"cell_repeats": n}
-            profile |= profile_dry_run(argv_p, env=clean_env(), out=tmp / f"prof{n}.txt")
+            profile |= profile_dry_run(argv_p, env=workflow_env(), out=tmp / f"prof{n}.txt")
             log.info("profile: %s", json.dumps(profile, indent=1))
     result = {
         "params": {
