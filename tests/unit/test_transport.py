@@ -77,6 +77,9 @@ class _Sftp(paramiko.SFTPServerInterface):
         return self._call(os.mkdir, path)
 
 
+EOF_WAIT_S = 10.0
+
+
 def _exec(channel: paramiko.Channel, command: str) -> None:
     """Run `command` as sshd does: /bin/sh in a new session, stdin/stdout/stderr piped."""
     proc = subprocess.Popen(
@@ -111,6 +114,10 @@ def _exec(channel: paramiko.Channel, command: str) -> None:
     rc = proc.wait()
     threads[1].join()
     threads[2].join()
+    # The client sends EOF only after paramiko sent the exec request's success reply: closing
+    # before that (a fast command on a loaded machine) fails exec_command with "Channel
+    # closed", a race real sshd does not have (it replies before it starts the command).
+    threads[0].join(timeout=EOF_WAIT_S)
     with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
         if rc >= 0:  # killed by a signal: sshd sends exit-signal, not exit-status
             channel.send_exit_status(rc)
