@@ -48,7 +48,6 @@ wildcard_constraints:
     client=r"[^/]+",
     repeat=r"\d+",
     node=r"[^/]+",
-    metric=r"[a-z0-9_]+",
     run_a=r"[A-Za-z0-9][A-Za-z0-9._-]*",
     run_b=r"[A-Za-z0-9][A-Za-z0-9._-]*",
 
@@ -69,7 +68,7 @@ def cell_priority(wildcards):
     return cell_of(wildcards).server.priority
 
 
-# Computed once (10k cells: ~1 s per listing); only collect_results lists them.
+# Computed once (10k cells: ~1 s per listing); `all` and collect_results list them.
 RAW_FILES = [str(PATHS.raw(cell)) for cell in CELLS.values()]
 
 
