@@ -79,7 +79,7 @@ RAW_FILES = [str(PATHS.raw(cell)) for cell in CELLS.values()]
 # refuses to start a server without their evidence (servesweep.cells.check_prerequisites).
 PREREQUISITES = [str(p) for p in PATHS.prerequisites(EXP)]
 PREREQUISITE_PRIORITY = max(spec.priority for spec in SPECS) + 1
-BUILDS = PREREQUISITES[:-1]
+BUILDS = [str(p) for p in PATHS.builds(EXP)]
 # Preflight checks every server config: a new or changed one reruns it.
 SERVER_FINGERPRINTS = sorted(spec.fingerprint for spec in SPECS)
 
@@ -111,8 +111,7 @@ def stop_servers(reason):
     # `snakemake plan` only inspects: it must not stop a server left up (`servesweep up`).
     targets = set(workflow.dag_settings.targets)
     if PATHS.current_server.exists() and not (targets and targets <= {"plan"}):
-        from servesweep.servers import (
-            shutdown,
-        )  # paramiko etc.: only when a server is up
+        # Imported here: only a run with a server up needs it.
+        from servesweep.servers import shutdown
 
         shutdown(EXP, PATHS, reason=reason)

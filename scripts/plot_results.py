@@ -1,11 +1,8 @@
 """Adapter for rule plot_results: every figure of the run in one job."""
 
-import json
-from pathlib import Path
-
-import pandas as pd
-
 from servesweep import plots, scripting
+from servesweep.results import read_results_csv
+from servesweep.summary import read_summary
 
 
 def main() -> None:
@@ -13,8 +10,8 @@ def main() -> None:
     hue, col = plots.series_axes(list(exp.matrix.server), exp.baseline)
     params, output = snakemake.params, snakemake.output
     plots.write_run_plots(
-        summary=json.loads(Path(snakemake.input.summary).read_text()),
-        results=pd.read_csv(snakemake.input.csv),
+        summary=read_summary(snakemake.input.summary),
+        results=read_results_csv(snakemake.input.csv),
         deltas=dict(zip(params.deltas, output.deltas, strict=True)),
         metric_vs=dict(zip(params.metric_vs, output.metric_vs, strict=True)),
         x=params.x,

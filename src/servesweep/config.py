@@ -702,10 +702,13 @@ class RunPaths:
     def build(self, node: str) -> Path:
         return self.root / "build" / f"{node}.json"
 
+    def builds(self, exp: Experiment) -> list[Path]:
+        """Image-check evidence per node (docker runtimes only)."""
+        return [self.build(n) for n in exp.cluster.nodes] if exp.runtime.kind == "docker" else []
+
     def prerequisites(self, exp: Experiment) -> list[Path]:
         """Evidence every cell needs before its server starts: image checks, then preflight."""
-        builds = [self.build(n) for n in exp.cluster.nodes] if exp.runtime.kind == "docker" else []
-        return [*builds, self.preflight]
+        return [*self.builds(exp), self.preflight]
 
     @property
     def current_server(self) -> Path:

@@ -27,10 +27,14 @@ HOST_ERRNOS = frozenset(
 WORKFLOW_CONFIG_ENV = "SERVESWEEP_WORKFLOW_CONFIG"
 
 
+def _resolved(config: Mapping[str, Any]) -> tuple[Experiment, RunPaths]:
+    exp = load_experiment(config, os.environ)
+    return exp, RunPaths.for_run(exp)
+
+
 def experiment(smk: Any) -> tuple[Experiment, RunPaths]:
     """The resolved experiment and its paths, exactly as the Snakefile resolved them."""
-    exp = load_experiment(smk.config, os.environ)
-    return exp, RunPaths.for_run(exp)
+    return _resolved(smk.config)
 
 
 def export_config(config: Mapping[str, Any]) -> None:
@@ -43,8 +47,7 @@ def exported_experiment() -> tuple[Experiment, RunPaths]:
     raw = os.environ.get(WORKFLOW_CONFIG_ENV)
     if raw is None:
         raise ConfigError(f"{WORKFLOW_CONFIG_ENV} is not set: run this job through snakemake")
-    exp = load_experiment(json.loads(raw), os.environ)
-    return exp, RunPaths.for_run(exp)
+    return _resolved(json.loads(raw))
 
 
 def run(main: Callable[[], None]) -> None:
