@@ -28,6 +28,10 @@ rule all:
         cases=all_case_tables(),
 
 
+onstart:
+    unthrottle_scheduler(workflow)
+
+
 onsuccess:
     stop_servers("workflow finished")
 

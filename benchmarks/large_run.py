@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import os
 import signal
 import subprocess
 import sys
@@ -115,15 +116,15 @@ def progress(run_dir: Path, *, started: float, ended: float, n: int) -> dict[str
 
 
 def stop(proc: subprocess.Popen[bytes]) -> bool:
-    """SIGINT, as a user's Ctrl-C (the running job ends, onerror stops servers); True if
-    Snakemake then hung and was killed.
+    """SIGINT to Snakemake's process group, as a terminal's Ctrl-C sends it (the running cell
+    ends, onerror stops servers); True if Snakemake then hung and was killed.
 
     Not SIGTERM: Snakemake 9's SIGTERM handler takes the job scheduler's (non-reentrant) lock;
     when the signal lands while the main thread holds it selecting jobs, which with thousands
     of pending jobs is most of the time, the handler waits for itself forever (README).
     """
-    log.info("timeout: SIGINT to snakemake (the running job ends, servers stop)")
-    proc.send_signal(signal.SIGINT)
+    log.info("timeout: SIGINT to snakemake's process group (the running job ends, servers stop)")
+    os.killpg(proc.pid, signal.SIGINT)
     try:
         proc.wait(timeout=TERM_GRACE_S)
         return False
@@ -146,6 +147,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     setup_logging()
     args = parse_args(argv)
+    # Started in the background by a non-interactive shell, this process inherits SIGINT as
+    # ignored, and so would Snakemake and its jobs: the stop() below would then do nothing.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     exe = snakemake_exe()
     raw = experiment(args.cell_repeats)
     env = workflow_env()
@@ -160,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
         started = time.time()
         timed_out = hung = False
         with open(tmp / "snakemake.log", "w") as fh:
-            proc = subprocess.Popen(argv_s, env=env, stdout=fh, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(  # its own process group, as a shell's foreground job
+                argv_s, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+            )
             deadline = started + args.timeout if args.timeout else None
             snakemake_cpu = 0.0
             while proc.poll() is None:  # Snakemake's own CPU (not its jobs'), sampled

@@ -12,7 +12,7 @@ from servesweep.config import (
 )
 from servesweep.engines import check_experiment
 from servesweep.errors import ConfigError
-from servesweep.scripting import export_config
+from servesweep.scripting import export_config, unthrottle_scheduler
 
 if not workflow.overwrite_configfiles:
     workflow.configfile(os.path.join(workflow.basedir, "config", "config.yaml"))

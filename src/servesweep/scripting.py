@@ -68,3 +68,19 @@ def run(main: Callable[[], None]) -> None:
     except KeyboardInterrupt as exc:
         print(f"servesweep: Interrupted: {exc or 'stopped by SIGINT (Ctrl-C)'}", file=sys.stderr)
         sys.exit(INTERRUPTED)
+
+
+def unthrottle_scheduler(workflow: Any) -> None:
+    """Drop Snakemake's job-submission rate limiter (`--max-jobs-per-timespan`, default
+    100/1s, which the CLI cannot switch off) once the run's scheduler exists (`onstart:`).
+
+    Snakemake 9 (up to 9.27 at least) re-arms a 1 s timer after every scheduling round while
+    it is on, and each timer triggers another round: every finished job adds a chain that never
+    ends while jobs are waiting. Here thousands of cells wait on the `gpu_server` resource, so
+    after N cells N rounds a second, each costing O(pending jobs), keep Snakemake's main thread
+    busy (benchmarks/large_run.py). Every job of this workflow is local and they run one at a
+    time, so a submission rate limit has nothing to protect.
+    """
+    scheduler = getattr(workflow, "scheduler", None)
+    if getattr(scheduler, "job_rate_limiter", None) is not None:
+        scheduler.job_rate_limiter = None

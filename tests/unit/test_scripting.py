@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -59,3 +62,41 @@ def test_shell_jobs_resolve_the_exported_config_with_the_same_env(
     exp, paths = exported_experiment()
     assert exp == experiment(SimpleNamespace(config=config))[0]
     assert exp.matrix.client["concurrency"] == [8] and paths.root.name == exp.run_id
+
+
+UNTHROTTLE_SNAKEFILE = """
+from servesweep.scripting import unthrottle_scheduler
+
+if config["unthrottle"]:
+    onstart:
+        unthrottle_scheduler(workflow)
+
+onsuccess:
+    with open("limiter.txt", "w") as fh:
+        fh.write(type(workflow.scheduler.job_rate_limiter).__name__)
+
+rule done:
+    output: "done.txt"
+    shell: "touch {output}"
+"""
+
+
+@pytest.mark.workflow
+@pytest.mark.parametrize(("unthrottle", "limiter"), [(True, "NoneType"), (False, "JobRateLimiter")])
+def test_unthrottle_scheduler_drops_the_rate_limiter_of_a_real_run(
+    tmp_path: Path, unthrottle: bool, limiter: str
+) -> None:
+    # The control run shows the attribute exists in the installed Snakemake: without it the
+    # getattr in unthrottle_scheduler would silently do nothing.
+    (tmp_path / "Snakefile").write_text(UNTHROTTLE_SNAKEFILE)
+    exe = shutil.which("snakemake")
+    assert exe, "snakemake is not installed"
+    proc = subprocess.run(
+        [exe, "--cores", "1", "--config", f"unthrottle={unthrottle}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "limiter.txt").read_text() == limiter

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from servesweep.config import Workload
 from servesweep.errors import ConfigError
+
+if TYPE_CHECKING:  # the client process imports this package: keep pydantic models out of it
+    from servesweep.config import Workload
 
 ClientKind = Literal["builtin", "bench_serving"]
 
