@@ -6,9 +6,11 @@ the sim at zero cost and one 16-token request per cell, in a scratch directory. 
 it completed, the wall time, the time per cell early and late in the run (a scheduler that
 slows down with the number of pending jobs shows up as a growing gap), and where a cell's time
 goes. `--timeout S` stops the run (SIGINT, as Ctrl-C: the running job ends, servers are stopped)
-and extrapolates from the cells done.
+and extrapolates from the cells done. `--workdir DIR` keeps the run in DIR: run again with the
+same DIR and Snakemake reruns only the missing cells (figures then cover this invocation; the
+total counts every raw file).
 
-    python benchmarks/large_run.py [--cell-repeats 10000] [--timeout 0]
+    python benchmarks/large_run.py [--cell-repeats 10000] [--timeout 0] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -82,12 +84,14 @@ def stamp(text: str) -> float:
 
 
 def progress(run_dir: Path, *, started: float, ended: float, n: int) -> dict[str, Any]:
-    """Cell timing from orchestrator.log: totals, early vs late gaps, extrapolation."""
-    events = read_events(run_dir / "orchestrator.log")
+    """Cell timing of this invocation from orchestrator.log: totals, early vs late gaps,
+    extrapolation to the cells still missing."""
+    events = [e for e in read_events(run_dir / "orchestrator.log") if stamp(e[0]) >= started]
+    total = sum(1 for _ in (run_dir / "raw").rglob("*.jsonl")) if (run_dir / "raw").is_dir() else 0
     starts = [stamp(t) for t, e, _ in events if e == "cell-start"]
     done = [(stamp(t), f) for t, e, f in events if e == "cell-done"]
     if not done:
-        return {"cells_done": 0}
+        return {"cells_done": 0, "cells_done_total": total}
     ends = [t for t, _ in done]
     cycle = [b - a for a, b in zip(ends, ends[1:], strict=False)]  # one cell, end to end
     tenth = max(1, len(cycle) // 10)
@@ -97,6 +101,7 @@ def progress(run_dir: Path, *, started: float, ended: float, n: int) -> dict[str
     late = median(cycle[-tenth:]) if cycle else None
     return {
         "cells_done": len(done),
+        "cells_done_total": total,
         "server_starts": sum(1 for _, e, _ in events if e == "start"),
         "before_first_cell_s": starts[0] - started if starts else None,
         "cells_span_s": ends[-1] - starts[0],
@@ -108,7 +113,7 @@ def progress(run_dir: Path, *, started: float, ended: float, n: int) -> dict[str
         "between_cells_median_s": median(gaps) if gaps else None,
         "after_last_cell_s": ended - ends[-1],
         "projected_cells_s": (
-            (starts[0] - started) + (ends[-1] - starts[0]) + late * (n - len(done))
+            (starts[0] - started) + (ends[-1] - starts[0]) + late * (n - total)
             if late is not None
             else None
         ),
@@ -135,11 +140,21 @@ def stop(proc: subprocess.Popen[bytes]) -> bool:
         return True
 
 
+def run_dir_for(args: argparse.Namespace) -> contextlib.AbstractContextManager[Path]:
+    """--workdir (created, always kept) or a scratch directory."""
+    if args.workdir is None:
+        return scratch_dir("large", keep=args.keep_tmp)
+    path = Path(args.workdir).resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return contextlib.nullcontext(path)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--cell-repeats", type=int, default=10000)
     p.add_argument("--timeout", type=float, default=0, help="stop after S seconds (0: never)")
     p.add_argument("--workflow", default=str(REPO), help="directory with the Snakefile to run")
+    p.add_argument("--workdir", default=None, help="keep (and resume) the run in this directory")
     add_common_args(p)
     return p.parse_args(argv)
 
@@ -151,19 +166,23 @@ def main(argv: list[str] | None = None) -> int:
     # ignored, and so would Snakemake and its jobs: the stop() below would then do nothing.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     exe = snakemake_exe()
-    raw = experiment(args.cell_repeats)
     env = workflow_env()
     profile = yaml.safe_load((REPO / "profiles" / "default" / "config.yaml").read_text())
-    with scratch_dir("large", keep=args.keep_tmp) as tmp:
+    with run_dir_for(args) as tmp:
         config = tmp / "exp.yaml"
-        config.write_text(yaml.safe_dump(raw, sort_keys=False))
+        if config.exists():  # resuming: the same experiment (ports included) or cells rerun
+            raw = yaml.safe_load(config.read_text())
+            log.info("resuming the run in %s", tmp)
+        else:
+            raw = experiment(args.cell_repeats)
+            config.write_text(yaml.safe_dump(raw, sort_keys=False))
         workdir = tmp / "ws"
         argv_s = [exe, "-s", str(Path(args.workflow) / "Snakefile"), "-d", str(workdir)]
         argv_s += ["--configfile", str(config), "--cores", "1", "all"]
         log.info("running %s", " ".join(argv_s))
         started = time.time()
         timed_out = hung = False
-        with open(tmp / "snakemake.log", "w") as fh:
+        with open(tmp / "snakemake.log", "a") as fh:
             proc = subprocess.Popen(  # its own process group, as a shell's foreground job
                 argv_s, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
             )
@@ -200,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             "timeout_s": args.timeout or None,
             "command": "snakemake --cores 1 all",
             "workflow": args.workflow,
+            "workdir": args.workdir,
         },
         "completed": completed,
         "timed_out": timed_out,
