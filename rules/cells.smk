@@ -3,7 +3,7 @@
 
 
 rule run_cell:
-    output:
+    output:  # RunPaths.raw / .gpu / .bench_log as patterns
         raw=f"{RUN_DIR}/raw/{{server}}/{{client}}/r{{repeat}}.jsonl",
         gpu=f"{RUN_DIR}/gpu/{{server}}/{{client}}/r{{repeat}}.csv",
     log:
@@ -14,12 +14,11 @@ rule run_cell:
     params:
         fingerprint=cell_fingerprint,
         workload=cell_workload,
-    # `shell:`, not `script:`, and no `message:`: both cost per job at 10k cells
-    # (docs/performance.md); the config reaches the job through the environment.
+    # `shell:`, not `script:`, no `message:`, one placeholder per path: each costs per job at
+    # 10k cells (docs/performance.md). The script finds the cell and its gpu/bench files from
+    # the raw path (RunPaths); the config reaches it through the environment.
     shell:
-        "{PYTHON:q} {RUN_CELL_SCRIPT:q} --server {wildcards.server:q}"
-        " --client {wildcards.client:q} --repeat {wildcards.repeat}"
-        " --raw {output.raw:q} --gpu {output.gpu:q} --bench-log {log.bench:q}"
+        "{PYTHON:q} {RUN_CELL_SCRIPT:q} {output.raw:q}"
 
 
 rule preflight:

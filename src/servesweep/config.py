@@ -686,6 +686,18 @@ class RunPaths:
     def raw(self, cell: CellRepeat) -> Path:
         return self.root / "raw" / cell.server.id / cell.client.id / f"r{cell.repeat}.jsonl"
 
+    def cell_of_raw(self, exp: Experiment, raw: str | Path) -> CellRepeat:
+        """The cell-repeat whose raw file is `raw` (the inverse of `raw`)."""
+        try:
+            server, client, name = Path(raw).relative_to(self.root / "raw").parts
+        except ValueError:
+            msg = f"{raw} is not a raw file of run {exp.run_id} ({self.root}/raw/...)"
+            raise ConfigError(msg) from None
+        repeat = name.removeprefix("r").removesuffix(".jsonl")
+        if not repeat.isdigit() or name != f"r{repeat}.jsonl":
+            raise ConfigError(f"{raw}: a raw file is named r<repeat>.jsonl")
+        return find_cell(exp, server=server, client=client, repeat=repeat)
+
     def bench_log(self, cell: CellRepeat) -> Path:
         return self.root / "bench" / cell.server.id / cell.client.id / f"r{cell.repeat}.log"
 

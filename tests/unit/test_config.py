@@ -62,6 +62,24 @@ def test_paths_are_self_describing(raw: dict) -> None:
     assert find_cell(exp, server=cell.server.id, client=cell.client.id, repeat="1") == cell
 
 
+def test_a_raw_path_names_its_cell(raw: dict) -> None:
+    exp = load_experiment(raw, {})
+    paths = RunPaths.for_run(exp)
+    cells = cell_repeats(exp)
+    assert [paths.cell_of_raw(exp, str(paths.raw(c))) for c in cells] == cells
+    assert paths.cell_of_raw(exp, f"./{paths.raw(cells[-1])}") == cells[-1]
+    bad = [
+        "results/other-run/raw/a/b/r1.jsonl",
+        f"{paths.root}/raw/{cells[0].server.id}/r1.jsonl",
+        f"{paths.root}/raw/{cells[0].server.id}/{cells[0].client.id}/r1.csv",
+        f"{paths.root}/raw/{cells[0].server.id}/{cells[0].client.id}/rx.jsonl",
+        f"{paths.root}/raw/{cells[0].server.id}/concurrency~3/r1.jsonl",
+    ]
+    for path in bad:
+        with pytest.raises(ConfigError):
+            paths.cell_of_raw(exp, path)
+
+
 def test_env_narrowing_sets_axes_and_coerces_types(raw: dict) -> None:
     env = {
         "BACKENDS_CSV": "flashinfer_mxfp4",
