@@ -6,7 +6,8 @@ import logging
 
 from servesweep.config import Workload
 from servesweep.errors import CellFailed
-from servesweep.records import BUILTIN_CLIENT, CLIENT_KEY, DETAIL_KEYS, BenchRecord
+from servesweep.recordkeys import BUILTIN_CLIENT, CLIENT_KEY, DETAIL_KEYS
+from servesweep.records import BenchRecord
 
 log = logging.getLogger(__name__)
 

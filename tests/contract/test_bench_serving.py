@@ -15,7 +15,8 @@ from servesweep.config import Workload
 from servesweep.loadgen import client_argv, client_env
 from servesweep.loadgen.builtin import sample_rows
 from servesweep.loadgen.metrics import BUILTIN_EXTRA_KEYS, RequestResult, compute_metrics
-from servesweep.records import DETAIL_KEYS, RECORD_KEYS, read_record
+from servesweep.recordkeys import DETAIL_KEYS, RECORD_KEYS
+from servesweep.records import read_record
 from servesweep.validation import record_problems
 from tests.support.sglang_bench import bench_env
 from tests.support.sim import running_sim, sim_available

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import aiohttp
@@ -193,10 +195,15 @@ def options(base_url: str, **kw) -> BenchOptions:
     return BenchOptions(**args)
 
 
+def benchmark(opts: BenchOptions) -> BenchRecord:
+    """run_benchmark's record (a plain dict, as the client writes it), validated as readers do."""
+    return BenchRecord.model_validate(asyncio.run(run_benchmark(opts)))
+
+
 @needs_sim
 def test_exact_lengths_and_complete_record(tmp_path):
     with running_sim(log_path=tmp_path / "sim.log") as sim:
-        rec = asyncio.run(run_benchmark(options(sim.base_url, warmup_requests=2)))
+        rec = benchmark(options(sim.base_url, warmup_requests=2))
     assert rec.completed == 12
     assert rec.input_lens == [96] * 12 and rec.output_lens == [5] * 12
     assert rec.total_input_tokens == 12 * 96 and rec.total_output_tokens == 60
@@ -228,7 +235,7 @@ def test_concurrency_cap_holds_requests_back(tmp_path):
             await asyncio.sleep(0.02)
         await asyncio.sleep(0.5)  # generous time for an uncapped client to send the rest
         submitted = await submitted_requests(sim.base_url)
-        return submitted, await task
+        return submitted, BenchRecord.model_validate(await task)
 
     args = ["--sim-hang-at", "0,1,2", "--enable-metrics"]
     with running_sim(log_path=tmp_path / "sim.log", args=args) as sim:
@@ -243,7 +250,7 @@ def test_concurrency_cap_holds_requests_back(tmp_path):
 def test_http_500_and_midstream_error_are_failed_requests(tmp_path):
     args = ["--sim-http-500-at", "1", "--sim-midstream-error-at", "3"]
     with running_sim(log_path=tmp_path / "sim.log", args=args) as sim:
-        rec = asyncio.run(run_benchmark(options(sim.base_url, max_concurrency=1)))
+        rec = benchmark(options(sim.base_url, max_concurrency=1))
     assert rec.completed == 10
     failed = [i for i, e in enumerate(rec.errors) if e]
     assert failed == [1, 3]  # concurrency 1: arrival order == dispatch order
@@ -256,7 +263,7 @@ def test_http_500_and_midstream_error_are_failed_requests(tmp_path):
 @needs_sim
 def test_non_streaming_ttft_equals_latency(tmp_path):
     with running_sim(log_path=tmp_path / "sim.log") as sim:
-        rec = asyncio.run(run_benchmark(options(sim.base_url, stream=False)))
+        rec = benchmark(options(sim.base_url, stream=False))
     assert rec.completed == 12 and rec.output_lens == [5] * 12
     assert all(itl == [] for itl in rec.itls)
     assert rec.mean_ttft_ms == pytest.approx(rec.mean_e2e_latency_ms)
@@ -265,9 +272,7 @@ def test_non_streaming_ttft_equals_latency(tmp_path):
 @needs_sim
 def test_hung_request_times_out_as_failure(tmp_path):
     with running_sim(log_path=tmp_path / "sim.log", args=["--sim-hang-at", "0"]) as sim:
-        rec = asyncio.run(
-            run_benchmark(options(sim.base_url, num_prompts=3, request_timeout_s=1.0))
-        )
+        rec = benchmark(options(sim.base_url, num_prompts=3, request_timeout_s=1.0))
     assert rec.completed == 2
     assert rec.errors[0].startswith("TimeoutError")
 
@@ -299,3 +304,17 @@ def test_cli_exits_1_when_nothing_completes(tmp_path):
         )
     assert rc == 1
     assert not Path(out).exists()
+
+
+def test_client_process_imports_no_pydantic_or_config() -> None:
+    # Every cell-repeat starts one client process: pydantic and the config models would add
+    # ~0.1 s to each (records.BenchRecord validates the record when the workflow reads it).
+    code = (
+        "import json, sys, servesweep.loadgen.builtin\n"
+        "print(json.dumps([m for m in ('pydantic', 'servesweep.config', 'servesweep.records')"
+        " if m in sys.modules]))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert json.loads(proc.stdout) == []

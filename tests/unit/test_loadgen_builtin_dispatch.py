@@ -168,6 +168,6 @@ def test_run_benchmark_caps_concurrency_and_unfreezes_gc(rate):
             await runner.cleanup()
 
     record, seen = asyncio.run(scenario())
-    assert record.completed == 40 and seen["total"] == 40
+    assert record["completed"] == 40 and seen["total"] == 40
     assert seen["peak"] <= 5
     assert gc.get_freeze_count() == 0

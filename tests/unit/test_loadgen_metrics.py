@@ -15,13 +15,8 @@ from servesweep.loadgen.metrics import (
     record_line,
     request_details,
 )
-from servesweep.records import (
-    BUILTIN_CLIENT,
-    CLIENT_KEY,
-    DETAIL_KEYS,
-    RECORD_KEYS,
-    parse_record_line,
-)
+from servesweep.recordkeys import BUILTIN_CLIENT, CLIENT_KEY, DETAIL_KEYS, RECORD_KEYS
+from servesweep.records import parse_record_line
 
 SETTINGS = {
     "tag": "t1",

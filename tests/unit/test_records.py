@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from servesweep.records import RECORD_KEYS, BenchRecord, read_record, read_records, write_record
+from servesweep.recordkeys import RECORD_KEYS
+from servesweep.records import BenchRecord, read_record, read_records, write_record
 
 
 def test_record_keys_are_bench_serving_0_5_23() -> None:

@@ -6,7 +6,8 @@ import pytest
 
 from servesweep.config import Workload
 from servesweep.errors import CellFailed
-from servesweep.records import BUILTIN_CLIENT, CLIENT_KEY, BenchRecord
+from servesweep.recordkeys import BUILTIN_CLIENT, CLIENT_KEY
+from servesweep.records import BenchRecord
 from servesweep.validation import check_record, record_problems
 
 WORKLOAD = Workload(input_len=512, output_len=4, num_requests=4, concurrency=2)

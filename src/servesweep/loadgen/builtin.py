@@ -23,7 +23,6 @@ from tqdm import tqdm
 
 from servesweep.errors import ClientError
 from servesweep.loadgen.metrics import RequestResult, build_record, record_line
-from servesweep.records import BenchRecord
 
 try:  # orjson parses bench's cumulative chunks ~2x faster; same results as json
     from orjson import dumps as _orjson_dumps
@@ -352,7 +351,7 @@ async def closed_loop(
     return [r for r in results if r is not None]
 
 
-async def run_benchmark(options: BenchOptions) -> BenchRecord:
+async def run_benchmark(options: BenchOptions) -> dict[str, Any]:
     """Run warmup and the measured requests; return the record with per-request details."""
     rng = np.random.RandomState(options.seed)  # bench seeds numpy's global RNG the same way
     *prompts, warm = make_prompts(options, rng)
@@ -367,7 +366,7 @@ async def run_benchmark(options: BenchOptions) -> BenchRecord:
 
 async def _run(
     options: BenchOptions, *, prompts: list[Prompt], warm: Prompt, rng: np.random.RandomState
-) -> BenchRecord:
+) -> dict[str, Any]:
     url = f"{options.base_url}/generate"
     connector = aiohttp.TCPConnector(limit=0)  # the semaphore is the only concurrency cap
     session = aiohttp.ClientSession(
@@ -554,7 +553,7 @@ def default_output_file(args: argparse.Namespace) -> str:
     )
 
 
-def append_record(path: str | Path, record: BenchRecord, *, details: bool) -> None:
+def append_record(path: str | Path, record: dict[str, Any], *, details: bool) -> None:
     """Append the record as one JSONL line, as bench does (`open(..., "a")`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -562,9 +561,8 @@ def append_record(path: str | Path, record: BenchRecord, *, details: bool) -> No
         fh.write(record_line(record, details=details))
 
 
-def format_summary(record: BenchRecord) -> str:
+def format_summary(record: dict[str, Any]) -> str:
     """A short human-readable result table (bench prints a longer one)."""
-    data = record.model_dump()
     rows = [
         ("Backend", "backend"),
         ("Max request concurrency", "max_concurrency"),
@@ -583,7 +581,7 @@ def format_summary(record: BenchRecord) -> str:
     ]
     lines = ["{:=^50}".format(" Serving Benchmark Result (builtin) ")]
     for label, key in rows:
-        value = data.get(key)
+        value = record.get(key)
         text = f"{value:.2f}" if isinstance(value, float) else str(value)
         lines.append(f"{label + ':':<40} {text}")
     lines.append("=" * 50)
@@ -606,10 +604,10 @@ def main(argv: list[str] | None = None) -> int:
     except ClientError as exc:
         log.error("%s", exc)
         return 1
-    errors = [e for e in record.errors or [] if e]
+    errors = [e for e in record["errors"] if e]
     if errors:
         log.warning("%d request(s) failed; first error: %s", len(errors), errors[0])
-    if not record.completed:
+    if not record["completed"]:
         log.error("no request completed; no record written")
         return 1
     output_file = args.output_file or default_output_file(args)

@@ -9,13 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from servesweep.records import (
-    BUILTIN_CLIENT,
-    CLIENT_KEY,
-    DETAIL_KEYS,
-    RECORD_KEYS,
-    BenchRecord,
-)
+from servesweep.recordkeys import BUILTIN_CLIENT, CLIENT_KEY, DETAIL_KEYS, RECORD_KEYS
 
 BUILTIN_EXTRA_KEYS = (CLIENT_KEY,)  # record keys the builtin adds to bench_serving's
 
@@ -132,8 +126,9 @@ def build_record(
     accept_length: float | None,
     duration_s: float,
     results: list[RequestResult],
-) -> BenchRecord:
-    """The full record (summary keys in bench order, the client key, then details).
+) -> dict[str, Any]:
+    """The full record (summary keys in bench order, the client key, then details), as a plain
+    dict like bench's: readers validate it (records.BenchRecord).
 
     `settings` holds the argument keys: tag, backend, dataset_name, request_rate,
     max_concurrency, sharegpt_output_len, random_input_len, random_output_len,
@@ -150,12 +145,11 @@ def build_record(
     data = {key: values[key] for key in RECORD_KEYS}
     data[CLIENT_KEY] = BUILTIN_CLIENT
     data.update(request_details(results))
-    return BenchRecord.model_validate(data)
+    return data
 
 
-def record_line(record: BenchRecord, *, details: bool) -> str:
+def record_line(data: dict[str, Any], *, details: bool) -> str:
     """One JSONL line in bench's key order; the per-request arrays only with `details`."""
-    data = record.model_dump(exclude_unset=True)
     keys = [k for k in RECORD_KEYS if k in data]
     keys += [k for k in data if k not in RECORD_KEYS and k not in DETAIL_KEYS]
     if details:
