@@ -400,7 +400,9 @@ def _aggregation_headline(d: dict[str, Any]) -> tuple[str, str, str]:
 def _large_run_headline(d: dict[str, Any]) -> tuple[str, str, str]:
     measured = f"{num(d.get('cells_done'))} done in {num(d['wall_s'], 0)} s"
     if d["params"].get("workdir"):
-        measured += f" ({num(d.get('cells_done_total'))} in the resumed run)"
+        measured += (
+            f" ({num(d.get('cells_done_total'))} of {d['params']['cell_repeats']:,} in its workdir)"
+        )
     verdict = met(d["completed"])
     if d["timed_out"]:
         hours = (d.get("projected_cells_s") or 0) / 3600
