@@ -316,8 +316,8 @@ def large_run_section(data: dict[str, Any], before: dict[str, Any] | None) -> st
         f"**{status}** after {num(data['wall_s'], 0)} s, {num(data.get('cells_done'))} cells "
         f"done, {num(data.get('server_starts'))} server starts"
         + (
-            f"; resumed in `{p['workdir']}`, {num(data.get('cells_done_total'))} of "
-            f"{p['cell_repeats']:,} raw files there now."
+            f"; the run is kept in `{p['workdir']}` (the same command resumes it), "
+            f"{num(data.get('cells_done_total'))} of {p['cell_repeats']:,} raw files there."
             if p.get("workdir")
             else "."
         ),
