@@ -1,5 +1,5 @@
-"""The bench record: SGLang bench_serving's JSONL schema, shared by both clients (its key
-layout is in recordkeys)."""
+"""The bench record as the workflow reads it: SGLang bench_serving's JSONL schema, validated
+for both clients' records (the key layout is in recordkeys, which the client itself uses)."""
 
 from __future__ import annotations
 
