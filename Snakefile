@@ -30,11 +30,20 @@ rule all:
 
 onstart:
     unthrottle_scheduler(workflow)
+    # Jobs fork from a process that imports their code once (servesweep/forkserver.py);
+    # snakemake.script unpickles the `snakemake` object a `script:` job hands over.
+    forkserver.start(
+        [*jobs.FIRST, "snakemake.script"],
+        jobs.THEN,
+        log=f"{RUN_DIR}/logs/forkserver.log",
+    )
 
 
 onsuccess:
+    forkserver.stop()
     stop_servers("workflow finished")
 
 
 onerror:
+    forkserver.stop()
     stop_servers("workflow failed")

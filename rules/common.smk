@@ -11,6 +11,8 @@ from servesweep.config import (
     server_specs,
 )
 from servesweep.engines import check_experiment
+from servesweep import forkserver
+from servesweep import jobs
 from servesweep.errors import ConfigError
 from servesweep.scripting import export_config, unthrottle_scheduler
 

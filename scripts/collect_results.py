@@ -1,14 +1,7 @@
-"""Adapter for rule collect_results: one row per cell-repeat."""
+"""Adapter for rule collect_results: one row per cell-repeat.
 
-from servesweep import scripting
-from servesweep.config import cell_repeats
-from servesweep.results import collect_results, write_results_csv
+The job is servesweep.jobs.collect_results, run in a child of the workflow's fork server."""
 
+from servesweep import forkserver
 
-def main() -> None:
-    exp, paths = scripting.experiment(snakemake)
-    df = collect_results(cells=cell_repeats(exp), paths=paths)
-    write_results_csv(df, snakemake.output.csv)
-
-
-scripting.run(main)
+forkserver.run_job("servesweep.jobs:collect_results", snakemake)

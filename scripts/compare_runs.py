@@ -1,24 +1,7 @@
-"""Adapter for rule compare_runs: run B vs run A per common cell, with intervals, verdicts."""
+"""Adapter for rule compare_runs: run B vs run A per common cell, with intervals, verdicts.
 
-from pathlib import Path
+The job is servesweep.jobs.compare_runs, run in a child of the workflow's fork server."""
 
-from servesweep import compare, scripting
+from servesweep import forkserver
 
-
-def main() -> None:
-    run_a, run_b = snakemake.wildcards.run_a, snakemake.wildcards.run_b
-    results_a, requests_a = compare.load_run(Path(snakemake.input.csv_a).parent)
-    results_b, requests_b = compare.load_run(Path(snakemake.input.csv_b).parent)
-    comparison = compare.compare_runs(
-        results_a=results_a,
-        results_b=results_b,
-        run_a=run_a,
-        run_b=run_b,
-        requests_a=requests_a,
-        requests_b=requests_b,
-    )
-    compare.write_comparison(comparison, snakemake.output.json)
-    compare.write_table(compare.comparison_table(comparison), snakemake.output.csv)
-
-
-scripting.run(main)
+forkserver.run_job("servesweep.jobs:compare_runs", snakemake)

@@ -1,12 +1,7 @@
-"""Adapter for rule down: stop every server of the run (after a hard kill)."""
+"""Adapter for rule down: stop every server of the run (after a hard kill).
 
-from servesweep import scripting
-from servesweep.servers import shutdown
+The job is servesweep.jobs.down, run in a child of the workflow's fork server."""
 
+from servesweep import forkserver
 
-def main() -> None:
-    exp, paths = scripting.experiment(snakemake)
-    shutdown(exp, paths, reason="down rule")
-
-
-scripting.run(main)
+forkserver.run_job("servesweep.jobs:down", snakemake)

@@ -1,15 +1,7 @@
-"""Adapter for rule plan: print what is missing and how long it should take."""
+"""Adapter for rule plan: print what is missing and how long it should take.
 
-from pathlib import Path
+The job is servesweep.jobs.plan, run in a child of the workflow's fork server."""
 
-from servesweep import scripting
-from servesweep.plan import make_plan
+from servesweep import forkserver
 
-
-def main() -> None:
-    exp, paths = scripting.experiment(snakemake)
-    plan = make_plan(exp=exp, paths=paths, results_dir=Path(paths.root).parent)
-    print(plan.render(), end="")
-
-
-scripting.run(main)
+forkserver.run_job("servesweep.jobs:plan", snakemake)

@@ -1,16 +1,7 @@
-"""Adapter for rule plot_comparison: % change of run B vs run A per cell, one panel a metric."""
+"""Adapter for rule plot_comparison: % change of run B vs run A per cell, one panel a metric.
 
-import json
-from pathlib import Path
+The job is servesweep.jobs.plot_comparison, run in a child of the workflow's fork server."""
 
-from servesweep import plots, scripting
+from servesweep import forkserver
 
-
-def main() -> None:
-    comparison = json.loads(Path(snakemake.input.json).read_text())
-    metrics = [m for m in snakemake.params.metrics if m in comparison["metrics"]]
-    fig = plots.plot_comparison(comparison, metrics=metrics or None)
-    plots.save_figure(fig, snakemake.output.png)
-
-
-scripting.run(main)
+forkserver.run_job("servesweep.jobs:plot_comparison", snakemake)

@@ -1,16 +1,7 @@
-"""Adapter for rule write_manifest."""
+"""Adapter for rule write_manifest.
 
-from pathlib import Path
+The job is servesweep.jobs.write_manifest, run in a child of the workflow's fork server."""
 
-from servesweep import scripting
-from servesweep.files import write_json_atomic
-from servesweep.manifest import build_manifest
+from servesweep import forkserver
 
-
-def main() -> None:
-    exp, paths = scripting.experiment(snakemake)
-    repo = Path(snakemake.scriptdir).parent
-    write_json_atomic(snakemake.output.json, build_manifest(exp=exp, paths=paths, repo=repo))
-
-
-scripting.run(main)
+forkserver.run_job("servesweep.jobs:write_manifest", snakemake)

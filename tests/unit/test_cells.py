@@ -19,22 +19,13 @@ from servesweep.runtime import ProcessRuntime
 from servesweep.servers import ServerManager
 from servesweep.telemetry import read_snapshot
 from servesweep.transport import LocalTransport
-from tests.helpers import DEFAULT_CONFIG, REPO, deep_update, free_port
+from tests.helpers import DEFAULT_CONFIG, deep_update, free_port
 
-# Modules the run_cell job must not import: one fresh process per cell-repeat pays their import
-# (pandas + numpy ~0.3 s) thousands of times in a large matrix; paramiko loads only for SSH
-# clusters (servesweep.ssh) and aiohttp only in the client's own process.
+# Modules the cell job must not import: the fork server serves cells as soon as it has imported
+# servesweep.celljob (pandas and seaborn come later, while it is idle), and a cell run without
+# the server pays them per cell-repeat; paramiko loads only for SSH clusters (servesweep.ssh)
+# and aiohttp only in the client's own process.
 HEAVY_MODULES = ("pandas", "numpy", "paramiko", "aiohttp")
-# Runs scripts/run_cell.py (argv[1]) as Snakemake's shell: job does, up to its argument parsing
-# (`--help` exits after every import), then prints which of argv[2:] got imported.
-IMPORTED_BY_SCRIPT = """
-import contextlib, io, json, runpy, sys
-script, names = sys.argv[1], sys.argv[2:]
-sys.argv = [script, "--help"]
-with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
-    runpy.run_path(script, run_name="__main__")
-print(json.dumps([name for name in names if name in sys.modules]))
-"""
 
 
 def _setup(tmp_path: Path, faults: dict | None = None):
@@ -136,20 +127,16 @@ def test_prerequisites_of_docker_runs_include_each_nodes_image_evidence(tmp_path
     assert paths.prerequisites(exp) == expected
 
 
-def test_run_cell_script_imports_no_heavy_modules() -> None:
-    script = REPO / "scripts" / "run_cell.py"
-    names = ["servesweep.cells", *HEAVY_MODULES]
-    proc = subprocess.run(
-        [sys.executable, "-c", IMPORTED_BY_SCRIPT, str(script), *names],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
+def test_cell_job_imports_no_heavy_modules() -> None:
+    code = (
+        "import json, sys, servesweep.celljob; "
+        f"print(json.dumps([n for n in {list(HEAVY_MODULES)!r} if n in sys.modules]))"
     )
-    imported = json.loads(proc.stdout)
-    assert imported[:1] == ["servesweep.cells"], "the script did not get to its imports"
-    heavy = imported[1:]
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    heavy = json.loads(proc.stdout)
     assert not heavy, (
-        f"scripts/run_cell.py imports {', '.join(heavy)}: every cell-repeat is a fresh process "
-        "that pays this start cost; import it lazily in the function that needs it"
+        f"servesweep.celljob imports {', '.join(heavy)}: cells wait for it in the fork server, "
+        "and without one every cell-repeat pays it; import it in the function that needs it"
     )

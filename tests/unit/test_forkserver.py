@@ -1,0 +1,235 @@
+"""Tests of servesweep.forkserver with real processes: a real server, real job processes."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from servesweep import forkserver
+from tests.helpers import REPO
+
+JOBS = "tests.support.forkjobs"
+# What scripts/<rule>.py does: hand argv to forkserver.run_job.
+JOB_SCRIPT = (
+    "import sys; from servesweep import forkserver; forkserver.run_job(sys.argv[1], sys.argv[2:])"
+)
+
+
+@pytest.fixture
+def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A running fork server that preloaded the test jobs; the socket path."""
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    path = forkserver.start([JOBS], log=tmp_path / "forkserver.log")
+    try:
+        yield path
+    finally:
+        forkserver.stop()
+
+
+def job(target: str, *argv: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", JOB_SCRIPT, f"{JOBS}:{target}", *argv],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def server_pid() -> int:
+    assert forkserver._server is not None
+    return forkserver._server.pid
+
+
+def wait_for(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+def test_job_runs_in_a_child_of_the_server_with_the_callers_files_cwd_env_and_argv(
+    server: str, tmp_path: Path
+) -> None:
+    proc = job("report", "3", "x y", cwd=tmp_path, env={"FORKJOB_MARKER": "m1"})
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 3, err
+    seen = json.loads(out)
+    assert seen["ppid"] == server_pid() != proc.pid
+    assert seen["cwd"] == str(tmp_path)
+    assert seen["argv"] == ["3", "x y"]
+    assert seen["sys_argv"] == ["-c", f"{JOBS}:report", "3", "x y"]
+    assert seen["marker"] == "m1"
+    assert err == "to stderr\n"
+
+
+def test_exit_statuses_and_errors_come_back_as_the_interpreter_reports_them(
+    server: str, tmp_path: Path
+) -> None:
+    ok = job("report", "0", cwd=tmp_path)
+    assert ok.wait(timeout=60) == 0
+    message = job("fail", "message", cwd=tmp_path)
+    _, err = message.communicate(timeout=60)
+    assert (message.returncode, err) == (1, "job said no\n")
+    broken = job("fail", "raise", cwd=tmp_path)
+    _, err = broken.communicate(timeout=60)
+    assert broken.returncode == 1
+    assert "Traceback" in err and "ValueError: job broke" in err
+
+
+def test_sigint_to_the_job_process_reaches_the_child(server: str, tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    proc = job("wait", str(pid_file), cwd=tmp_path)
+    assert wait_for(pid_file.exists), "the job did not start"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert "job interrupted" in err
+    assert not alive(int(pid_file.read_text()))
+
+
+def test_a_killed_job_process_takes_its_child_along(server: str, tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    proc = job("wait", str(pid_file), cwd=tmp_path)
+    assert wait_for(pid_file.exists), "the job did not start"
+    proc.kill()
+    proc.wait(timeout=30)
+    child = int(pid_file.read_text())
+    assert wait_for(lambda: not alive(child)), "the child outlived its killed job process"
+    assert alive(server_pid()), "the server must keep serving other jobs"
+
+
+def test_without_a_server_the_job_runs_in_its_own_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(forkserver.SOCKET_ENV, raising=False)
+    proc = job("report", "0", cwd=tmp_path)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert json.loads(out)["pid"] == proc.pid
+
+
+def test_a_missing_server_fails_the_job_with_one_line(tmp_path: Path) -> None:
+    proc = job("report", "0", cwd=tmp_path, env={forkserver.SOCKET_ENV: str(tmp_path / "gone")})
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert out == ""
+    assert err.startswith(f"servesweep: fork server at {tmp_path / 'gone'} is not there")
+
+
+def test_stop_ends_the_server_and_removes_its_socket(tmp_path: Path) -> None:
+    path = forkserver.start([], log=tmp_path / "forkserver.log")
+    pid = server_pid()
+    assert os.environ[forkserver.SOCKET_ENV] == path
+    assert oct(Path(path).parent.stat().st_mode & 0o777) == "0o700"
+    forkserver.stop()
+    assert not alive(pid)
+    assert not Path(path).parent.exists()
+    assert forkserver.SOCKET_ENV not in os.environ
+    assert f"fork server {pid} served 0 jobs" in (tmp_path / "forkserver.log").read_text()
+
+
+STARTER = """
+import os, sys
+from servesweep import forkserver
+print(forkserver.start([], log=sys.argv[1]), forkserver._server.pid, flush=True)
+os.kill(os.getpid(), 9)
+"""
+
+
+def test_the_server_ends_when_snakemake_is_gone(tmp_path: Path) -> None:
+    starter = subprocess.run(
+        [sys.executable, "-c", STARTER, str(tmp_path / "forkserver.log")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert starter.returncode == -signal.SIGKILL, starter.stderr
+    path, pid = starter.stdout.split()
+    assert wait_for(lambda: not alive(int(pid))), "the server outlived the process that started it"
+    assert not Path(path).parent.exists()
+
+
+def test_a_job_gets_any_picklable_argument(server: str, tmp_path: Path) -> None:
+    code = (
+        "from servesweep import forkserver; "
+        f"forkserver.run_job('{JOBS}:echo', {{'input': ['a.csv'], 'n': 3}})"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"input": ["a.csv"], "n": 3}
+
+
+def test_a_second_server_imports_the_later_modules_and_takes_over(tmp_path: Path) -> None:
+    log = tmp_path / "forkserver.log"
+    forkserver.start(["servesweep.forkserver"], ["pandas"], log=log)
+    try:
+        first = server_pid()
+        assert wait_for(lambda: "takes over" in log.read_text(), timeout=60)
+        proc = job("report", "0", cwd=tmp_path)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        successor = json.loads(out)["ppid"]
+        assert successor != first
+        assert Path(f"/proc/{successor}/stat").read_text().split()[3] == str(first)
+    finally:
+        forkserver.stop()
+    assert wait_for(lambda: not alive(successor)), "the successor outlived the server"
+    text = log.read_text()
+    assert f"fork server {successor} takes over, with pandas too" in text
+    assert f"fork server {successor} served 1 jobs" in text
+
+
+def test_every_job_script_only_hands_its_job_to_the_fork_server() -> None:
+    """scripts/<rule>.py start a Python process per job: they import the fork server's client
+    (standard library only) and nothing else; the job itself lives in the package."""
+    for script in sorted((REPO / "scripts").glob("*.py")):
+        tree = ast.parse(script.read_text())
+        imports = {
+            ast.unparse(node) for node in tree.body if isinstance(node, ast.Import | ast.ImportFrom)
+        }
+        assert imports <= {"import sys", "from servesweep import forkserver"}, script.name
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+        assert [ast.unparse(c.func) for c in calls] == ["forkserver.run_job"], script.name
+        module, _, name = ast.literal_eval(calls[0].args[0]).partition(":")
+        assert callable(getattr(importlib.import_module(module), name)), script.name
+
+
+def test_the_fork_server_client_imports_only_the_standard_library() -> None:
+    code = (
+        "import sys; before = set(sys.modules); import servesweep.forkserver; "
+        "print(' '.join(sorted({m.split('.')[0] for m in set(sys.modules) - before})))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    loaded = set(proc.stdout.split()) - {"servesweep"}
+    assert loaded <= set(sys.stdlib_module_names), loaded - set(sys.stdlib_module_names)
