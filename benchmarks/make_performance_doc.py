@@ -254,13 +254,30 @@ def orchestration_section(data: dict[str, Any], before: dict[str, Any] | None) -
             "",
             table(["output", "s"], [[j["output"], j["seconds"]] for j in jobs]),
         ]
+    out += [
+        "",
+        "Every job's code runs in a child of the workflow's fork server "
+        "(`servesweep/forkserver.py`, started in `onstart:`): it imports the cell job before it "
+        "serves, and a second server forked from it imports pandas, seaborn and the other jobs' "
+        "modules while the first one serves, then takes over. A job's own process "
+        "(`scripts/<rule>.py`) imports only the standard library, hands over its stdin/stdout/"
+        "stderr, working directory, environment and argument (argv, or the `snakemake` object of "
+        "a `script:` job), forwards SIGINT/SIGTERM/SIGHUP and exits with the child's status.",
+    ]
     starts = data.get("process_start_s")
     if starts:
         out += [
             "",
-            "What starting one job's Python process costs (fresh interpreter, median of 3):",
+            "What the imports cost in a fresh interpreter (median of 3); without the fork server "
+            "each job's process would pay its job's line:",
             "",
             table(["imports", "s"], list(starts.items())),
+        ]
+    if data.get("forked_job_s") is not None:
+        out += [
+            "",
+            f"A job through the fork server, process start to exit with a no-op body "
+            f"(median of 5): **{num(data['forked_job_s'])} s**.",
         ]
     return "\n".join(out)
 
