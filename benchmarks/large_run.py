@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import json
 import os
 import signal
 import subprocess
@@ -36,6 +37,7 @@ from _common import (
     log,
     median,
     proc_cpu_s,
+    provenance,
     scratch_dir,
     setup_logging,
     snakemake_exe,
@@ -56,6 +58,14 @@ SERVER_AXES = {
 REPEATS_PER_CELL = 5
 RUN_ID = "large-run-bench"
 TERM_GRACE_S = 120.0  # a running cell finishes well within this
+SEGMENTS_FILE = "segments.json"  # in --workdir: one entry per invocation (record_segment)
+SEGMENT_KEYS = (
+    "completed",
+    "wall_s",
+    "cells_done",
+    "cell_cycle_median_s",
+    "snakemake_cpu_per_cell_s",
+)
 
 
 def experiment(n: int) -> dict[str, Any]:
@@ -138,6 +148,17 @@ def stop(proc: subprocess.Popen[bytes]) -> bool:
         proc.kill()
         proc.wait()
         return True
+
+
+def record_segment(workdir: Path, result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Append one invocation's figures to `<workdir>/segments.json` (a resumed run is several
+    invocations, maybe of different code); every segment so far, oldest first."""
+    path = workdir / SEGMENTS_FILE
+    segments = json.loads(path.read_text()) if path.exists() else []
+    made = {k: result["provenance"][k] for k in ("measured_at", "git_sha")}
+    segments.append({**{key: result.get(key) for key in SEGMENT_KEYS}, **made})
+    path.write_text(json.dumps(segments, indent=2) + "\n")
+    return segments
 
 
 def run_dir_for(args: argparse.Namespace) -> contextlib.AbstractContextManager[Path]:
@@ -233,6 +254,10 @@ def main(argv: list[str] | None = None) -> int:
         **figures,
     }
     log.info("completed=%s wall %.0f s, %s", completed, ended - started, figures)
+    if args.workdir:
+        result["segments"] = record_segment(
+            Path(args.workdir).resolve(), {**result, "provenance": provenance()}
+        )
     write_result("large_run", result, args.out)
     return 0
 

@@ -371,6 +371,28 @@ def large_run_section(data: dict[str, Any], before: dict[str, Any] | None) -> st
         "lock, and hangs for good if the main thread holds it. `--workdir` keeps the run; "
         "the same command again reruns only the missing cells.",
     ]
+    segments = data.get("segments") or []
+    if len(segments) > 1:
+        out += [
+            "",
+            "The run was resumed: one row per invocation of the benchmark on the kept workdir "
+            "(the figures above are the last one's; `commit` is the code each ran).",
+            "",
+            table(
+                ["measured", "commit", "cells", "wall s", "cell cycle s", "snakemake cpu/cell s"],
+                [
+                    [
+                        seg["measured_at"],
+                        seg["git_sha"],
+                        seg["cells_done"],
+                        seg["wall_s"],
+                        seg["cell_cycle_median_s"],
+                        seg["snakemake_cpu_per_cell_s"],
+                    ]
+                    for seg in segments
+                ],
+            ),
+        ]
     return "\n".join(out)
 
 
