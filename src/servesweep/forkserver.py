@@ -11,8 +11,9 @@ is gone (killed by Snakemake) gets SIGTERM, so no job outlives its Snakemake job
 with os._exit once its function returns and logging and stdio are flushed: atexit handlers and
 non-daemon threads of the job do not outlive the function.
 
-Without `SERVESWEEP_FORKSERVER` in the environment (a script run by hand, a test) the job runs
-in the calling process: the same function, only without the fork.
+Without `SERVESWEEP_FORKSERVER` in the environment (a script run by hand, a test), or with a
+server that cannot be reached (a job sent to another host), the job runs in the calling process:
+the same function, only without the fork.
 
 Imported by every job's own process: standard library only, nothing done at import time.
 """
@@ -61,21 +62,31 @@ def _resolve(target: str) -> Callable[[Any], None]:
 
 def run_job(target: str, arg: Any) -> NoReturn:
     """Call `target` ("module:function") with `arg` (picklable) in a child of the fork server,
-    or in this process without one; exit with its status."""
+    or in this process without one (or if it cannot be reached); exit with its status."""
     path = os.environ.get(SOCKET_ENV)
-    if not path:
+    conn = _connect(path) if path else None
+    if conn is None:
         _resolve(target)(arg)
         sys.exit(0)
-    sys.exit(_delegate(path, target, arg))
+    sys.exit(_delegate(conn, target, arg))
 
 
-def _delegate(path: str, target: str, arg: Any) -> int:
+def _connect(path: str) -> socket.socket | None:
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(path)
     except OSError as exc:
-        print(f"servesweep: fork server at {path} is not there ({exc})", file=sys.stderr)
-        return 1
+        conn.close()
+        print(
+            f"servesweep: fork server at {path} is not there ({exc}); running the job in this "
+            "process",
+            file=sys.stderr,
+        )
+        return None
+    return conn
+
+
+def _delegate(conn: socket.socket, target: str, arg: Any) -> int:
     request = pickle.dumps(
         {
             "target": target,
@@ -90,7 +101,7 @@ def _delegate(path: str, target: str, arg: Any) -> int:
     reader = conn.makefile("rb")
     pid_line = reader.readline()
     if not pid_line:
-        print(f"servesweep: fork server at {path} closed before starting the job", file=sys.stderr)
+        print("servesweep: the fork server closed before starting the job", file=sys.stderr)
         return 1
     child = int(pid_line)
     forwarded: list[int] = []
