@@ -34,6 +34,10 @@ VERDICT_COLORS = {
 OUTCOME_COLORS = VERDICT_COLORS
 DPI = 120
 DELTA_COLUMNS = ["cell", "delta_pct", "ci_low", "ci_high", "verdict"]
+# Bars per delta panel: a bar a cell is unreadable beyond this, and at 10k cell-repeats the
+# figure would be 78,000 px tall (benchmarks/large_run.py). Larger matrices show the largest
+# changes; summary.json / comparison.json have them all.
+MAX_DELTA_ROWS = 40
 
 
 def _direction(metric: str) -> str | None:
@@ -87,6 +91,16 @@ def _delta_rows(summary: Mapping[str, Any], metric: str) -> pd.DataFrame:
             continue
         rows.append(_delta_row(_short_label(delta["axes"], summary.get("baseline") or {}), m))
     return pd.DataFrame(rows, columns=DELTA_COLUMNS)
+
+
+def _largest(rows: pd.DataFrame, limit: int = MAX_DELTA_ROWS) -> tuple[pd.DataFrame, str]:
+    """At most `limit` rows, those with the largest |delta| (in their order), and a note
+    saying so; all rows and no note when they fit."""
+    if len(rows) <= limit:
+        return rows, ""
+    size = pd.to_numeric(rows["delta_pct"], errors="coerce").abs().fillna(-1.0)
+    keep = size.sort_values(ascending=False, kind="stable").index[:limit]
+    return rows.loc[sorted(keep)], f"; the {limit} largest |changes| of {len(rows)} cells"
 
 
 def _interval_text(delta: float, low: float, high: float, verdict: str) -> str:
@@ -151,13 +165,13 @@ def plot_deltas(summary: Mapping[str, Any], *, metric: str) -> Figure:
     (better / worse / within noise / unknown). Without deltas (no baseline in the run, or
     only the baseline ran) the figure says why.
     """
-    rows = _delta_rows(summary, metric)
+    rows, shown = _largest(_delta_rows(summary, metric))
     fig = Figure(figsize=(10, 2.4 + 0.65 * max(len(rows), 2)), layout="constrained")
     ax = fig.subplots()
     level = (summary.get("method") or {}).get("level", stats.LEVEL)
     coarse = _coarse_text(summary.get("deltas") or [], ("n_candidate", "n_baseline"))
     fig.suptitle(
-        f"{metric}: change of the median vs baseline {_baseline_text(summary)}\n"
+        f"{metric}: change of the median vs baseline {_baseline_text(summary)}{shown}\n"
         f"whiskers: {100 * level:g}% bootstrap interval; colour: verdict{coarse}"
     )
     if rows.empty:
@@ -205,7 +219,7 @@ def plot_comparison(
     metrics = list(metrics or comparison.get("metrics") or SUMMARY_METRICS)
     cells = comparison.get("cells") or []
     a, b = comparison.get("run_a"), comparison.get("run_b")
-    panel = 1.3 + 0.55 * max(len(cells), 1)
+    panel = 1.3 + 0.55 * min(max(len(cells), 1), MAX_DELTA_ROWS)
     fig = Figure(figsize=(11, 1.2 + panel * len(metrics)), layout="constrained")
     axes = fig.subplots(len(metrics), 1, squeeze=False)[:, 0]
     level = (comparison.get("method") or {}).get("level", stats.LEVEL)
@@ -222,11 +236,12 @@ def plot_comparison(
         return fig
     shown: set[str] = set()
     for ax, metric in zip(axes, metrics, strict=True):
-        rows = _comparison_rows(comparison, metric)
+        rows, largest = _largest(_comparison_rows(comparison, metric))
         _draw_deltas(ax, rows, legend=False)
         shown |= set(rows.loc[rows["delta_pct"].notna(), "verdict"])
         direction = _direction(metric)
-        ax.set_title(metric + (f" ({direction} is better)" if direction else ""), fontsize=10)
+        title = metric + (f" ({direction} is better)" if direction else "")
+        ax.set_title(title + largest, fontsize=10)
         ax.set_xlabel(f"% change, run {b} vs {a}", fontsize=9)
     handles = [Patch(color=c, label=v) for v, c in VERDICT_COLORS.items() if v in shown]
     if handles:

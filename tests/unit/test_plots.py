@@ -252,3 +252,46 @@ def test_write_run_plots_writes_every_figure_of_the_run(default, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         p.name for p in [*deltas.values(), *metric_vs.values()]
     )
+
+
+def _many_deltas(n: int) -> dict:
+    deltas = [
+        {
+            "axes": {"moe_runner_backend": "flashinfer_mxfp4", "concurrency": i},
+            "metrics": {
+                "ttft_p50_ms": {
+                    "delta_pct": float(i if i % 2 else -i),
+                    "ci_low": None,
+                    "ci_high": None,
+                    "verdict": "better",
+                }
+            },
+        }
+        for i in range(n)
+    ]
+    return {"baseline": {"moe_runner_backend": "marlin"}, "deltas": deltas}
+
+
+def test_plot_deltas_of_a_large_matrix_shows_the_largest_changes():
+    n = plots.MAX_DELTA_ROWS + 25
+    fig = plots.plot_deltas(_many_deltas(n), metric="ttft_p50_ms")
+    widths = sorted(abs(w) for w in bar_widths(fig))
+    assert widths == [float(i) for i in range(25, n)]  # the 40 largest |changes|
+    labels = [t.get_text().split("\n")[-1] for t in fig.axes[0].get_yticklabels()]
+    assert labels == [f"concurrency={i}" for i in range(25, n)]  # in the summary's order
+    assert f"the {plots.MAX_DELTA_ROWS} largest |changes| of {n} cells" in fig.get_suptitle()
+    assert fig.get_size_inches()[1] < 2.4 + 0.65 * (plots.MAX_DELTA_ROWS + 1)
+
+
+def test_plot_comparison_of_a_large_matrix_shows_the_largest_changes_per_metric():
+    n = plots.MAX_DELTA_ROWS + 5
+    cells = [
+        {"label": f"cell {i}", "metrics": {"ttft_p50_ms": {"delta_pct": i, "verdict": "worse"}}}
+        for i in range(n)
+    ]
+    fig = plots.plot_comparison(
+        {"run_a": "a", "run_b": "b", "cells": cells, "metrics": ["ttft_p50_ms"]}
+    )
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [f"cell {i}" for i in range(5, n)]
+    assert ax.get_title().endswith(f"the {plots.MAX_DELTA_ROWS} largest |changes| of {n} cells")
