@@ -38,6 +38,8 @@ DELTA_COLUMNS = ["cell", "delta_pct", "ci_low", "ci_high", "verdict"]
 # figure would be 78,000 px tall (benchmarks/large_run.py). Larger matrices show the largest
 # changes; summary.json / comparison.json have them all.
 MAX_DELTA_ROWS = 40
+# A tick per client-axis value up to this many values; beyond, matplotlib's own ticks.
+MAX_X_TICKS = 12
 
 
 def _direction(metric: str) -> str | None:
@@ -291,7 +293,7 @@ def plot_metric_vs(
         if hue_order
         else None
     )
-    numeric_x = pd.api.types.is_numeric_dtype(data[x])
+    tick_each_x = pd.api.types.is_numeric_dtype(data[x]) and data[x].nunique() <= MAX_X_TICKS
     for i, (ax, panel) in enumerate(zip(axes, panels, strict=True)):
         sub = data if panel is None else data[data[col] == panel]
         keys = [hue, x] if hue else [x]
@@ -299,7 +301,7 @@ def plot_metric_vs(
         common = {"x": x, "y": metric, "hue": hue, "hue_order": hue_order, "palette": palette}
         sns.lineplot(data=medians, marker="o", ax=ax, legend=i == len(panels) - 1, **common)
         sns.scatterplot(data=sub, alpha=0.55, s=28, ax=ax, legend=False, **common)
-        if numeric_x:
+        if tick_each_x:
             ax.set_xticks(sorted(set(data[x])))
         ax.set_title(f"{col}={panel}" if panel is not None else "", fontsize=10)
         ax.set_xlabel(x)

@@ -295,3 +295,12 @@ def test_plot_comparison_of_a_large_matrix_shows_the_largest_changes_per_metric(
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_yticklabels()] == [f"cell {i}" for i in range(5, n)]
     assert ax.get_title().endswith(f"the {plots.MAX_DELTA_ROWS} largest |changes| of {n} cells")
+
+
+def test_plot_metric_vs_many_client_values_keeps_matplotlibs_ticks():
+    n = plots.MAX_X_TICKS + 30
+    df = pd.DataFrame({"concurrency": range(1, n + 1), "ttft_p50_ms": np.linspace(1, 2, n)})
+    fig = plots.plot_metric_vs(df, metric="ttft_p50_ms", x="concurrency")
+    ticks = fig.axes[0].get_xticks()
+    assert len(ticks) <= plots.MAX_X_TICKS, ticks
+    assert len(points(fig.axes[0])) == n
