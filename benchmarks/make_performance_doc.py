@@ -282,6 +282,15 @@ def orchestration_section(data: dict[str, Any], before: dict[str, Any] | None) -
     return "\n".join(out)
 
 
+# Frames that only wrap a job (script module, fork server, scripting.run, servesweep.jobs'
+# decorator): they top every cumulative list and say nothing about where the time goes.
+WRAPPERS = ("(<module>)", "(run_job)", "(_resolve)", "(run)", "(job)", "(<lambda>)")
+
+
+def _work(rows: list[list[Any]]) -> list[list[Any]]:
+    return [r for r in rows if not str(r[0]).endswith(WRAPPERS)]
+
+
 def aggregation_section(data: dict[str, Any], before: dict[str, Any] | None) -> str:
     p = data["params"]
     out = [
@@ -309,7 +318,7 @@ def aggregation_section(data: dict[str, Any], before: dict[str, Any] | None) -> 
                 "",
                 table(
                     ["function", "calls", "own s", "cumulative s"],
-                    [[f"`{r[0]}`", r[1], r[2], r[3]] for r in s["top_cumulative"][:8]],
+                    [[f"`{r[0]}`", r[1], r[2], r[3]] for r in _work(s["top_cumulative"])[:8]],
                 ),
             ]
     return "\n".join(out)
