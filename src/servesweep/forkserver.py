@@ -299,10 +299,13 @@ def _flush_everything() -> None:
 # --- the workflow's side ----------------------------------------------------------------------
 
 
-def start(first: Sequence[str], then: Sequence[str] = (), *, log: str | Path) -> str:
+def start(first: Sequence[str], then: Sequence[str] = (), *, log: str | Path) -> str | None:
     """Start the fork server (Snakefile `onstart:`) with the modules in `first` imported before
     it serves and `then` imported while it serves (see serve); point this process's future jobs
-    at it; returns the socket path. The server ends with `stop()` or with this process."""
+    at it; returns the socket path. The server ends with `stop()` or with this process.
+
+    A server that does not come up (e.g. a socket path too long under $TMPDIR) is a warning,
+    not an error: the jobs then run in their own processes, only slower; None."""
     global _server, _server_dir
     if _server is not None:
         return os.environ[SOCKET_ENV]
@@ -322,7 +325,12 @@ def start(first: Sequence[str], then: Sequence[str] = (), *, log: str | Path) ->
     while not os.path.exists(path):
         if _server.poll() is not None or time.monotonic() > deadline:
             stop()
-            raise RuntimeError(f"fork server did not start; see {log}")
+            print(
+                f"servesweep: the fork server did not start (see {log}); every job runs in "
+                "its own process",
+                file=sys.stderr,
+            )
+            return None
         time.sleep(0.01)
     os.environ[SOCKET_ENV] = path
     return path

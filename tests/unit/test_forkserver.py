@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -235,3 +236,38 @@ def test_the_fork_server_client_imports_only_the_standard_library() -> None:
     )
     loaded = set(proc.stdout.split()) - {"servesweep"}
     assert loaded <= set(sys.stdlib_module_names), loaded - set(sys.stdlib_module_names)
+
+
+def test_a_server_that_cannot_import_its_modules_leaves_jobs_to_their_own_process(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "forkserver.log"
+    forkserver.start(["servesweep.no_such_module"], log=log)
+    try:
+        pid = server_pid()
+        assert wait_for(lambda: not alive(pid)), "the server should have died on the import"
+        proc = job("report", "0", cwd=tmp_path)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        forkserver.stop()
+    assert proc.returncode == 0, err
+    assert json.loads(out)["pid"] == proc.pid
+    assert "running the job in this process" in err
+    assert "ModuleNotFoundError: No module named 'servesweep.no_such_module'" in log.read_text()
+
+
+def test_a_server_that_cannot_start_is_a_warning_and_jobs_run_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    deep = tmp_path / ("d" * 60) / ("e" * 60)  # a socket path beyond AF_UNIX's 108 bytes
+    deep.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    log = tmp_path / "forkserver.log"
+    assert forkserver.start([JOBS], log=log) is None
+    assert "the fork server did not start" in capsys.readouterr().err
+    assert forkserver.SOCKET_ENV not in os.environ
+    assert "AF_UNIX path too long" in log.read_text()
+    proc = job("report", "0", cwd=tmp_path)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert json.loads(out)["pid"] == proc.pid
