@@ -6,7 +6,11 @@ Snakefile with N jobs of one rule and one job gathering them. Wall and CPU time 
 `snakemake -n` (output to a file), median over --repeats interleaved runs; ratio = workflow /
 plain. `--profile N` adds a cProfile breakdown of the workflow's dry-run at size N.
 
+`--ablations N` times, at size N, copies of the workflow with one per-cell feature taken out
+each (ABLATIONS): what each feature costs in planning.
+
     python benchmarks/planning.py [--sizes 100,1000,10000] [--repeats 3] [--profile 10000]
+                                  [--ablations 10000]
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import argparse
 import json
 import pstats
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -77,6 +82,52 @@ PHASES = {
     "schedule + print jobs": "snakemake/scheduling/job_scheduler.py:schedule",
     "  format messages": "snakemake/jobs.py:message",
 }
+
+
+# Per-cell features of the workflow, each taken out of a copy: (file, text removed) edits. The
+# texts must be in the workflow (the run fails loudly when the rules changed).
+ABLATIONS: dict[str, list[tuple[str, str]]] = {
+    "raw files not requested by `all` (a deleted raw file would not rerun its cell)": [
+        ("Snakefile", "        raw=RAW_FILES,\n"),
+    ],
+    "one params function: no `workload` param (a workload change would not rerun cells)": [
+        ("rules/cells.smk", "        workload=cell_workload,\n"),
+    ],
+    "no priority function (server configs interleave: a server start per switch)": [
+        ("rules/cells.smk", "    priority: cell_priority\n"),
+    ],
+    "raw file only: no GPU snapshot output, no bench log": [
+        (
+            "rules/cells.smk",
+            '        gpu=f"{RUN_DIR}/gpu/{{server}}/{{client}}/r{{repeat}}.csv",\n',
+        ),
+        (
+            "rules/cells.smk",
+            '    log:\n        bench=f"{RUN_DIR}/bench/{{server}}/{{client}}/r{{repeat}}.log",\n',
+        ),
+    ],
+}
+
+
+ABLATIONS["all four taken out"] = [edit for edits in ABLATIONS.values() for edit in edits]
+
+
+def ablated_copy(workflow: Path, dest: Path, edits: list[tuple[str, str]]) -> Path:
+    """A copy of the workflow's Snakefile, rules and profile with `edits` removed."""
+    dest.mkdir(parents=True)
+    for part in ("Snakefile", "rules", "profiles", "config", "scripts", "report", "schemas"):
+        src = workflow / part
+        if src.is_dir():
+            shutil.copytree(src, dest / part)
+        elif src.exists():
+            shutil.copy2(src, dest / part)
+    for name, text in edits:
+        path = dest / name
+        source = path.read_text()
+        if text not in source:
+            raise SystemExit(f"ablation: {name} no longer contains {text!r}; update ABLATIONS")
+        path.write_text(source.replace(text, "", 1))
+    return dest / "Snakefile"
 
 
 def experiment(n: int) -> dict[str, Any]:
@@ -152,12 +203,45 @@ def profile_dry_run(argv: list[str], *, env: dict[str, str], out: Path) -> dict[
     }
 
 
+def time_ablations(args: argparse.Namespace, *, tmp: Path, exe: str, plain: Path) -> dict[str, Any]:
+    """Dry-runs of the workflow and of each ablated copy at one size, interleaved with the plain
+    Snakefile; ratios to plain, median over --repeats."""
+    n = args.ablations
+    config = tmp / f"abl{n}.yaml"
+    config.write_text(yaml.safe_dump(experiment(n), sort_keys=False))
+    variants = {"the workflow as it is": Path(args.workflow) / "Snakefile"}
+    for k, (label, edits) in enumerate(ABLATIONS.items()):
+        variants[label] = ablated_copy(Path(args.workflow), tmp / f"ablation{k}", edits)
+    rows = []
+    for k, (label, snakefile) in enumerate(variants.items()):
+        ours, plains = [], []
+        for _ in range(args.repeats):
+            argv = [exe, "-s", str(snakefile), "-d", str(tmp / f"absw{k}"), "--configfile"]
+            ours.append(dry_run([*argv, str(config), "-n"], env=workflow_env(), out=tmp / "a.txt"))
+            plain_argv = [exe, "-s", str(plain), "-d", str(tmp / f"abplain{k}"), "-n"]
+            env = workflow_env(PLAIN_N=str(n))
+            plains.append(dry_run(plain_argv, env=env, out=tmp / "p.txt"))
+        wall = median([t["wall_s"] for t in ours])
+        plain_wall = median([t["wall_s"] for t in plains])
+        rows.append(
+            {
+                "variant": label,
+                "wall_s": wall,
+                "plain_wall_s": plain_wall,
+                "ratio_wall": wall / plain_wall,
+            }
+        )
+        log.info("ablation N=%d %-80s ratio %.2f", n, label, wall / plain_wall)
+    return {"cell_repeats": n, "rows": rows}
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--sizes", default="100,1000,10000")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--workflow", default=str(REPO), help="directory with the Snakefile to time")
     p.add_argument("--profile", type=int, default=None, help="also cProfile this size")
+    p.add_argument("--ablations", type=int, default=None, help="also time ABLATIONS at this size")
     add_common_args(p)
     return p.parse_args(argv)
 
@@ -170,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     snakefile = Path(args.workflow) / "Snakefile"
     rows = []
     profile = None
+    ablations = None
     with scratch_dir("planning", keep=args.keep_tmp) as tmp:
         plain = tmp / "plain" / "Snakefile"
         plain.parent.mkdir()
@@ -215,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
             profile = {"cell_repeats": n}
             profile |= profile_dry_run(argv_p, env=workflow_env(), out=tmp / f"prof{n}.txt")
             log.info("profile: %s", json.dumps(profile, indent=1))
+        if args.ablations:
+            ablations = time_ablations(args, tmp=tmp, exe=exe, plain=plain)
     result = {
         "params": {
             "sizes": sizes,
@@ -227,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         "goal_ratio": GOAL_RATIO,
         "rows": rows,
         "profile": profile,
+        "ablations": ablations,
     }
     write_result("planning", result, args.out)
     return 0
