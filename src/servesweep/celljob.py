@@ -25,12 +25,4 @@ def _run(raw: str) -> None:
     cell = paths.cell_of_raw(exp, raw)
     check_prerequisites(exp=exp, paths=paths, cell=cell.key)
     with connect(exp, paths) as manager:
-        run_cell(
-            exp=exp,
-            cell=cell,
-            paths=paths,
-            manager=manager,
-            raw_out=paths.raw(cell),
-            gpu_out=paths.gpu(cell),
-            bench_log=paths.bench_log(cell),
-        )
+        run_cell(exp=exp, cell=cell, paths=paths, manager=manager)

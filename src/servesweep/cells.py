@@ -168,14 +168,13 @@ def run_cell(
     cell: CellRepeat,
     paths: RunPaths,
     manager: ServerManager,
-    raw_out: Path,
-    gpu_out: Path,
-    bench_log: Path,
 ) -> None:
-    """Run one cell-repeat end to end; files appear only if everything passed.
+    """Run one cell-repeat end to end, writing its raw record, GPU snapshot and bench log at
+    their RunPaths; files appear only if everything passed.
 
     Every error names the cell; a failed client is blamed on its server when that died; files
     this call wrote are removed again if a later step fails (nothing looks finished)."""
+    raw_out, gpu_out, bench_log = paths.raw(cell), paths.gpu(cell), paths.bench_log(cell)
     events = manager.events
     started = time.monotonic()
     written: list[Path] = []

@@ -56,15 +56,7 @@ def _setup(tmp_path: Path, faults: dict | None = None):
 def test_valid_cell_writes_record_and_gpu_snapshot(tmp_path: Path) -> None:
     exp, paths, manager, cell = _setup(tmp_path)
     try:
-        run_cell(
-            exp=exp,
-            cell=cell,
-            paths=paths,
-            manager=manager,
-            raw_out=paths.raw(cell),
-            gpu_out=paths.gpu(cell),
-            bench_log=paths.bench_log(cell),
-        )
+        run_cell(exp=exp, cell=cell, paths=paths, manager=manager)
     finally:
         manager.stop_all(reason="test")
     record = read_record(paths.raw(cell))
@@ -81,15 +73,7 @@ def test_invalid_record_leaves_no_raw_file(tmp_path: Path) -> None:
     exp, paths, manager, cell = _setup(tmp_path, {"midstream_error_at": [1]})
     with pytest.raises(CellFailed) as info:
         try:
-            run_cell(
-                exp=exp,
-                cell=cell,
-                paths=paths,
-                manager=manager,
-                raw_out=paths.raw(cell),
-                gpu_out=paths.gpu(cell),
-                bench_log=paths.bench_log(cell),
-            )
+            run_cell(exp=exp, cell=cell, paths=paths, manager=manager)
         finally:
             manager.stop_all(reason="test")
     assert f"cell {cell.key}" in str(info.value)
