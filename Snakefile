@@ -30,13 +30,8 @@ rule all:
 
 onstart:
     unthrottle_scheduler(workflow)
-    # Jobs fork from a process that imports their code once (servesweep/forkserver.py);
-    # snakemake.script unpickles the `snakemake` object a `script:` job hands over.
-    forkserver.start(
-        [*jobs.FIRST, "snakemake.script"],
-        jobs.THEN,
-        log=f"{RUN_DIR}/logs/forkserver.log",
-    )
+    # Jobs fork from a process that imports their code once (servesweep/forkserver.py).
+    forkserver.start(jobs.FIRST, jobs.THEN, log=f"{RUN_DIR}/logs/forkserver.log")
 
 
 onsuccess:

@@ -35,12 +35,10 @@ from _common import (
 
 from servesweep import forkserver
 from servesweep.events import read_events
-from servesweep.jobs import FIRST as JOBS_FIRST
-from servesweep.jobs import THEN
+from servesweep.jobs import FIRST, THEN
 from tests.helpers import experiment_file
 
 GOAL_RATIO = 1.10
-FIRST = [*JOBS_FIRST, "snakemake.script"]  # as the Snakefile's onstart starts the fork server
 RUN_ID = "orchestration-bench"
 # A job's own process (scripts/<rule>.py) imports only the fork server's client; what the job
 # itself needs is imported once by the fork server (FIRST before it serves, the rest while it

@@ -6,6 +6,8 @@ import copy
 import os
 import shutil
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,3 +64,13 @@ def run_snakemake(
         env=full_env,
         timeout=timeout,
     )
+
+
+def wait_until(predicate: Callable[[], bool], limit_s: float = 30.0) -> bool:
+    """Poll `predicate` until it holds or `limit_s` passes (a bound, not a timing assert)."""
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return predicate()

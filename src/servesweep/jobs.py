@@ -17,9 +17,10 @@ from typing import Any
 from servesweep import scripting
 from servesweep.files import write_json_atomic, write_text_atomic
 
-# What the fork server imports before it serves: the cell job and this module (the workflow adds
-# snakemake.script, which unpickles a `script:` job's `snakemake` object) ...
-FIRST = ["servesweep.celljob", "servesweep.jobs"]
+# What the fork server imports before it serves: the cell job, this module and snakemake.script,
+# which unpickles the `snakemake` object a `script:` job hands over (named here, imported only
+# by the fork server) ...
+FIRST = ["servesweep.celljob", "servesweep.jobs", "snakemake.script"]
 # ... and while it serves (servesweep.forkserver.serve): these jobs' modules.
 THEN = [
     "servesweep.images",

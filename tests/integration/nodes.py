@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable
 from typing import NoReturn
 
 import pytest
@@ -13,6 +11,7 @@ from servesweep.config import RuntimeConfig
 from servesweep.runtime import DockerRuntime
 from servesweep.sim.process import free_port  # noqa: F401 (re-exported)
 from servesweep.ssh import SshTransport
+from tests.helpers import wait_until  # noqa: F401 (re-exported)
 
 NODES = ("node1", "node2", "node3", "node4")
 ADDRESSES = {"node1": "127.0.0.2", "node2": "127.0.0.3", "node3": "127.0.0.4", "node4": "127.0.0.5"}
@@ -27,16 +26,6 @@ def unavailable(reason: str) -> NoReturn:
     if os.environ.get("CI"):
         pytest.fail(message, pytrace=False)
     pytest.skip(message)
-
-
-def wait_until(predicate: Callable[[], bool], limit_s: float = 30.0) -> bool:
-    """Poll `predicate` until it holds or `limit_s` passes (a bound, not a timing assert)."""
-    end = time.monotonic() + limit_s
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return predicate()
 
 
 def root_docker(ssh: SshTransport, runtime: RuntimeConfig) -> DockerRuntime:

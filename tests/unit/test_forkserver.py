@@ -10,14 +10,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from servesweep import forkserver
-from tests.helpers import REPO
+from tests.helpers import REPO, wait_until
 
 JOBS = "tests.support.forkjobs"
 # What scripts/<rule>.py does: hand argv to forkserver.run_job.
@@ -53,21 +52,17 @@ def server_pid() -> int:
     return forkserver._server.pid
 
 
-def wait_for(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+def ends(pid: int) -> bool:
+    """Whether process `pid` is gone within 10 s."""
+    return wait_until(lambda: not alive(pid), limit_s=10)
 
 
 def test_job_runs_in_a_child_of_the_server_with_the_callers_files_cwd_env_and_argv(
@@ -102,7 +97,7 @@ def test_exit_statuses_and_errors_come_back_as_the_interpreter_reports_them(
 def test_sigint_to_the_job_process_reaches_the_child(server: str, tmp_path: Path) -> None:
     pid_file = tmp_path / "child.pid"
     proc = job("wait", str(pid_file), cwd=tmp_path)
-    assert wait_for(pid_file.exists), "the job did not start"
+    assert wait_until(pid_file.exists, limit_s=10), "the job did not start"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130
@@ -113,11 +108,11 @@ def test_sigint_to_the_job_process_reaches_the_child(server: str, tmp_path: Path
 def test_a_killed_job_process_takes_its_child_along(server: str, tmp_path: Path) -> None:
     pid_file = tmp_path / "child.pid"
     proc = job("wait", str(pid_file), cwd=tmp_path)
-    assert wait_for(pid_file.exists), "the job did not start"
+    assert wait_until(pid_file.exists, limit_s=10), "the job did not start"
     proc.kill()
     proc.wait(timeout=30)
     child = int(pid_file.read_text())
-    assert wait_for(lambda: not alive(child)), "the child outlived its killed job process"
+    assert ends(child), "the child outlived its killed job process"
     assert alive(server_pid()), "the server must keep serving other jobs"
 
 
@@ -170,7 +165,7 @@ def test_the_server_ends_when_snakemake_is_gone(tmp_path: Path) -> None:
     )
     assert starter.returncode == -signal.SIGKILL, starter.stderr
     path, pid = starter.stdout.split()
-    assert wait_for(lambda: not alive(int(pid))), "the server outlived the process that started it"
+    assert ends(int(pid)), "the server outlived the process that started it"
     assert not Path(path).parent.exists()
 
 
@@ -196,7 +191,7 @@ def test_a_second_server_imports_the_later_modules_and_takes_over(tmp_path: Path
     forkserver.start(["servesweep.forkserver"], ["pandas"], log=log)
     try:
         first = server_pid()
-        assert wait_for(lambda: "takes over" in log.read_text(), timeout=60)
+        assert wait_until(lambda: "takes over" in log.read_text(), limit_s=60)
         proc = job("report", "0", cwd=tmp_path)
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
@@ -205,7 +200,7 @@ def test_a_second_server_imports_the_later_modules_and_takes_over(tmp_path: Path
         assert Path(f"/proc/{successor}/stat").read_text().split()[3] == str(first)
     finally:
         forkserver.stop()
-    assert wait_for(lambda: not alive(successor)), "the successor outlived the server"
+    assert ends(successor), "the successor outlived the server"
     text = log.read_text()
     assert f"fork server {successor} takes over, with pandas too" in text
     assert f"fork server {successor} served 1 jobs" in text
@@ -245,7 +240,7 @@ def test_a_server_that_cannot_import_its_modules_leaves_jobs_to_their_own_proces
     forkserver.start(["servesweep.no_such_module"], log=log)
     try:
         pid = server_pid()
-        assert wait_for(lambda: not alive(pid)), "the server should have died on the import"
+        assert ends(pid), "the server should have died on the import"
         proc = job("report", "0", cwd=tmp_path)
         out, err = proc.communicate(timeout=60)
     finally:
