@@ -6,10 +6,11 @@ server is started with the workflow (`onstart:`), imports the job code once, and
 per job. The job's own process (the thin `scripts/<rule>.py`) connects over a Unix socket in a
 private directory, hands over its stdin/stdout/stderr, working directory, environment and
 argument (argv of a `shell:` job, the `snakemake` object of a `script:` job), forwards
-SIGINT/SIGTERM/SIGHUP to the child and exits with the child's status. A child whose job process
-is gone (killed by Snakemake) gets SIGTERM, so no job outlives its Snakemake job. A child ends
-with os._exit once its function returns and logging and stdio are flushed: atexit handlers and
-non-daemon threads of the job do not outlive the function.
+signals to the child and exits with the child's status. The child joins the job process's
+process group, so a group's Ctrl-C or SIGKILL reaches it and its subprocesses as before. A
+child whose job process is gone (killed alone) gets SIGTERM, so no job outlives its Snakemake
+job. A child ends with os._exit once its function returns and logging and stdio are flushed:
+atexit handlers and non-daemon threads of the job do not outlive the function.
 
 Without `SERVESWEEP_FORKSERVER` in the environment (a script run by hand, a test), or with a
 server that cannot be reached (a job sent to another host), the job runs in the calling process:
@@ -87,6 +88,20 @@ def _connect(path: str) -> socket.socket | None:
 
 
 def _delegate(conn: socket.socket, target: str, arg: Any) -> int:
+    # Signals that arrive before the child is known wait in `received`. A child that joined this
+    # process's group gets a group's Ctrl-C itself, so SIGINT is forwarded only to one that did
+    # not (or that was not there yet); SIGTERM/SIGHUP come to this process alone (Snakemake).
+    received: list[int] = []
+    child: list[int] = []  # [pid, joined the group (0/1)] once the server answered
+
+    def forward(signum: int, _frame: Any) -> None:
+        received.append(signum)
+        if child and not (signum == signal.SIGINT and child[1]):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child[0], signum)
+
+    for signum in FORWARDED_SIGNALS:
+        signal.signal(signum, forward)
     request = pickle.dumps(
         {
             "target": target,
@@ -94,6 +109,7 @@ def _delegate(conn: socket.socket, target: str, arg: Any) -> int:
             "argv": sys.argv,
             "cwd": os.getcwd(),
             "env": dict(os.environ),
+            "pgid": os.getpgid(0),
         }
     )
     socket.send_fds(conn, [_HEADER.pack(len(request))], [0, 1, 2])
@@ -103,21 +119,15 @@ def _delegate(conn: socket.socket, target: str, arg: Any) -> int:
     if not pid_line:
         print("servesweep: the fork server closed before starting the job", file=sys.stderr)
         return 1
-    child = int(pid_line)
-    forwarded: list[int] = []
-
-    def forward(signum: int, _frame: Any) -> None:
-        forwarded.append(signum)
+    child.extend(int(word) for word in pid_line.split())
+    for signum in received:  # before the child was there, it got none of them
         with contextlib.suppress(ProcessLookupError):
-            os.kill(child, signum)
-
-    for signum in FORWARDED_SIGNALS:
-        signal.signal(signum, forward)
+            os.kill(child[0], signum)
     status_line = reader.readline()
     if status_line:
         return int(status_line)
-    print(f"servesweep: job process {child} ended without a status (killed)", file=sys.stderr)
-    return 128 + forwarded[-1] if forwarded else 1
+    print(f"servesweep: job process {child[0]} ended without a status (killed)", file=sys.stderr)
+    return 128 + received[-1] if received else 1
 
 
 # --- the server's side ------------------------------------------------------------------------
@@ -242,7 +252,15 @@ def _child(conn: socket.socket) -> int:
     os.environ.clear()
     os.environ.update(request["env"])
     sys.argv = request["argv"]
-    conn.sendall(f"{os.getpid()}\n".encode())
+    # Into the job process's group, where the job would have run: a group's Ctrl-C or SIGKILL
+    # (Snakemake's) reaches the child and what it starts (the load client), as it did before.
+    # Not possible from another session: the job process forwards SIGINT then.
+    try:
+        os.setpgid(0, request["pgid"])
+        joined = 1
+    except OSError:
+        joined = 0
+    conn.sendall(f"{os.getpid()} {joined}\n".encode())
     threading.Thread(target=_end_with_job_process, args=(conn,), daemon=True).start()
     try:
         _resolve(request["target"])(request["arg"])
@@ -319,7 +337,9 @@ def start(first: Sequence[str], then: Sequence[str] = (), *, log: str | Path) ->
             env={**os.environ, **SERVER_ENV},
             stdout=out,
             stderr=subprocess.STDOUT,
-            start_new_session=True,  # Ctrl-C reaches the jobs, which forward it to their child
+            # Its own group (a terminal's Ctrl-C is for the jobs), in this session (its
+            # children can join their job process's group).
+            process_group=0,
         )
     deadline = time.monotonic() + START_TIMEOUT_S
     while not os.path.exists(path):

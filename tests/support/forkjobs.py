@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -33,8 +34,12 @@ def fail(argv: Sequence[str]) -> None:
 
 
 def wait(argv: Sequence[str]) -> None:
-    """Write this process's pid to argv[0], then sleep; Ctrl-C ends it with status 130."""
-    Path(argv[0]).write_text(str(os.getpid()))
+    """Write this process's pid to argv[0] (with "spawn": and that of a `sleep` it started, as
+    a cell starts its load client), then sleep; Ctrl-C ends it with status 130."""
+    pids = [os.getpid()]
+    if argv[1:] == ["spawn"]:
+        pids.append(subprocess.Popen(["sleep", "60"]).pid)
+    Path(argv[0]).write_text(" ".join(map(str, pids)))
     try:
         time.sleep(60)
     except KeyboardInterrupt:

@@ -44,6 +44,7 @@ def job(target: str, *argv: str, cwd: Path, env: dict[str, str] | None = None) -
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        process_group=0,  # as Snakemake's jobs share its group: one group to signal
     )
 
 
@@ -94,15 +95,42 @@ def test_exit_statuses_and_errors_come_back_as_the_interpreter_reports_them(
     assert "Traceback" in err and "ValueError: job broke" in err
 
 
-def test_sigint_to_the_job_process_reaches_the_child(server: str, tmp_path: Path) -> None:
+def test_the_child_joins_the_job_process_group_and_gets_its_ctrl_c(
+    server: str, tmp_path: Path
+) -> None:
     pid_file = tmp_path / "child.pid"
     proc = job("wait", str(pid_file), cwd=tmp_path)
     assert wait_until(pid_file.exists, limit_s=10), "the job did not start"
-    proc.send_signal(signal.SIGINT)
+    child = int(pid_file.read_text())
+    assert os.getpgid(child) == proc.pid
+    os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: once to each process of the group
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130
-    assert "job interrupted" in err
-    assert not alive(int(pid_file.read_text()))
+    assert err.count("job interrupted") == 1
+    assert ends(child)
+
+
+def test_sigterm_to_the_job_process_alone_reaches_the_child(server: str, tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    proc = job("wait", str(pid_file), cwd=tmp_path)
+    assert wait_until(pid_file.exists, limit_s=10), "the job did not start"
+    proc.terminate()  # what Snakemake does to a job it cancels
+    proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert ends(int(pid_file.read_text()))
+
+
+def test_sigkill_to_the_job_group_ends_the_child_and_what_it_started(
+    server: str, tmp_path: Path
+) -> None:
+    """Snakemake SIGKILLed with its jobs' group: nothing of the job may go on writing files."""
+    pid_file = tmp_path / "child.pid"
+    proc = job("wait", str(pid_file), "spawn", cwd=tmp_path)
+    assert wait_until(lambda: pid_file.exists() and " " in pid_file.read_text(), limit_s=10)
+    child, grandchild = map(int, pid_file.read_text().split())
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert ends(child) and ends(grandchild)
 
 
 def test_a_killed_job_process_takes_its_child_along(server: str, tmp_path: Path) -> None:
