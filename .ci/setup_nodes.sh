@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
 # Test nodes on this machine: one sshd on 127.0.0.2-5 (aliases node1..node4), dockerd, an image.
 #
-# Usage (as root):  eval "$(bash .ci/setup_nodes.sh [DIR])"      DIR defaults to /tmp/servesweep-nodes
+# Usage (as root):  bash .ci/setup_nodes.sh [DIR]           set up (DIR: /tmp/servesweep-nodes)
+#                   bash .ci/setup_nodes.sh --down [DIR]    undo it
+# What it changes on this machine: installs openssh-server, docker.io and sudo with apt if they are
+# missing; creates the user `sweeper` and /etc/sudoers.d/servesweep-sweeper; starts sshd on
+# 127.0.0.2-5:22 and, if no docker daemon answers, dockerd (--bridge=none --iptables=false);
+# imports the image servesweep-sim:local. `--down` stops the sshd and dockerd it started (by the
+# pids in DIR), removes the image, the user and the sudoers entry if it made them, and DIR; it
+# leaves the apt packages installed.
 # Idempotent: keys, users and the image are made once; sshd and dockerd are started only if they
 # are not already running. Everything it starts writes its pid into DIR; it kills nothing it did
 # not start. It binds only loopback addresses (127.0.0.2-5 port 22, dockerd's unix socket).
-# Progress goes to stderr; stdout carries only `export ...` lines for the tests.
+# Progress goes to stderr; stdout carries only an `export SERVESWEEP_TEST_NODES=DIR` line (the
+# tests default to /tmp/servesweep-nodes, so only another DIR needs it: eval "$(bash ... DIR)").
 #
 # What DIR holds afterwards:
 #   ssh_config           Host node1..node4 (root) and node1-sweeper..node4-sweeper (User sweeper)
@@ -29,6 +37,11 @@
 # plus `--network host` so the server's port is reachable from the host at 127.0.0.1.
 set -euo pipefail
 
+DOWN=""
+if [ "${1:-}" = "--down" ]; then
+    DOWN=1
+    shift
+fi
 DIR="${1:-/tmp/servesweep-nodes}"
 ADDRS=(127.0.0.2 127.0.0.3 127.0.0.4 127.0.0.5)
 IMAGE="servesweep-sim:local"
@@ -40,6 +53,48 @@ die() {
 }
 
 [ "$(id -u)" -eq 0 ] || die "must run as root"
+
+pid_alive() { # pid_alive PIDFILE NAME: the pid in PIDFILE is a running NAME
+    local pid
+    [ -s "$1" ] || return 1
+    pid="$(cat "$1")"
+    [ -d "/proc/$pid" ] && grep -q "$2" "/proc/$pid/comm" 2>/dev/null
+}
+
+stop_pidfile() { # stop_pidfile PIDFILE NAME: SIGTERM the NAME process this script started, wait
+    local pid
+    if pid_alive "$1" "$2"; then
+        pid="$(cat "$1")"
+        kill -TERM "$pid"
+        for _ in $(seq 100); do
+            [ -d "/proc/$pid" ] || break
+            sleep 0.1
+        done
+        [ -d "/proc/$pid" ] && die "$2 (pid $pid) did not stop within 10 s"
+        log "$2 stopped (pid $pid)"
+    fi
+    rm -f "$1"
+}
+
+if [ -n "$DOWN" ]; then
+    [ -d "$DIR" ] || {
+        log "nothing to undo: no $DIR"
+        exit 0
+    }
+    if [ -f "$DIR/image.imported" ] && docker info >/dev/null 2>&1; then
+        docker image rm "$IMAGE" >/dev/null 2>&1 && log "image $IMAGE removed"
+    fi
+    stop_pidfile "$DIR/dockerd.pid" dockerd
+    stop_pidfile "$DIR/sshd.pid" sshd
+    rm -f /etc/sudoers.d/servesweep-sweeper
+    if [ -f "$DIR/user.created" ] && id sweeper >/dev/null 2>&1; then
+        userdel --remove sweeper 2>/dev/null || userdel sweeper
+        log "user sweeper removed"
+    fi
+    rm -rf "$DIR"
+    log "down: $DIR removed"
+    exit 0
+fi
 
 # ------------------------------------------------------------------ packages
 missing=()
@@ -67,7 +122,10 @@ done
 chmod 600 "$DIR"/ssh_host_*_key "$DIR/id_ed25519"
 
 # ------------------------------------------------------------------ users and sudo
-id sweeper >/dev/null 2>&1 || useradd --create-home --shell /bin/bash sweeper
+if ! id sweeper >/dev/null 2>&1; then
+    useradd --create-home --shell /bin/bash sweeper
+    : >"$DIR/user.created" # --down removes only a user this script made
+fi
 if [ ! -s "$DIR/sweeper_password" ]; then
     (
         umask 077
@@ -140,13 +198,6 @@ chmod 644 "$DIR/bin/query.csv"
 mkdir -p /run/sshd # privilege separation directory
 chmod 755 /run/sshd
 /usr/sbin/sshd -t -f "$DIR/sshd_config" || die "sshd rejects $DIR/sshd_config"
-
-pid_alive() { # pid_alive PIDFILE NAME: the pid in PIDFILE is a running NAME
-    local pid
-    [ -s "$1" ] || return 1
-    pid="$(cat "$1")"
-    [ -d "/proc/$pid" ] && grep -q "$2" "/proc/$pid/comm" 2>/dev/null
-}
 
 if pid_alive "$DIR/sshd.pid" sshd; then
     log "sshd already running (pid $(cat "$DIR/sshd.pid")); reloading its config"
@@ -228,6 +279,7 @@ fi
 
 if ! docker image inspect "$IMAGE" >/dev/null 2>&1; then
     tar cf - -T /dev/null | docker import - "$IMAGE" >/dev/null
+    : >"$DIR/image.imported"
     log "image $IMAGE imported (empty; run the host's Python through read-only mounts)"
 fi
 

@@ -115,7 +115,8 @@ def test_plot_deltas_intervals_and_verdicts():
         (d["metrics"]["ttft_p50_ms"]["ci_low"], d["metrics"]["ttft_p50_ms"]["ci_high"])
         for d in summary["deltas"]
     )
-    assert whiskers(ax) == pytest.approx(want)
+    # pytest.approx compares flat sequences only (pytest >= 9 rejects nested ones)
+    np.testing.assert_allclose(whiskers(ax), want)
     # 3 repeats, record values only: the interval is [min/max, max/min] of the two cells.
     assert want[0] == pytest.approx((100 * (0.8 * 0.95 / 1.1 - 1), 100 * (0.8 * 1.1 / 0.95 - 1)))
     texts = [t.get_text() for t in ax.texts]
