@@ -118,11 +118,12 @@ def _detail_checks(record: BenchRecord, workload: Workload | None) -> tuple[list
 def _aggregate_checks(record: BenchRecord) -> list[str]:
     """Silent-failure signs a record without per-request details still shows."""
     problems = []
-    done = record.completed or 0
+    done = record.completed
     for key in ("median_ttft_ms", "mean_ttft_ms"):
         value = getattr(record, key)
-        if done and value is not None and value == 0:
-            problems.append(f"{key} 0.0 over {done} completed requests (no token arrived)")
+        if done != 0 and value is not None and value == 0:
+            over = f" over {done} completed requests" if done else ""
+            problems.append(f"{key} 0.0{over} (no token arrived)")
             break
     return problems
 
@@ -149,7 +150,7 @@ def judge_record(
     done = record.completed or 0
     if workload is not None and record.completed != workload.num_requests:
         problems.append(f"completed {record.completed} of {workload.num_requests} requests")
-    elif workload is None and not done:
+    elif workload is None and record.completed is not None and record.completed < 1:
         problems.append(f"completed {record.completed} requests")
     empty_texts = None
     if _has_details(record):
