@@ -61,6 +61,12 @@ def detect_kind(text: str, *, path: Path) -> Kind:
         raise CheckInputError(f"{path}: empty file: unknown type")
     if first.startswith("{") or is_printed_result(text):
         return "record"
+    if first.startswith("["):  # JSON (not a record: refused later) or an SGLang `[date]` line
+        try:
+            json.loads(first)
+        except json.JSONDecodeError:
+            return "log"
+        return "record"
     return "log"
 
 
@@ -73,7 +79,7 @@ def check_records(
 ) -> list[CheckLine]:
     """One line per bench_serving record in a JSONL text or a printed result block."""
     name = str(path)
-    if not text.lstrip().startswith("{"):
+    if not text.lstrip().startswith(("{", "[")):
         try:
             record = parse_printed_result(text)
         except (ValueError, ValidationError) as exc:
@@ -89,7 +95,7 @@ def check_records(
         except json.JSONDecodeError as exc:
             raise CheckInputError(f"{where}: not JSON: {exc}") from None
         if not isinstance(data, dict):
-            raise CheckInputError(f"{where}: not a bench_serving record (not an object)")
+            raise CheckInputError(f"{where}: unknown type: JSON but not a bench_serving record")
         try:
             record = BenchRecord.model_validate(data)
         except ValidationError as exc:
