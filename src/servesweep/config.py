@@ -123,6 +123,7 @@ class SimConfig(Strict):
     seed: int = 0
     startup_s: float = Field(default=60.0, ge=0)
     profile: str | None = None
+    noise: bool = True  # benign log noise, re-tokenization drift, special-token outputs
     faults: SimFaults = SimFaults()
 
 
