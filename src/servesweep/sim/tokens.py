@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,8 +29,10 @@ SPECIAL_RATE = 0.03  # share of 1-token outputs that are a special token
 
 
 def _unit(*parts: int) -> float:
-    """A deterministic number in [0, 1) from integers."""
-    return zlib.crc32(",".join(map(str, parts)).encode()) / 2**32
+    """A deterministic, well-mixed number in [0, 1) from integers (not crc32: consecutive
+    request numbers would give correlated draws)."""
+    digest = hashlib.blake2b(",".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
 
 
 @dataclass(frozen=True)
