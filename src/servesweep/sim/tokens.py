@@ -25,7 +25,7 @@ CHARS_PER_TOKEN = 4
 SUFFIXES = ("s", "ed", "ing", "er", "ly")
 SPECIAL_TOKEN_ID = 1000  # outside the word ids [0, 1000)
 DRIFT_RATE = (0.0005, 0.01)  # per-token suffix probability, drawn per server seed
-SPECIAL_RATE = 0.03  # share of 1-token outputs that are a special token
+SPECIAL_RATE = 0.01  # share of 1-token outputs that are a special token
 
 
 def _unit(*parts: int) -> float:
