@@ -141,6 +141,7 @@ def run_warmup(
         workload,
         cell=f"{cell.server.id}/warmup",
         logs=[str(log), *server_logs(manager, state)],
+        min_retokenized_ratio=exp.validation.min_retokenized_ratio,
     )
     write_record(service / "warmup.jsonl", record)
     manager.events.emit(
@@ -213,6 +214,7 @@ def run_cell(
             cell=cell.key,
             logs=[str(bench_log), *server_logs(manager, state)],
             node=nodes[0],
+            min_retokenized_ratio=exp.validation.min_retokenized_ratio,
         )
         snapshot = before + after
         _write(gpu_out, lambda: telemetry.write_snapshot(gpu_out, snapshot), written)

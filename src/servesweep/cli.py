@@ -1,4 +1,4 @@
-"""`servesweep` command line: commands, up, status, down (nothing here runs a benchmark)."""
+"""`servesweep` command line: commands, up, status, down, plan, check, import (no benchmark)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from servesweep.config import RunPaths, load_experiment_file, server_specs
+from servesweep.config import MIN_RETOKENIZED_RATIO, RunPaths, load_experiment_file, server_specs
 from servesweep.errors import ConfigError, ServesweepError
 from servesweep.plan import make_plan
 from servesweep.servers import ServerManager, connect, open_runtime, shutdown
@@ -35,6 +35,35 @@ def _parser() -> argparse.ArgumentParser:
     ):
         sub.add_parser(name, parents=[common], help=text, description=text)
     sub.choices["up"].add_argument("--server", help="server id (default: the first)")
+    text = "judge bench_serving records and server logs: ok, warning, invalid or fatal per line"
+    check = sub.add_parser("check", help=text, description=text)
+    check.add_argument("files", nargs="*", metavar="FILE", help="JSONL records or server logs")
+    check.add_argument("--type", choices=["record", "log"], help="skip typing by content")
+    check.add_argument(
+        "--min-retokenized-ratio",
+        type=float,
+        default=MIN_RETOKENIZED_RATIO,
+        help=f"validation.min_retokenized_ratio (default {MIN_RETOKENIZED_RATIO})",
+    )
+    check.add_argument(
+        "--table",
+        metavar="DIR",
+        help="check every file DIR/INDEX.md lists (tests/fixtures/real): file | label | verdict",
+    )
+    text = (
+        "bring a folder of bench_serving JSONL files into results/<run-id>/ (csv, summary, plots)"
+    )
+    imp = sub.add_parser("import", help=text, description=text)
+    imp.add_argument("dir", metavar="DIR", help="folder of bench_serving JSONL files")
+    imp.add_argument("--run-id", required=True, help="results/<run-id>/ to create")
+    imp.add_argument(
+        "--mapping", help="YAML naming each file's axes and repeat (docs/validation.md)"
+    )
+    imp.add_argument("--results", default="results", help="results directory")
+    imp.add_argument(
+        "--min-retokenized-ratio", type=float, default=MIN_RETOKENIZED_RATIO, help="as for check"
+    )
+    imp.add_argument("--no-plots", action="store_true", help="results.csv and summary.json only")
     return parser
 
 
@@ -87,8 +116,54 @@ def cmd_down(args: argparse.Namespace) -> None:
     print(f"run {exp.run_id}: every server stopped")
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    from servesweep import checks
+
+    if args.table:
+        rows = checks.corpus_rows(args.table)
+        print(checks.render_table(rows), end="")
+        return 0 if checks.acceptance_met(checks.corpus_counts(rows)) else 1
+    if not args.files:
+        raise checks.CheckInputError("no FILE given (or --table DIR)")
+    lines = []
+    for path in args.files:
+        for line in checks.check_file(
+            path, kind=args.type, min_retokenized_ratio=args.min_retokenized_ratio
+        ):
+            print(line, flush=True)
+            lines.append(line)
+    return 1 if checks.any_bad(lines) else 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from servesweep import importer
+
+    report = importer.import_run(
+        source=Path(args.dir),
+        run_id=args.run_id,
+        results=Path(args.results),
+        mapping=importer.load_mapping(args.mapping) if args.mapping else importer.Mapping(),
+        min_retokenized_ratio=args.min_retokenized_ratio,
+        plots=not args.no_plots,
+    )
+    for line in report.lines():
+        print(line)
+    return 1 if report.rejected else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command in ("check", "import"):
+        from servesweep.checks import CheckInputError
+
+        try:
+            return cmd_check(args) if args.command == "check" else cmd_import(args)
+        except CheckInputError as exc:
+            print(f"servesweep: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 2
+        except ServesweepError as exc:
+            print(f"servesweep: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
     handlers = {
         "down": cmd_down,
         "status": cmd_status,

@@ -11,7 +11,7 @@ import pandas as pd
 
 from servesweep import stats, summary, telemetry
 from servesweep.files import atomic_open
-from servesweep.results import ID_COLUMNS, METRICS, read_results_csv
+from servesweep.results import DERIVED, ID_COLUMNS, METRICS, read_results_csv
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def load_run(
 
 def axis_columns(results: pd.DataFrame) -> list[str]:
     """The matrix-axis columns of a results table (neither ids, metrics nor GPU figures)."""
-    other = {*ID_COLUMNS, *METRICS, *telemetry.GPU_FIGURES}
+    other = {*ID_COLUMNS, *METRICS, *DERIVED, *telemetry.GPU_FIGURES}
     return [c for c in results.columns if c not in other]
 
 

@@ -123,6 +123,7 @@ class SimConfig(Strict):
     seed: int = 0
     startup_s: float = Field(default=60.0, ge=0)
     profile: str | None = None
+    noise: bool = True  # benign log noise, re-tokenization drift, special-token outputs
     faults: SimFaults = SimFaults()
 
 
@@ -217,6 +218,17 @@ class ClientConfig(Strict):
     tokenizer: str | None = None
 
 
+# Default of validation.min_retokenized_ratio (docs/validation.md): healthy published records
+# go down to 0.63 (a VLM run), silent failures are at or below 0.0003 (0 of 300,000; 8 of 32,334).
+MIN_RETOKENIZED_RATIO = 0.5
+
+
+class ValidationConfig(Strict):
+    """Thresholds that tell a silent failure from re-tokenization drift (docs/validation.md)."""
+
+    min_retokenized_ratio: float = Field(default=MIN_RETOKENIZED_RATIO, ge=0, le=1)
+
+
 class Matrix(Strict):
     """Axes: lists of values for server arguments (restart) and workload fields (no restart)."""
 
@@ -247,6 +259,7 @@ class Experiment(Strict):
     runtime: RuntimeConfig = RuntimeConfig()
     engine: EngineConfig
     client: ClientConfig = ClientConfig()
+    validation: ValidationConfig = ValidationConfig()
     server: ServerArgs = ServerArgs()
     matrix: Matrix = Matrix()
     workload: Workload

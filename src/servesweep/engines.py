@@ -131,6 +131,8 @@ def _sim_flags(exp: Experiment, spec: ServerSpec) -> list[str]:
     seed = (sim.seed + zlib.crc32(spec.fingerprint.encode())) % 2**31
     flags = ["--sim-time-scale", str(sim.time_scale), "--sim-seed", str(seed)]
     flags += ["--sim-startup-s", str(sim.startup_s)]
+    if not sim.noise:
+        flags.append("--sim-clean")
     if sim.profile:
         flags += ["--sim-profile", sim.profile]
     faults = sim.faults

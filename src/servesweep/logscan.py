@@ -1,104 +1,235 @@
-"""Fatal patterns in SGLang server logs (SGLANG.md section 3.2) and the ready line."""
+"""SGLang server log patterns with severities (fatal stops a run, warning is counted)."""
 
 from __future__ import annotations
 
 import logging
 import re
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 log = logging.getLogger(__name__)
 
-# Logged by rank 0 after warmup, the moment /health turns 200.
+# Logged by rank 0 after warmup, the moment /health turns 200. It does not clear a fatal line
+# logged before it (a PD prefill prints "warm Up Failed" just before it).
 READY_LINE = "The server is fired up and ready to roll!"
+
+Severity = Literal["fatal", "warning"]
+FATAL: Severity = "fatal"
+WARNING: Severity = "warning"
 
 
 @dataclass(frozen=True)
-class FatalPattern:
-    """One way an SGLang server dies, as a short name and a compiled regex over one line."""
+class Pattern:
+    """One log sign, as a short name, its severity and a compiled regex over one line."""
 
     name: str
+    severity: Severity
     regex: re.Pattern[str]
 
 
-def _p(name: str, pattern: str, flags: int = 0) -> FatalPattern:
-    return FatalPattern(name, re.compile(pattern, flags))
+def _fatal(name: str, pattern: str, flags: int = 0) -> Pattern:
+    return Pattern(name, FATAL, re.compile(pattern, flags))
 
 
-# In the order a human would look for them; a line may match more than one.
-FATAL_PATTERNS: tuple[FatalPattern, ...] = (
+def _warning(name: str, pattern: str, flags: int = 0) -> Pattern:
+    return Pattern(name, WARNING, re.compile(pattern, flags))
+
+
+# Searched anywhere in a line, so prefixes (Kubernetes CRI, wrapping loggers, docker compose,
+# collectors) do not hide them. In the order a human would look; a line may match several.
+FATAL_PATTERNS: tuple[Pattern, ...] = (
     # Any `<Something>Scheduler hit an exception:` (managers/scheduler.py, then SIGQUIT).
-    _p("scheduler_exception", r"Scheduler hit an exception"),
-    _p("tokenizer_manager_exception", r"TokenizerManager hit an exception"),
-    _p("detokenizer_manager_exception", r"DetokenizerManager hit an exception"),
-    _p("dp_controller_exception", r"DataParallelController hit an exception"),
+    _fatal("scheduler_exception", r"Scheduler hit an exception"),
+    _fatal("tokenizer_manager_exception", r"TokenizerManager hit an exception"),
+    _fatal("detokenizer_manager_exception", r"DetokenizerManager hit an exception"),
+    _fatal("dp_controller_exception", r"DataParallelController hit an exception"),
     # Running phase: "SIGQUIT received. signum=..., frame=.... It usually means one child
-    # failed."; launch phase: "Received sigquit from a child process. It usually means ...".
-    _p("sigquit", r"SIGQUIT received\.|Received sigquit from a child process"),
-    _p("subprocess_crashed", r"Subprocess \S+ \(pid=\d+\) crashed with exit code"),
+    # failed."; launch phase: "Received sigquit from a child process. ..." (older releases
+    # spelt it "child proces.").
+    _fatal("sigquit", r"SIGQUIT received\.|Received sigquit from a child proces"),
+    _fatal("subprocess_crashed", r"Subprocess \S+ \(pid=\d+\) crashed with exit code"),
     # "Scheduler watchdog timeout (self.watchdog_timeout=300, self.soft=False)" (utils/
     # watchdog.py) and the older "Watchdog timeout (self.watchdog_timeout=300)".
-    _p("watchdog_timeout", r"[Ww]atchdog timeout \(self\.watchdog_timeout="),
-    _p("warmup_failed", r"Initialization failed\. warmup error:"),
-    _p("health_check_failed", r"Health check failed\."),
-    _p("not_enough_memory", r"Not enough memory\. Please try to increase --mem-fraction-static"),
-    _p("traceback", r"Traceback \(most recent call last\)"),
-    _p("cuda_oom", r"torch\.OutOfMemoryError|CUDA out of memory"),
-    _p("cuda_error", r"CUDA error"),
-    _p("nccl_error", r"NCCL error|nccl(?:Internal|System|UnhandledCuda|Remote|InvalidUsage)Error"),
-    # torch ProcessGroupNCCL: "[Rank 1] Watchdog caught collective operation timeout: ...".
-    _p("nccl_timeout", r"Watchdog caught collective operation timeout"),
+    _fatal("watchdog_timeout", r"[Ww]atchdog timeout \(self\.watchdog_timeout="),
+    _fatal("warmup_failed", r"Initialization failed\. warmup error:"),
+    # PD prefill warmup; printed just BEFORE the ready line, the server then serves nothing.
+    _fatal("pd_warmup_failed", r"disaggregation mode warm ?[Uu]p [Ff]ailed"),
+    _fatal("health_check_failed", r"Health check failed\."),
+    _fatal(
+        "not_enough_memory", r"Not enough memory\. Please try to increase --mem-fraction-static"
+    ),
+    # "max_total_tokens=131072 is larger than the profiled value -561981": no KV pool at all.
+    _fatal("negative_kv_pool", r"profiled value -\d"),
+    _fatal("cuda_oom", r"torch\.OutOfMemoryError|CUDA out of memory"),
+    _fatal("cuda_error", r"CUDA error"),
+    # faulthandler: "Fatal Python error: Segmentation fault" / "Aborted" / "Bus error".
+    _fatal("fatal_python_error", r"Fatal Python error: "),
+    _fatal(
+        "nccl_error", r"NCCL error|nccl(?:Internal|System|UnhandledCuda|Remote|InvalidUsage)Error"
+    ),
+    # torch ProcessGroupNCCL: "[Rank 1] Watchdog caught collective operation timeout: ..." and
+    # "Some NCCL operations have failed or timed out. ...".
+    _fatal(
+        "nccl_timeout",
+        r"Watchdog caught collective operation timeout|"
+        r"Some NCCL operations have failed or timed out",
+    ),
     # OSError "[Errno 98] Address already in use" or uvicorn's "... address already in use".
-    _p("address_in_use", r"address already in use", re.IGNORECASE),
-    _p("page_size_mismatch", r"Page size mismatch"),
-    _p("kv_cache_dtype_mismatch", r"KV cache dtype mismatch"),
-    _p("prefill_parallel_info", r"Could not fetch prefill parallel info"),
-    _p("prefill_server_info", r"Failed to get prefill server info"),
-    _p("prefill_kvcache", r"Failed to get kvcache from prefill instance"),
+    _fatal("address_in_use", r"address already in use", re.IGNORECASE),
+    _fatal("page_size_mismatch", r"Page size mismatch"),
+    _fatal("kv_cache_dtype_mismatch", r"KV cache dtype mismatch"),
+    _fatal("prefill_parallel_info", r"Could not fetch prefill parallel info"),
+    _fatal("prefill_server_info", r"Failed to get prefill server info"),
+    _fatal("prefill_kvcache", r"Failed to get kvcache from prefill instance"),
+    # PD transfer aborts ("Aborted by AbortReq", "Failed due to an unknown reason from another
+    # rank"); /health keeps answering 200 after them.
+    _fatal("kv_transfer_error", r"KVTransferError\("),
+    _fatal("mooncake_metadata", r"metadata not found|Failed to retrieve segment descriptor"),
+    _fatal(
+        "mooncake_transport",
+        r"Session::readBody failed|TcpTransport::startTransfer encountered an? ASIO exception",
+    ),
+    # sglang-router (Rust) PD router: a worker answered an error.
+    _fatal("pd_router_worker_error", r"(?:Prefill|Decode) server returned error status"),
 )
+
+# Counted and shown, never a reason to stop: healthy servers print them.
+WARNING_PATTERNS: tuple[Pattern, ...] = (
+    # A traceback alone: e.g. "Task exception was never retrieved" after a client disconnect,
+    # or "Exception in ASGI application" when the scheduler aborts a queued request. One that
+    # ends in a fatal line is caught by that line; a dead process by the run's liveness check.
+    _warning("traceback", r"Traceback \(most recent call last\)"),
+    _warning("task_exception", r"Task exception was never retrieved"),
+    _warning("client_disconnected", r"Request is disconnected from the client side"),
+    _warning("asgi_exception", r"Exception in ASGI application"),
+    _warning("http_5xx", r"HTTP/1\.[01]\" 5\d\d"),
+    _warning("import_error_ignored", r"Ignore import error when loading"),
+    _warning("moe_default_config", r"Using (?:default )?MoE kernel config"),
+    _warning("user_warning", r"\bUserWarning\b"),
+    _warning("nccl_warn", r"NCCL WARN"),
+    # glog error lines of Mooncake and other C++ components: "E0616 07:25:02.248354 ...".
+    _warning("glog_error", r"(?:^|\s)E\d{4} \d\d:\d\d:\d\d\.\d+ "),
+)
+PATTERNS: tuple[Pattern, ...] = FATAL_PATTERNS + WARNING_PATTERNS
+
+# Prefixes put before a log line by whatever carried it, stripped (repeatedly) to read the
+# line's own start: Kubernetes CRI, bracketed ISO collectors, cloud logging, Python logging
+# wrappers, docker compose, and SGLang's own `[date time TPn]` / `[TPn]`.
+PREFIXES: tuple[re.Pattern[str], ...] = tuple(
+    re.compile(p)
+    for p in (
+        r"^\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:?\d\d)? (?:stdout|stderr) [FP] ",
+        r"^\[\d{4}-\d\d-\d\dT[^\]]*\] ?",
+        r"^(?:DEFAULT|DEBUG|INFO|NOTICE|WARNING|ERROR|CRITICAL) \d{4}-\d\d-\d\dT\S+ ",
+        r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ - \S+ - [A-Z]+ - ",
+        r"^[A-Za-z0-9][\w.-]*\s+\| ",
+        r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[^\]]*\] ",
+        r"^\[(?:DP|TP|EP|PP|CP)\d+[^\]]*\] ",
+    )
+)
+EXCEPTION_LINE = re.compile(r"^(?:\w+\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Group)\b")
+TRACEBACK_SPAN = 400  # lines searched for the exception line that closes a traceback
+
+
+def strip_prefix(line: str) -> str:
+    """The line without the prefixes of PREFIXES (as many as are stacked)."""
+    for _ in range(4):
+        for prefix in PREFIXES:
+            match = prefix.match(line)
+            if match:
+                line = line[match.end() :]
+                break
+        else:
+            return line
+    return line
 
 
 @dataclass(frozen=True)
 class Finding:
-    """A fatal pattern found on one log line (1-based line number)."""
+    """A pattern found on one log line (1-based line number)."""
 
     name: str
     line_no: int
     line: str
+    severity: Severity = FATAL
+    detail: str = ""  # for a traceback: the exception line that closes it
 
     def __str__(self) -> str:
         return f"{self.name} at line {self.line_no}: {self.line.strip()}"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"pattern": self.name, "line_no": self.line_no, "line": self.line.strip()}
+        out = {"pattern": self.name, "severity": self.severity, "line_no": self.line_no}
+        out["line"] = self.line.strip()
+        if self.detail:
+            out["detail"] = self.detail
+        return out
+
+
+def _closing_exception(lines: list[str], start: int) -> str:
+    """The exception line that ends the traceback starting at index `start` ('' if none)."""
+    for line in lines[start + 1 : start + 1 + TRACEBACK_SPAN]:
+        body = strip_prefix(line.rstrip("\r"))
+        if EXCEPTION_LINE.match(body):
+            return body.strip()[:200]
+    return ""
 
 
 def scan_text(text: str) -> list[Finding]:
-    """Every (pattern, line) match in a log text, in line order then pattern order.
+    """Every (pattern, line) match in a log text, fatal and warning, in line order then
+    pattern order.
 
     Lines are split on newlines only, so line numbers agree with `grep -n` even when progress
     bars wrote carriage returns.
     """
     findings = []
-    for line_no, line in enumerate(text.split("\n"), start=1):
-        for pattern in FATAL_PATTERNS:
+    lines = text.split("\n")
+    for index, line in enumerate(lines):
+        for pattern in PATTERNS:
             if pattern.regex.search(line):
-                findings.append(Finding(pattern.name, line_no, line.rstrip("\r")))
+                detail = _closing_exception(lines, index) if pattern.name == "traceback" else ""
+                findings.append(
+                    Finding(pattern.name, index + 1, line.rstrip("\r"), pattern.severity, detail)
+                )
     return findings
+
+
+def fatal_findings(text: str) -> list[Finding]:
+    """The fatal findings of `scan_text`: each one means the server failed."""
+    return [f for f in scan_text(text) if f.severity == FATAL]
 
 
 def scan_file(path: str | Path) -> list[Finding]:
     """`scan_text` over a log file (undecodable bytes replaced; carriage returns kept)."""
     with Path(path).open(errors="replace", newline="") as fh:
         findings = scan_text(fh.read())
-    if findings:
-        log.info("%s: %d fatal finding(s), first: %s", path, len(findings), findings[0])
+    fatal = [f for f in findings if f.severity == FATAL]
+    if fatal:
+        log.info("%s: %d fatal finding(s), first: %s", path, len(fatal), fatal[0])
     return findings
 
 
+def warning_counts(findings: list[Finding]) -> dict[str, int]:
+    """Warning findings per pattern name, in first-seen order."""
+    return dict(Counter(f.name for f in findings if f.severity == WARNING))
+
+
+def verdict_line(findings: list[Finding]) -> str:
+    """`fatal: <first fatal finding>`, `warning: <counts>` or `ok`, for one log."""
+    fatal = [f for f in findings if f.severity == FATAL]
+    if fatal:
+        first = fatal[0]
+        more = f" (+{len(fatal) - 1} more)" if len(fatal) > 1 else ""
+        return f"fatal: {first.name} at line {first.line_no}: {first.line.strip()[:160]}{more}"
+    counts = warning_counts(findings)
+    if counts:
+        return "warning: " + ", ".join(f"{name} x{n}" for name, n in counts.items())
+    return "ok"
+
+
 def is_ready(text: str) -> bool:
-    """True if the log contains the ready line."""
+    """True if the log contains the ready line (not proof of health: see READY_LINE)."""
     return READY_LINE in text
 
 
@@ -106,7 +237,8 @@ CLIENT_LOGS = ("warmup.log",)  # client logs kept beside server logs in service/
 
 
 def scan_run(*, service_root: str | Path, evidence: dict[str, str]) -> dict[str, Any]:
-    """Final scan of every server log of a run: fatal findings and evidence-pattern counts.
+    """Final scan of every server log of a run: fatal findings, warning counts and
+    evidence-pattern counts.
 
     `evidence` maps a name to a regular expression (e.g. the P-side KV transfer lines and the
     D-side RDMA-ready acknowledgements that prove the real P-to-D path).
@@ -118,10 +250,22 @@ def scan_run(*, service_root: str | Path, evidence: dict[str, str]) -> dict[str,
             continue
         text = path.read_text(errors="replace")
         rel = str(path.relative_to(service_root))
+        findings = scan_text(text)
         logs[rel] = {
-            "fatal": [f.as_dict() for f in scan_text(text)],
+            "fatal": [f.as_dict() for f in findings if f.severity == FATAL],
+            "warnings": warning_counts(findings),
             "evidence": {name: len(rx.findall(text)) for name, rx in patterns.items()},
         }
     totals = {name: sum(entry["evidence"][name] for entry in logs.values()) for name in patterns}
     fatal = sum(len(entry["fatal"]) for entry in logs.values())
-    return {"logs_scanned": len(logs), "fatal_findings": fatal, "evidence": totals, "per_log": logs}
+    warnings: Counter[str] = Counter()
+    for entry in logs.values():
+        warnings.update(entry["warnings"])
+    return {
+        "logs_scanned": len(logs),
+        "fatal_findings": fatal,
+        "warning_findings": sum(warnings.values()),
+        "warnings": dict(warnings),
+        "evidence": totals,
+        "per_log": logs,
+    }

@@ -89,3 +89,62 @@ def write_record(path: str | Path, record: BenchRecord | dict[str, Any]) -> None
     """Write one record as a one-line JSONL file, atomically."""
     rec = record if isinstance(record, BenchRecord) else BenchRecord.model_validate(record)
     write_text_atomic(path, rec.to_json_line())
+
+
+# bench_serving's printed "Serving Benchmark Result" labels (lower case, without the colon)
+# -> record keys; the older "Max reqeuest concurrency" typo included.
+PRINTED_LABELS: dict[str, str] = {
+    "backend": "backend",
+    "traffic request rate": "request_rate",
+    "max request concurrency": "max_concurrency",
+    "max reqeuest concurrency": "max_concurrency",
+    "successful requests": "completed",
+    "benchmark duration (s)": "duration",
+    "total input tokens": "total_input_tokens",
+    "total generated tokens": "total_output_tokens",
+    "total generated tokens (retokenized)": "total_output_tokens_retokenized",
+    "request throughput (req/s)": "request_throughput",
+    "input token throughput (tok/s)": "input_throughput",
+    "output token throughput (tok/s)": "output_throughput",
+    "concurrency": "concurrency",
+    "mean e2e latency (ms)": "mean_e2e_latency_ms",
+    "median e2e latency (ms)": "median_e2e_latency_ms",
+    "p99 e2e latency (ms)": "p99_e2e_latency_ms",
+    "mean ttft (ms)": "mean_ttft_ms",
+    "median ttft (ms)": "median_ttft_ms",
+    "p95 ttft (ms)": "p95_ttft_ms",
+    "p99 ttft (ms)": "p99_ttft_ms",
+    "median tpot (ms)": "median_tpot_ms",
+    "median itl (ms)": "median_itl_ms",
+}
+PRINTED_MARKERS = ("Serving Benchmark Result", "Total generated tokens")
+
+
+def is_printed_result(text: str) -> bool:
+    """True if `text` holds bench_serving's printed result block (or lines of one)."""
+    return any(marker in text for marker in PRINTED_MARKERS)
+
+
+def _printed_value(key: str, raw: str) -> Any:
+    if key == "backend":
+        return raw
+    if raw.lower() in ("not set", ""):
+        return None
+    number = float(raw)  # "inf" included
+    if key in BenchRecord.model_fields and "int" in str(BenchRecord.model_fields[key].annotation):
+        return int(number)
+    return number
+
+
+def parse_printed_result(text: str) -> BenchRecord:
+    """A record from bench_serving's printed result block: the labelled figures it shows
+    (no per-request details); unknown labels are skipped, a bad number raises ValueError."""
+    data: dict[str, Any] = {}
+    for line in text.splitlines():
+        label, sep, value = line.partition(":")
+        key = PRINTED_LABELS.get(label.strip().lower())
+        if sep and key is not None:
+            data[key] = _printed_value(key, value.strip())
+    if not data:
+        raise ValueError("no bench_serving result lines")
+    return BenchRecord.model_validate(data)

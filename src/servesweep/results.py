@@ -40,6 +40,8 @@ METRICS: dict[str, str] = {
     "total_output_tokens": "total_output_tokens",
     "concurrency_mean": "concurrency",
 }
+# Figures derived from several record keys (docs/validation.md), after the METRICS columns.
+DERIVED = ("retokenized_ratio",)
 INTEGER_METRICS = ("completed", "total_input_tokens", "total_output_tokens")
 # Keys every supported record version (0.5.9..0.5.23, builtin) has; absent = invalid record.
 REQUIRED_KEYS = (
@@ -53,7 +55,7 @@ REQUIRED_KEYS = (
     "total_output_tokens",
 )
 # The record keys cell_metrics reads (records are parsed with these only).
-READ_KEYS = frozenset({*METRICS.values(), *REQUIRED_KEYS})
+READ_KEYS = frozenset({*METRICS.values(), *REQUIRED_KEYS, "total_output_tokens_retokenized"})
 ID_COLUMNS = ("run_id", "server_id", "client_id", "repeat", "fingerprint")
 
 
@@ -66,12 +68,16 @@ def _number(key: str, value: Any) -> float:
 
 
 def record_metrics(record: BenchRecord | Mapping[str, Any]) -> dict[str, float | int]:
-    """The METRICS of one record; absent keys are NaN (older bench_serving versions)."""
+    """The METRICS and DERIVED figures of one record; absent keys are NaN (older
+    bench_serving versions)."""
     data = record.model_dump() if isinstance(record, BenchRecord) else dict(record)
     out: dict[str, float | int] = {}
     for column, key in METRICS.items():
         value = _number(key, data.get(key))
         out[column] = int(value) if column in INTEGER_METRICS and value.is_integer() else value
+    retok = _number("total_output_tokens_retokenized", data.get("total_output_tokens_retokenized"))
+    total = out["total_output_tokens"]
+    out["retokenized_ratio"] = retok / total if total and not math.isnan(total) else math.nan
     return out
 
 
@@ -120,7 +126,7 @@ def _axis_names(axes: Iterable[Mapping[str, Any]]) -> list[str]:
 
 def result_columns(server_axes: Sequence[str], client_axes: Sequence[str]) -> list[str]:
     """Column order of results.csv: ids, server axes, client axes, metrics, GPU figures."""
-    return [*ID_COLUMNS, *server_axes, *client_axes, *METRICS, *telemetry.GPU_FIGURES]
+    return [*ID_COLUMNS, *server_axes, *client_axes, *METRICS, *DERIVED, *telemetry.GPU_FIGURES]
 
 
 def result_row(

@@ -286,11 +286,11 @@ class ServerManager:
         exited = [r for r in state.ranks if not self.runtime.is_running(r.node, r.handle)]
         # A process that died silently (killed, node lost) is the cause; one that exited
         # logging a fatal line after it (rank 0's NCCL error) is the consequence.
-        silent = [r for r in exited if not logscan.scan_text(texts[r.role, r.rank])]
+        silent = [r for r in exited if not logscan.fatal_findings(texts[r.role, r.rank])]
         exited = silent + [r for r in exited if r not in silent]
         for rank in exited or state.ranks:
             text = texts[rank.role, rank.rank]
-            findings = logscan.scan_text(text)
+            findings = logscan.fatal_findings(text)
             if not findings and rank not in exited:
                 continue
             where = (

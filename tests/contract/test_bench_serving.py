@@ -122,7 +122,8 @@ def test_bench_record_parses_validates_and_agrees_with_builtin(
         assert getattr(builtin, key) == getattr(bench, key), key
     assert builtin.input_lens == bench.input_lens and builtin.output_lens == bench.output_lens
     assert [len(x) for x in builtin.itls] == [len(x) for x in bench.itls]
-    assert bench.total_output_tokens_retokenized == bench.total_output_tokens
+    # the noisy sim's text re-tokenizes with drift (suffix pieces merge), never more tokens
+    assert 0.5 <= bench.total_output_tokens_retokenized / bench.total_output_tokens <= 1
 
 
 @needs_sim
@@ -155,8 +156,9 @@ def test_midstream_error_is_a_bench_success_but_a_record_problem(
     assert bench.completed == 8 and all(e == "" for e in bench.errors)  # silent in bench
     problems = record_problems(bench, WORKLOAD)
     joined = " | ".join(problems)
-    assert "ttft 0" in joined and "empty generated text" in joined, problems
-    assert "retokenized" in joined, problems
+    assert "1 request(s) with ttft 0" in joined, problems
+    # 1 of 8 texts missing: drift-sized (0.875), a warning; the ttft-0 request is what fails it
+    assert "retokenized" not in joined, problems
 
     builtin = read_record(builtin_out)  # the builtin reports the fault as a failed request
     assert builtin.completed == 7

@@ -61,7 +61,6 @@ EXAMPLES = {
     "time: 17:09:39",
     "not_enough_memory": "RuntimeError: Not enough memory. Please try to increase "
     "--mem-fraction-static. Current value: mem_fraction_static=0.85",
-    "traceback": "Traceback (most recent call last):",
     "cuda_oom": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 10.62 GiB. GPU 3 "
     "has a total capacity of 139.81 GiB of which 2.06 GiB is free.",
     "cuda_error": "torch.AcceleratorError: CUDA error: an illegal memory access was encountered",
@@ -83,6 +82,21 @@ EXAMPLES = {
     "HTTPConnectionPool(host='10.0.0.2', port=8998): Max retries exceeded",
     "prefill_kvcache": "[2026-11-29 17:30:09 TP0] Failed to get kvcache from prefill instance, "
     "it might be dead",
+    # Real lines from published logs (tests/fixtures/real, issue 14).
+    "pd_warmup_failed": "[2026-04-15 08:41:05] Prefill disaggregation mode warm Up Failed, "
+    "status code: 400",
+    "negative_kv_pool": "[2025-07-02 07:41:59 DP0 TP0] max_total_tokens=131072 is larger than "
+    "the profiled value -561981. Use the profiled value instead.",
+    "fatal_python_error": "Fatal Python error: Segmentation fault",
+    "kv_transfer_error": "[2025-11-05 16:39:09 TP0] Decode transfer failed for request rank=0 "
+    "with exception KVTransferError(bootstrap_room=4793981895866140836): Aborted by AbortReq.",
+    "mooncake_metadata": "W0414 03:56:41.856264 77969 transfer_metadata.cpp:153] Failed to "
+    "retrieve segment descriptor, name 10.6.131.6_58f33e4e",
+    "mooncake_transport": "E0904 07:15:26.325699  5796 tcp_transport.cpp:172] Session::readBody "
+    "failed. Error: End of file (value: 2)",
+    "pd_router_worker_error": "2025-09-04 07:15:26 ERROR http_request{method=POST "
+    "uri=/v1/completions}: sglang_router_rs::routers::pd_router: Decode server returned error "
+    "status decode_url=http://10.160.1.2:30001",
 }
 
 
@@ -156,3 +170,113 @@ def test_scan_file_counts_lines_like_grep(tmp_path):
         ("traceback", len(READY_LOG.splitlines()) + 1)
     ]
     assert not findings[0].line.endswith("\r")
+
+
+# ---------------------------------------------------------------- severities and prefixes
+
+DISCONNECT = """\
+[2026-01-12 21:03:30] Task exception was never retrieved
+future: <Task finished name='Task-993871' coro=<<async_generator_asend without __name__>()> \
+exception=ValueError("Request is disconnected from the client side (type 1). Abort request")>
+Traceback (most recent call last):
+  File "/usr/lib/python3.12/asyncio/tasks.py", line 520, in wait_for
+    return await fut
+asyncio.exceptions.CancelledError
+"""
+
+
+def test_a_traceback_alone_is_a_warning_naming_its_exception():
+    findings = logscan.scan_text(READY_LOG + DISCONNECT)
+    assert logscan.fatal_findings(READY_LOG + DISCONNECT) == []
+    assert logscan.warning_counts(findings) == {
+        "task_exception": 1,
+        "client_disconnected": 1,
+        "traceback": 1,
+    }
+    tb = next(f for f in findings if f.name == "traceback")
+    assert tb.severity == "warning" and tb.detail == "asyncio.exceptions.CancelledError"
+    assert logscan.verdict_line(findings).startswith("warning: task_exception x1")
+
+
+def test_a_traceback_ending_in_a_fatal_line_is_fatal():
+    text = DISCONNECT.replace(
+        "asyncio.exceptions.CancelledError",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+    )
+    assert [f.name for f in logscan.fatal_findings(text)] == ["cuda_oom"]
+    assert logscan.verdict_line(logscan.scan_text(text)).startswith("fatal: cuda_oom at line 6")
+
+
+def test_benign_startup_noise_is_a_warning():
+    text = (
+        "[2025-11-23 06:47:42 TP1] Using default MoE kernel config. Performance might be "
+        "sub-optimal! Config file not found at /x/E=256,N=768.json\n"
+        "[2025-08-24 06:25:37 TP0] Ignore import error when loading sglang.srt.models.glm4v_moe\n"
+        "/opt/conda/lib/python3.10/site-packages/torch/_dynamo/functions.py:1575: UserWarning: x\n"
+        "node1:1234:1290 [0] NCCL WARN NET/IB : Got async event : port error\n"
+        '[2026-04-05 20:02:51] INFO:     127.0.0.1:40052 - "POST /generate HTTP/1.1" 500 '
+        "Internal Server Error\n"
+    )
+    findings = logscan.scan_text(READY_LOG + text)
+    assert logscan.fatal_findings(READY_LOG + text) == []
+    assert set(logscan.warning_counts(findings)) == {
+        "moe_default_config",
+        "import_error_ignored",
+        "user_warning",
+        "nccl_warn",
+        "http_5xx",
+    }
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        "2025-07-25T07:53:08.217+08:00 stdout F ",
+        "2025-03-08 02:04:48,697 - __main__ - INFO - ",
+        "qwen3-32b-sglang-prefill-1  | ",
+        "[2025-11-06T02:08:27.278Z] ",
+        "ERROR 2026-06-15T14:10:59.392128409Z ",
+        "my-own-format>> ",
+    ],
+)
+def test_prefixes_are_tolerated(prefix):
+    crash = (
+        "[2026-11-29 17:02:11 TP3] Scheduler hit an exception: Traceback (most recent call last):\n"
+        '  File "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 3021, in f\n'
+        "    scheduler.event_loop_overlap()\n"
+        "ValueError: Failed to allocate token prealloc indices\n"
+    )
+    text = "".join(prefix + line + "\n" for line in crash.splitlines())
+    findings = logscan.scan_text(text)
+    assert [f.name for f in findings if f.severity == "fatal"] == ["scheduler_exception"]
+    tb = next(f for f in findings if f.name == "traceback")
+    if not prefix.startswith("my-own"):  # an unknown prefix hides the exception line's start
+        assert tb.detail == "ValueError: Failed to allocate token prealloc indices"
+    assert logscan.strip_prefix(prefix + "[TP0] x") == "x" or prefix.startswith("my-own")
+
+
+def test_ready_does_not_clear_an_earlier_fatal_line():
+    text = (
+        '[2026-04-15 08:41:05] INFO:     127.0.0.1:43246 - "POST /generate HTTP/1.1" 400 Bad\n'
+        "[2026-04-15 08:41:05] Prefill disaggregation mode warm Up Failed, status code: 400\n"
+        "[2026-04-15 08:41:05] The server is fired up and ready to roll!\n"
+        '[2026-04-15 08:41:09] INFO:     127.0.0.1:43250 - "GET /health HTTP/1.1" 200 OK\n'
+    )
+    assert logscan.is_ready(text)
+    assert [f.name for f in logscan.fatal_findings(text)] == ["pd_warmup_failed"]
+
+
+def test_older_misspelt_sigquit_line():
+    text = "[2024-10-01 10:00:00] Received sigquit from a child proces. It usually means ...\n"
+    assert [f.name for f in logscan.fatal_findings(text)] == ["sigquit"]
+
+
+def test_scan_run_counts_warnings(tmp_path):
+    svc = tmp_path / "service" / "srv"
+    svc.mkdir(parents=True)
+    (svc / "local.log").write_text(READY_LOG + DISCONNECT + DISCONNECT)
+    scan = logscan.scan_run(service_root=tmp_path / "service", evidence={})
+    assert scan["fatal_findings"] == 0
+    assert scan["warnings"] == {"task_exception": 2, "client_disconnected": 2, "traceback": 2}
+    assert scan["warning_findings"] == 6
+    assert scan["per_log"]["srv/local.log"]["warnings"]["traceback"] == 2

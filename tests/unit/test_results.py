@@ -20,7 +20,7 @@ from tests.support.runs import REC_0523, REC_059, REC_BUILTIN, experiment, make_
 def test_record_metrics_of_bench_serving_0523():
     raw = template(REC_0523)
     m = results.record_metrics(read_record(REC_0523))
-    assert list(m) == list(results.METRICS)
+    assert list(m) == [*results.METRICS, *results.DERIVED]
     for column, key in results.METRICS.items():
         assert m[column] == pytest.approx(raw[key]), column
     assert m["ttft_p50_ms"] == raw["median_ttft_ms"]
@@ -74,6 +74,7 @@ def test_collect_results_default_matrix(tmp_path):
         "chunked_prefill_size",
         "concurrency",
         *results.METRICS,
+        *results.DERIVED,
         *telemetry.GPU_FIGURES,
     ]
     assert set(df["run_id"]) == {"moe-prefill-sim"}

@@ -29,7 +29,9 @@ from servesweep.sim.pd import (
 from servesweep.sim.process import ROUTER_READY_LINE, SimProcess, start_router, start_sim
 from servesweep.sim.tokens import WORDS
 
+# --sim-clean: these tests compare text with the output ids word for word (no drift pieces)
 FAST = ["--model", "sim/kimi", "--port", "0", "--sim-time-scale", "0.001", "--sim-startup-s", "1"]
+FAST.append("--sim-clean")
 PREFILL = [
     *FAST,
     "--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", "0",

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from servesweep import logscan
 from servesweep.sim.process import SimProcess, free_port, start_sim
 
 FAST = ["--sim-time-scale", "0.001", "--sim-startup-s", "1"]
@@ -140,7 +141,8 @@ def test_stream_is_parsed_like_bench_serving(server: SimProcess) -> None:
     parsed = bench_parse(iter(lines))
     assert parsed["output_len"] == 16 and parsed["ttft_seen"] and parsed["done_last"]
     assert parsed["itl_tokens"] == 15
-    assert len(parsed["generated_text"].split()) == 16
+    # one word per token, but the noisy sim's suffix pieces merge (re-tokenization drift)
+    assert 14 <= len(parsed["generated_text"].split()) <= 16
     events = [json.loads(x[6:]) for x in lines if x.strip() and x != b"data: [DONE]\n"]
     nonblank = [x for x in lines if x.strip()]
     assert all(x.startswith(b"data: ") for x in nonblank) and nonblank[-1] == b"data: [DONE]\n"
@@ -185,7 +187,7 @@ def test_completions_stream_and_whole(server: SimProcess) -> None:
     assert status == 200 and out["object"] == "text_completion" and out["model"] == "kimi"
     assert out["usage"] == {"prompt_tokens": 40, "completion_tokens": 7, "total_tokens": 47}
     assert out["choices"][0]["finish_reason"] == "length"
-    assert len(out["choices"][0]["text"].split()) == 7
+    assert 6 <= len(out["choices"][0]["text"].split()) <= 7
     body = {
         "prompt": "hello there",
         "max_tokens": 6,
@@ -196,7 +198,7 @@ def test_completions_stream_and_whole(server: SimProcess) -> None:
     assert lines[-1].strip() == b"data: [DONE]"
     events = [json.loads(x[6:]) for x in lines[:-1]]
     text = "".join(c["text"] for e in events for c in e["choices"])
-    assert len(text.split()) == 6
+    assert 5 <= len(text.split()) <= 6
     assert events[-2]["choices"][0]["finish_reason"] == "length"
     assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 6
 
@@ -248,7 +250,10 @@ def test_flush_cache_is_refused_while_busy(server: SimProcess) -> None:
     status, raw = http("GET", server.url + "/flush_cache")
     assert status == 200 and raw.startswith(b"Cache flushed")
     assert "the client disconnected" in server.log()
-    assert "Traceback" not in server.log()  # a disconnect is not a fatal pattern
+    # like SGLang: a benign traceback (a warning of the log scan, never fatal)
+    assert "Task exception was never retrieved" in server.log()
+    assert logscan.fatal_findings(server.log()) == []
+    assert "client_disconnected" in logscan.warning_counts(logscan.scan_text(server.log()))
 
 
 def test_bad_requests_get_400(server: SimProcess) -> None:
@@ -317,6 +322,7 @@ def test_port_in_use_is_a_fatal_start(server: SimProcess, tmp_path: Path) -> Non
 
 def test_zero_cost_mode_serves_concurrent_requests_exactly(tmp_path: Path) -> None:
     argv = ["--model", "sim/m", "--port", "0", "--sim-time-scale", "0", "--sim-startup-s", "30"]
+    argv.append("--sim-clean")  # exact 1-token texts (no special-token outputs)
     body = {"input_ids": list(range(1024)), "sampling_params": {"max_new_tokens": 1}}
     with start_sim(argv=argv, log_path=tmp_path / "zero.log") as proc:
         proc.wait_ready()  # 30 simulated seconds of startup take no time at scale 0

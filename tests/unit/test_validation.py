@@ -8,7 +8,7 @@ from servesweep.config import Workload
 from servesweep.errors import CellFailed
 from servesweep.recordkeys import BUILTIN_CLIENT, CLIENT_KEY
 from servesweep.records import BenchRecord
-from servesweep.validation import check_record, record_problems
+from servesweep.validation import Verdict, check_record, judge_record, record_problems
 
 WORKLOAD = Workload(input_len=512, output_len=4, num_requests=4, concurrency=2)
 
@@ -88,17 +88,92 @@ def test_silent_midstream_failure_as_bench_serving_reports_it():
         itls=[[0.1] * 3, [0.1] * 3, [], [0.1] * 3],
         total_output_tokens_retokenized=12,
     )
-    joined = " | ".join(out)
-    assert "ttft 0" in joined and "#2" in joined
-    assert "empty generated text" in joined
-    assert "total_output_tokens_retokenized 12 < total_output_tokens 16" in joined
+    assert out == ["1 request(s) with ttft 0 (no token arrived: silent stream failure): #2"]
 
 
-def test_builtin_retokenized_count_is_not_checked():
-    # the builtin records the server's count there; fewer would mean a bug, not a fault
+def verdict(**changes) -> Verdict:
+    return judge_record(BenchRecord.model_validate(good(**changes)), workload=WORKLOAD)
+
+
+@pytest.mark.parametrize(
+    ("retok", "total"),
+    [(1205324, 1218922), (675679, 675840), (128753, 204800)],  # published healthy records
+)
+def test_real_drift_is_a_warning_with_the_figure(retok, total):
+    v = judge_record(
+        BenchRecord.model_validate(
+            {
+                "completed": 200,
+                "total_output_tokens": total,
+                "total_output_tokens_retokenized": retok,
+                "median_ttft_ms": 50.0,
+            }
+        )
+    )
+    assert v.problems == []
+    assert v.retokenized_ratio == pytest.approx(retok / total)
+    assert "re-tokenization drift" in v.line() and v.line().startswith("warning: ")
+
+
+@pytest.mark.parametrize(("retok", "total", "ttft"), [(0, 300000, 0.0), (8, 32334, 40.0)])
+def test_real_silent_failures_are_invalid(retok, total, ttft):
+    v = judge_record(
+        BenchRecord.model_validate(
+            {
+                "completed": 300,
+                "total_output_tokens": total,
+                "total_output_tokens_retokenized": retok,
+                "median_ttft_ms": ttft,
+                "mean_ttft_ms": ttft,
+            }
+        )
+    )
+    assert any("< validation.min_retokenized_ratio 0.5" in p for p in v.problems), v
+    assert v.line().startswith("invalid: ")
+
+
+def test_threshold_is_configurable():
+    assert verdict(total_output_tokens_retokenized=15).problems == []
+    v = judge_record(
+        BenchRecord.model_validate(good(total_output_tokens_retokenized=15)),
+        workload=WORKLOAD,
+        min_retokenized_ratio=0.99,
+    )
+    assert "retokenized_ratio 0.9375" in v.problems[0]
+
+
+def test_empty_text_after_a_first_token_is_a_warning():
+    v = verdict(
+        generated_texts=["", " a b c", " a b c d", " a b c d"], total_output_tokens_retokenized=11
+    )
+    assert v.problems == [] and v.empty_texts == 1
+    assert "1 request(s) with empty text after a first token (special tokens): #0" in v.warnings
+
+
+def test_aggregate_only_record_is_judged_on_its_aggregates():
+    rec = BenchRecord.model_validate(
+        {
+            "completed": 300,
+            "total_output_tokens": 300,
+            "total_output_tokens_retokenized": 300,
+            "median_ttft_ms": 0.0,
+            "mean_ttft_ms": 0.0,
+        }
+    )
+    assert judge_record(rec).problems == [
+        "median_ttft_ms 0.0 over 300 completed requests (no token arrived)"
+    ]
+    ok = rec.model_copy(update={"median_ttft_ms": 12.0, "mean_ttft_ms": 13.0})
+    assert judge_record(ok).line() == "ok"
+
+
+def test_builtin_records_are_judged_like_any_other():
+    # the builtin records the server's count (or the sim's re-count): a low one is a fault too
     data = good(total_output_tokens_retokenized=0)
     data[CLIENT_KEY] = BUILTIN_CLIENT
-    assert record_problems(BenchRecord.model_validate(data), WORKLOAD) == []
+    assert (
+        "retokenized_ratio 0.0000" in record_problems(BenchRecord.model_validate(data), WORKLOAD)[0]
+    )
 
 
 def test_check_record_raises_naming_cell_problems_and_logs():

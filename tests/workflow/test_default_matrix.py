@@ -63,9 +63,16 @@ def test_results_and_summary(run_dir: Path) -> None:
     assert set(df["concurrency"]) == {8, 16}
     assert (df["completed"] == 40).all()
     assert (df["total_input_tokens"] == 40 * 16384).all()
+    # the noisy sim (engine.sim.noise): special-token 1-token outputs re-tokenize to nothing
+    assert df["retokenized_ratio"].between(0.5, 1).all()
+    assert (df["retokenized_ratio"] < 1).any()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert len(summary["cells"]) == 8
     assert summary["deltas"], "flashinfer_mxfp4 vs marlin deltas"
+    # its startup warnings are counted, never fatal
+    assert summary["log_scan"]["fatal_findings"] == 0
+    assert summary["log_scan"]["warnings"]["moe_default_config"] >= 4
+    assert summary["log_scan"]["warnings"]["user_warning"] >= 4
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert {s["fingerprint"] for s in manifest["servers"]} == set(df["fingerprint"])
     assert manifest["git_sha"]

@@ -36,7 +36,10 @@ log = logging.getLogger(__name__)
 # Deliberate differences from bench_serving 0.5.23 (same CLI subset, same record keys):
 # - prompts are always sent as `input_ids` (no tokenizer): same ids as bench --tokenize-prompt
 #   when --vocab-size equals the tokenizer's vocab_size; `total_output_tokens_retokenized`
-#   is the server's count (the record says so with the extra key "client");
+#   is the server's count (the record says so with the extra key "client"), except against
+#   the sim (/server_info version "*-sim"), whose word-level text it re-counts;
+# - TTFT is also stamped by a first chunk whose text is empty but whose completion_tokens
+#   grew (a special token): bench leaves ttft 0 for a 1-token output that decodes to "";
 # - a `data: {"error": ...}` line fails the request with that text (bench: silent success);
 #   HTTP errors read "HTTP <status> <reason>: <body>", exceptions "<Type>: <message>";
 # - one ClientSession with a keep-alive pool (bench opens a session per request);
@@ -196,6 +199,11 @@ class _StreamState:
                 self.res.itl.extend([(now - self.last_ts) / new] * new)
             self.last_ts = now
             self.last_len = output_len
+        elif self.ttft == 0.0 and meta.get("completion_tokens"):
+            # the first token arrived but decodes to nothing (a special token)
+            self.output_len = self.last_len = meta["completion_tokens"]
+            self.ttft = now - self.st
+            self.last_ts = now
         return True
 
     def finish(self) -> None:
@@ -452,7 +460,19 @@ async def _run(
         accept_length=accept_length,
         duration_s=duration,
         results=results,
+        retokenize=sim_retokenizer(server_info),
     )
+
+
+def sim_retokenizer(server_info: dict[str, Any] | None) -> Callable[[str], int] | None:
+    """The sim's word-level token count when the server is the sim, else None (no tokenizer:
+    the record keeps the server's count)."""
+    version = (server_info or {}).get("version")
+    if not (isinstance(version, str) and version.endswith("-sim")):
+        return None
+    from servesweep.sim.tokens import count_text_tokens
+
+    return count_text_tokens
 
 
 # ---------------------------------------------------------------- command line

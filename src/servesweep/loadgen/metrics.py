@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,11 +70,17 @@ def _peaks(ok: list[RequestResult]) -> tuple[float, int]:
     return float(np.max(tokens)), int(np.max(inflight))
 
 
-def compute_metrics(*, results: list[RequestResult], duration_s: float) -> dict[str, Any]:
+def compute_metrics(
+    *,
+    results: list[RequestResult],
+    duration_s: float,
+    retokenize: Callable[[str], int] | None = None,
+) -> dict[str, Any]:
     """bench_serving's summary metrics over successful requests, keyed by record field.
 
-    `total_output_tokens_retokenized` is the server's count (the builtin has no tokenizer to
-    re-encode `generated_text` with), so it always equals `total_output_tokens`.
+    `total_output_tokens_retokenized` counts `generated_text` with `retokenize` when given
+    (the sim's word-level count), else it is the server's count (the builtin has no tokenizer
+    to re-encode `generated_text` with) and equals `total_output_tokens`.
     Also returns `max_itl_ms`, which bench prints but does not record.
     """
     ok = [r for r in results if r.success]
@@ -91,7 +98,9 @@ def compute_metrics(*, results: list[RequestResult], duration_s: float) -> dict[
         "total_input_text_tokens": total_input,
         "total_input_vision_tokens": 0,
         "total_output_tokens": total_output,
-        "total_output_tokens_retokenized": total_output,
+        "total_output_tokens_retokenized": (
+            sum(retokenize(r.generated_text) for r in ok) if retokenize else total_output
+        ),
         "request_throughput": len(ok) / duration_s,
         "input_throughput": total_input / duration_s,
         "output_throughput": total_output / duration_s,
@@ -126,6 +135,7 @@ def build_record(
     accept_length: float | None,
     duration_s: float,
     results: list[RequestResult],
+    retokenize: Callable[[str], int] | None = None,
 ) -> dict[str, Any]:
     """The full record (summary keys in bench order, the client key, then details), as a plain
     dict like bench's: readers validate it (records.BenchRecord).
@@ -134,7 +144,7 @@ def build_record(
     max_concurrency, sharegpt_output_len, random_input_len, random_output_len,
     random_range_ratio.
     """
-    metrics = compute_metrics(results=results, duration_s=duration_s)
+    metrics = compute_metrics(results=results, duration_s=duration_s, retokenize=retokenize)
     values = {
         **settings,
         **metrics,

@@ -138,6 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--sim-fail-start", action="store_true", help="die during startup with a traceback"
     )
     sim.add_argument(
+        "--sim-clean",
+        action="store_true",
+        help="no benign noise: no startup warnings, disconnect tracebacks, text drift or "
+        "special-token outputs",
+    )
+    sim.add_argument(
         "--sim-crash-after",
         type=int,
         default=None,

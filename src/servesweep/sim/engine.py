@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from servesweep.sim.logs import fatal_exit, scheduler_traceback
 from servesweep.sim.scheduler import Scheduler, SimRequest, StepResult
-from servesweep.sim.tokens import output_id, output_word
+from servesweep.sim.tokens import SPECIAL_TOKEN_ID, TextNoise, output_id
 
 logger = logging.getLogger(__name__)
 
@@ -75,9 +75,15 @@ class Engine:
     involves a counted request kills the process with SGLang's scheduler traceback."""
 
     def __init__(
-        self, *, scheduler: Scheduler, time_scale: float, crash_after: int | None = None
+        self,
+        *,
+        scheduler: Scheduler,
+        time_scale: float,
+        crash_after: int | None = None,
+        noise: TextNoise | None = None,
     ) -> None:
         self.scheduler = scheduler
+        self.noise = noise or TextNoise(seed=0, enabled=False)
         self.time_scale = time_scale
         self.crash_after = crash_after
         self.stats = EngineStats()
@@ -233,10 +239,14 @@ class Engine:
             for k in new:
                 if k == 0 and stream.first_token is not None:
                     token = stream.first_token
+                elif k == 0 and self.noise.special(
+                    seq=stream.seq, max_new_tokens=req.max_new_tokens
+                ):
+                    token = SPECIAL_TOKEN_ID
                 else:
                     token = output_id(seq=stream.seq, k=k)
                 stream.output_ids.append(token)
-                stream.text += output_word(token)
+                stream.text += self.noise.piece(token_id=token, seq=stream.seq, k=k)
             if stream.counted:
                 self.stats.generation_tokens_total += len(new)
             stream.changed.set()

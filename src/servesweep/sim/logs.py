@@ -74,6 +74,24 @@ def scheduler_traceback(*, error: str, startup: bool = False, frames: Frames | N
     return "\n".join([*lines, error])
 
 
+def disconnect_traceback(*, rid: str, task: int) -> str:
+    """What SGLang logs when a client goes away mid-request and nobody awaits the task: benign
+    (the server keeps serving), but a traceback (issue 17031 in tests/fixtures/real)."""
+    error = f"Request is disconnected from the client side (type 1). Abort request obj.rid='{rid}'"
+    return "\n".join(
+        [
+            "Task exception was never retrieved",
+            f"future: <Task finished name='Task-{task}' coro=<<async_generator_asend without "
+            f'__name__>()> exception=ValueError("{error}")>',
+            "Traceback (most recent call last):",
+            f'  File "{SGLANG_SRC}/managers/tokenizer_manager.py", line 1041, in '
+            "_wait_one_response",
+            "    raise ValueError(",
+            f"ValueError: {error}",
+        ]
+    )
+
+
 def fatal_exit(*, message: str, code: int = 1) -> NoReturn:
     """Log a fatal message plus SGLang's parent-process line, flush, and end the process now
     (open connections are dropped, as when SGLang's process tree is killed)."""

@@ -6,7 +6,9 @@ import argparse
 import asyncio
 import errno
 import logging
+import os
 import signal
+import socket
 import traceback
 from typing import Any
 
@@ -16,12 +18,12 @@ from servesweep.sim.cli import resolved_args, split_addr
 from servesweep.sim.cluster import ClusterHost, ClusterPeer
 from servesweep.sim.costmodel import CostModel, Topology, max_total_num_tokens
 from servesweep.sim.engine import Engine
-from servesweep.sim.logs import READY_LINE, fatal_exit, scheduler_traceback
+from servesweep.sim.logs import READY_LINE, SGLANG_SRC, fatal_exit, scheduler_traceback
 from servesweep.sim.pd import DecodeReceiver, KVSender, PrefillBootstrap, parallel_info
 from servesweep.sim.profiles import SimProfile, get_profile
 from servesweep.sim.scheduler import new_scheduler
 from servesweep.sim.server import Faults, PDContext, SimServer
-from servesweep.sim.tokens import PromptCounter
+from servesweep.sim.tokens import PromptCounter, TextNoise
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +71,33 @@ def _nccl_lost(who: str) -> None:
     )
 
 
+def startup_noise(ns: argparse.Namespace) -> None:
+    """Warnings real healthy starts print (tests/fixtures/real): a torch UserWarning, the MoE
+    kernel-config fallback, and NCCL WARN lines when ranks span nodes."""
+    print(
+        "/usr/local/lib/python3.12/dist-packages/torch/_dynamo/variables/functions.py:1575: "
+        "UserWarning: Dynamo detected a call to a `functools.lru_cache`-wrapped function. "
+        "Dynamo ignores the cache wrapper and directly traces the wrapped function.",
+        flush=True,
+    )
+    print("  torch._dynamo.utils.warn_once(msg)", flush=True)
+    if ns.ep_size > 1 or getattr(ns, "moe_runner_backend", None):
+        logger.warning(
+            "Using default MoE kernel config. Performance might be sub-optimal! Config file "
+            f"not found at {SGLANG_SRC}/layers/moe/fused_moe_triton/configs/triton_3_4_0/"
+            "E=384,N=256,device_name=SIM.json, you can create them with "
+            "https://github.com/sgl-project/sglang/tree/main/benchmark/kernels/fused_moe_triton"
+        )
+    if ns.nnodes > 1:
+        host = socket.gethostname()
+        for gpu in range(min(ns.tp_size // max(ns.nnodes, 1), 2)):
+            print(
+                f"{host}:{os.getpid()}:{os.getpid() + 17 + gpu} [{gpu}] NCCL WARN NET/IB : "
+                "mlx5_0:1 Got async event : GID table change",
+                flush=True,
+            )
+
+
 async def _load(ns: argparse.Namespace, *, model: CostModel, capacity: int) -> None:
     """Log SGLang's startup milestones over --sim-startup-s simulated seconds."""
     scale, total = ns.sim_time_scale, ns.sim_startup_s
@@ -76,6 +105,8 @@ async def _load(ns: argparse.Namespace, *, model: CostModel, capacity: int) -> N
     avail = model.hbm_gb_per_gpu - 0.5
     weights = min(model.weights_gb / gpus, 0.7 * model.hbm_gb_per_gpu)  # display only
     logger.info(f"Load weight begin. avail mem={avail:.2f} GB")
+    if not ns.sim_clean:
+        startup_noise(ns)
     if ns.sim_fail_start:
         await asyncio.sleep(0.3 * total * scale)
         fatal_exit(
@@ -255,7 +286,10 @@ async def _run_rank0(
     )
     capacity = scheduler.policy.max_total_num_tokens
     engine = Engine(
-        scheduler=scheduler, time_scale=ns.sim_time_scale, crash_after=ns.sim_crash_after
+        scheduler=scheduler,
+        time_scale=ns.sim_time_scale,
+        crash_after=ns.sim_crash_after,
+        noise=TextNoise(seed=ns.sim_seed, enabled=not ns.sim_clean),
     )
     counter = PromptCounter(paths=[ns.tokenizer_path, ns.model_path])
     logger.info(f"Text prompts are counted by: {counter.source}")
@@ -331,6 +365,8 @@ async def _run_peer(ns: argparse.Namespace, *, stop: asyncio.Event) -> int:
 
     async def life() -> None:
         logger.info(f"node_rank {ns.node_rank}: joining {ns.dist_init_addr}")
+        if not ns.sim_clean:
+            startup_noise(ns)
         try:
             await peer.join(timeout_s=timeout)
         except TimeoutError:

@@ -20,7 +20,12 @@ except ImportError:  # pragma: no cover - orjson is a test extra
     _loads = json.loads
 
 from servesweep.sim.engine import Engine, RequestStream
-from servesweep.sim.logs import DECODE_HANDSHAKE_FRAMES, fatal_exit, scheduler_traceback
+from servesweep.sim.logs import (
+    DECODE_HANDSHAKE_FRAMES,
+    disconnect_traceback,
+    fatal_exit,
+    scheduler_traceback,
+)
 from servesweep.sim.pd import (
     Bootstrap,
     DecodeReceiver,
@@ -681,6 +686,8 @@ class SimServer:
         """The client closed the connection mid-stream: abort quietly, like SGLang."""
         self.engine.abort(stream)
         logger.info(f"Abort request {stream.rid}: the client disconnected.")
+        if self.engine.noise.enabled:
+            logger.error(disconnect_traceback(rid=stream.rid, task=990000 + stream.seq))
 
 
 def _int(value: Any) -> int:

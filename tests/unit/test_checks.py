@@ -1,0 +1,104 @@
+"""`servesweep check` on real published records and logs (tests/fixtures/real)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from servesweep import checks
+from servesweep.cli import main
+from tests.helpers import REPO
+
+REAL = REPO / "tests" / "fixtures" / "real"
+
+
+def test_corpus_acceptance():
+    # issue 14: 0 healthy logs fatal, >= 90% decisive fatal logs caught, 0 healthy records
+    # invalid, every invalid record caught
+    rows = checks.corpus_rows(REAL)
+    counts = checks.corpus_counts(rows)
+    assert counts["logs"] >= 25 and counts["records"] >= 10
+    assert counts["healthy_logs_called_fatal"] == 0, [
+        r for r in rows if r.label == "healthy" and r.verdict == "fatal"
+    ]
+    assert counts["fatal_logs_caught"] >= 0.9 * counts["fatal_logs_with_decisive_line"], [
+        r
+        for r in rows
+        if r.label.startswith("fatal") and r.decisive != "no" and r.verdict != "fatal"
+    ]
+    assert counts["healthy_records_invalid"] == 0
+    assert counts["invalid_records_caught"] == counts["invalid_records"] > 0
+    assert checks.acceptance_met(counts)
+
+
+def test_table_command_prints_every_file(capsys):
+    assert main(["check", "--table", str(REAL)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("| file | label | verdict |")
+    assert (
+        "| records/issue12389-ifb-retokenized-zero.jsonl | invalid:retokenized-zero | invalid |"
+        in out
+    )
+    assert "acceptance (issue 14): met" in out
+
+
+def test_check_lines_and_exit_codes(capsys):
+    good = REAL / "records" / "datacrunch-llama-405b-online.jsonl"  # 6 records, Infinity
+    bad = REAL / "records" / "issue12389-ifb-retokenized-zero.jsonl"
+    assert main(["check", str(good)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 6 and out[3].startswith(f"{good}:4: warning: retokenized_ratio 0.9888")
+    assert main(["check", str(good), str(bad)]) == 1
+    assert capsys.readouterr().out.splitlines()[-1].startswith(f"{bad}: invalid: ")
+    log = REAL / "logs" / "pd-decode-kvtransfer-then-health-200-issue10560.log"
+    assert main(["check", str(log)]) == 1
+    assert capsys.readouterr().out.startswith(f"{log}: fatal: kv_transfer_error at line 1")
+    healthy = REAL / "logs" / "client-disconnect-task-exception-issue17031.log"
+    assert main(["check", str(healthy)]) == 0
+    assert ": warning: task_exception x1" in capsys.readouterr().out
+
+
+def test_printed_blocks_and_forced_type(capsys):
+    printed = REAL / "records" / "pr23954-printed-reasoning-retokenized-zero.txt"
+    assert main(["check", str(printed)]) == 1
+    assert "retokenized_ratio 0.0000" in capsys.readouterr().out
+    vlm = REAL / "records" / "pr9812-printed-vlm-one-token.txt"
+    assert main(["check", "--type", "record", str(vlm)]) == 0
+    assert capsys.readouterr().out.endswith(": ok\n")
+    # the same file read as a log has nothing to report
+    assert main(["check", "--type", "log", str(printed)]) == 0
+
+
+def test_threshold_flag(capsys):
+    rec = REAL / "records" / "pr183-achatbot-printed-gpt-oss.txt"  # 19627 / 20480 = 0.958
+    assert main(["check", str(rec)]) == 0
+    assert main(["check", "--min-retokenized-ratio", "0.99", str(rec)]) == 1
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (None, "cannot read"),
+        ('{"completed": 3,\n', "not JSON"),
+        ("", "empty file"),
+        ('{"hello": "world"}\n', "unknown type"),
+        ("[1, 2]\n", "unknown type"),
+    ],
+)
+def test_unreadable_input_exits_2(tmp_path, capsys, content, why):
+    path = tmp_path / "x.jsonl"
+    if content is not None:
+        path.write_text(content)
+    assert main(["check", str(path)]) == 2
+    assert why in capsys.readouterr().err
+
+
+def test_bare_infinity_and_nan_are_accepted(tmp_path, capsys):
+    path = tmp_path / "r.jsonl"
+    record = {"completed": 2, "total_output_tokens": 8, "total_output_tokens_retokenized": 8}
+    line = json.dumps({**record, "request_rate": float("inf"), "std_ttft_ms": float("nan")})
+    assert "Infinity" in line and "NaN" in line
+    path.write_text(line + "\n")
+    assert main(["check", str(path)]) == 0
+    assert capsys.readouterr().out == f"{path}: ok\n"

@@ -1,0 +1,133 @@
+"""`servesweep import`: real corpus records and a seed-style raw/ folder as runs that compare."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from servesweep import compare
+from servesweep.cli import main
+from servesweep.results import DERIVED, METRICS
+from tests.helpers import REPO
+from tests.unit.test_compare import MARLIN, MATRIX_A, detailed_record, write_run
+
+REAL = REPO / "tests" / "fixtures" / "real" / "records"
+
+SEED_MAPPING = """\
+files: "raw/*.jsonl"
+server:
+  moe_runner_backend: '^raw/(marlin|flashinfer_mxfp4)_'
+  chunked_prefill_size: '_chunk(\\d+)_'
+client:
+  concurrency: '_c(\\d+)_'
+repeat: '_r(\\d+)\\.jsonl$'
+baseline:
+  moe_runner_backend: marlin
+"""
+
+
+def seed_raw_folder(root: Path, *, seed: int = 3) -> Path:
+    """A bash-orchestrator raw/ folder (one record per repeat, axes in the file name), with
+    one silent failure among the files."""
+    rng = np.random.default_rng(seed)
+    raw = root / "raw"
+    raw.mkdir(parents=True)
+    for backend, scale in (("marlin", 1.0), ("flashinfer_mxfp4", 0.8)):
+        for repeat in (1, 2, 3):
+            rec = detailed_record(rng, scale=scale)
+            rec["total_output_tokens_retokenized"] = 39  # one empty special-token text
+            name = f"{backend}_chunk8192_c8_r{repeat}.jsonl"
+            (raw / name).write_text(json.dumps({**rec, "request_rate": float("inf")}) + "\n")
+    broken = detailed_record(rng, scale=1.0)
+    broken.update(total_output_tokens_retokenized=0, ttfts=[0.0] * 40)
+    (raw / "marlin_chunk8192_c16_r1.jsonl").write_text(json.dumps(broken) + "\n")
+    return root
+
+
+def test_real_records_import_with_a_record_field_axis(tmp_path, capsys):
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("datacrunch-llama-405b-online.jsonl", "issue12389-ifb-retokenized-zero.jsonl"):
+        shutil.copy(REAL / name, src / name)
+    mapping = tmp_path / "map.yaml"
+    mapping.write_text("client:\n  request_rate: {record: request_rate}\n")
+    argv = ["import", str(src), "--run-id", "real", "--mapping", str(mapping)]
+    rc = main([*argv, "--results", str(tmp_path / "results"), "--no-plots"])
+    out = capsys.readouterr().out.splitlines()
+    assert rc == 1  # one record refused
+    assert out[0].startswith("rejected issue12389-ifb-retokenized-zero.jsonl: invalid: ")
+    assert out[-1].endswith(
+        "imported 6 record(s) into " + str(tmp_path / "results" / "real") + " (1 rejected)"
+    )
+    df = pd.read_csv(tmp_path / "results" / "real" / "results.csv")
+    lines = (REAL / "datacrunch-llama-405b-online.jsonl").read_text().splitlines()
+    assert sorted(df["request_rate"]) == sorted(json.loads(x)["request_rate"] for x in lines)
+    assert df.groupby("client_id")["repeat"].max().max() == 2  # same rate twice: repeats 1, 2
+    assert list(df.columns[-6:-5]) == list(DERIVED)
+    assert df["retokenized_ratio"].between(0.98, 1).all() and (df["retokenized_ratio"] < 1).all()
+    assert all(c in df.columns for c in METRICS)
+    summary = json.loads((tmp_path / "results" / "real" / "summary.json").read_text())
+    assert summary["imported"]["records"] == 6 and len(summary["imported"]["rejected"]) == 1
+
+
+def test_seed_folder_imports_and_compares_with_a_workflow_run(tmp_path, capsys):
+    write_run(tmp_path, "A", MATRIX_A, lambda _: 1.0, seed=1)  # the workflow's layout
+    folder = seed_raw_folder(tmp_path / "bash-run")
+    mapping = tmp_path / "seed.yaml"
+    mapping.write_text(SEED_MAPPING)
+    results = tmp_path / "results"
+    rc = main(
+        [
+            "import",
+            str(folder),
+            "--run-id",
+            "bash",
+            "--mapping",
+            str(mapping),
+            "--results",
+            str(results),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "rejected raw/marlin_chunk8192_c16_r1.jsonl: invalid: 40 request(s) with ttft 0" in out
+    run = results / "bash"
+    assert (run / "raw" / MARLIN / "concurrency~8" / "r3.jsonl").exists()
+    assert (run / "plots" / "delta_ttft_p50_ms.png").stat().st_size > 0
+    assert (run / "plots" / "ttft_p50_ms_vs_concurrency.png").exists()
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["baseline"] == {"moe_runner_backend": "marlin"}
+    # the comparison the compare_runs rule makes (rules/compare.smk -> jobs.compare_runs)
+    results_a, requests_a = compare.load_run(results / "A")
+    results_b, requests_b = compare.load_run(run)
+    assert all(v is not None for v in requests_b.values())  # per-request details came along
+    comparison = compare.compare_runs(
+        results_a=results_a,
+        results_b=results_b,
+        run_a="A",
+        run_b="bash",
+        requests_a=requests_a,
+        requests_b=requests_b,
+    )
+    cells = {(c["server_id"], c["client_id"]) for c in comparison["cells"]}
+    assert (MARLIN, "concurrency~8") in cells and len(cells) == 2
+
+
+def test_mapping_errors_are_one_line(tmp_path, capsys):
+    bad = tmp_path / "m.yaml"
+    bad.write_text("server:\n  x: '(a)(b)'\n")
+    assert main(["import", str(tmp_path), "--run-id", "x", "--mapping", str(bad)]) == 2
+    assert "mapping key 'server'" in capsys.readouterr().err
+    bad.write_text("servers: {}\n")
+    assert main(["import", str(tmp_path), "--run-id", "x", "--mapping", str(bad)]) == 2
+    assert "mapping key 'servers'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("run_id", ["../x", "a b"])
+def test_bad_run_id(tmp_path, run_id, capsys):
+    assert main(["import", str(tmp_path), "--run-id", run_id]) == 2
