@@ -168,6 +168,45 @@ def test_midstream_error_is_a_bench_success_but_a_record_problem(
     )
 
 
+ONE_TOKEN = Workload(
+    input_len=256, output_len=1, num_requests=8, concurrency=4, warmup_requests=1, seed=42
+)
+
+
+@needs_sim
+def test_special_token_outputs_get_a_ttft_from_bench_with_our_sampling_params(
+    staged_bench, tokenizer_dir, tmp_path
+):
+    """Every 1-token output is a special token (SGLang skips its text by default). bench_serving
+    stamps TTFT only on non-empty text: with its own payload every request reads ttft 0, like a
+    silent failure; with ours (`skip_special_tokens: false`) every first token is timed."""
+    env = {**bench_env(staged=staged_bench), **client_env("bench_serving")}
+    ours, plain = tmp_path / "ours.jsonl", tmp_path / "plain.jsonl"
+    with running_sim(log_path=tmp_path / "sim.log", args=["--sim-special-rate", "1"]) as sim:
+        argv = client_argv(
+            kind="bench_serving",
+            workload=ONE_TOKEN,
+            base_url=sim.base_url,
+            output_file=str(ours),
+            tag="ours",
+            tokenizer=str(tokenizer_dir),
+        )
+        rc = run([*argv, "--disable-tqdm"], env=env, cwd=tmp_path, log=tmp_path / "ours.log")
+        assert rc == 0, (tmp_path / "ours.log").read_text()[-3000:]
+        cut = argv.index("--extra-request-body")
+        plain_argv = [*argv[:cut], *argv[cut + 2 :]]
+        plain_argv[plain_argv.index(str(ours))] = str(plain)
+        rc = run([*plain_argv, "--disable-tqdm"], env=env, cwd=tmp_path, log=tmp_path / "p.log")
+        assert rc == 0, (tmp_path / "p.log").read_text()[-3000:]
+
+    record = read_record(ours)
+    assert record_problems(record, ONE_TOKEN) == []
+    assert all(t > 0 for t in record.ttfts) and all(record.generated_texts)
+    without = read_record(plain)
+    assert all(t == 0 for t in without.ttfts) and not any(without.generated_texts)
+    assert any("8 request(s) with ttft 0" in p for p in record_problems(without, ONE_TOKEN))
+
+
 BENCH_SAMPLER = """
 import json, sys
 import numpy as np

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -63,6 +64,22 @@ def test_bench_serving_argv_has_tokenizer_and_same_common_flags():
     assert bench[3 : 3 + len(shared)] == shared
     for name in ("--dataset-name", "--random-range-ratio", "--output-details", "--tag"):
         assert name in bench
+
+
+def test_both_clients_keep_special_token_text_with_bench_sampling_params():
+    for kind, extra in (("builtin", {}), ("bench_serving", {"tokenizer": "/tok"})):
+        argv = client_argv(
+            kind=kind, workload=WORKLOAD, base_url="u", output_file="o", tag="t", **extra
+        )
+        body = json.loads(flag(argv, "--extra-request-body"))
+        assert body == {
+            "sampling_params": {
+                "temperature": 0.0,
+                "max_new_tokens": WORKLOAD.output_len,
+                "ignore_eos": True,
+                "skip_special_tokens": False,
+            }
+        }
 
 
 def test_bench_serving_needs_a_tokenizer():

@@ -74,6 +74,9 @@ def test_request_body_is_sglang_generate_payload():
         "sampling_params": {"temperature": 0.0, "max_new_tokens": 3, "ignore_eos": True},
         "stream": True,
     }
+    extra = {"sampling_params": {"max_new_tokens": 3, "skip_special_tokens": False}}
+    body = json.loads(request_body(input_ids=[1], output_len=3, stream=False, extra=extra))
+    assert body == {"input_ids": [1], "stream": False, **extra}  # top-level keys, as in bench
 
 
 # ---------------------------------------------------------------- stream parser

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sys
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from servesweep.errors import ConfigError
 
@@ -87,6 +88,8 @@ def client_argv(
         "--output-details",
         "--tag",
         tag,
+        "--extra-request-body",
+        json.dumps({"sampling_params": sampling_params(workload)}, separators=(",", ":")),
     ]
     if not workload.stream:
         argv.append("--disable-stream")
@@ -99,6 +102,25 @@ def client_argv(
             )
         argv += ["--tokenizer", tokenizer, "--model", tokenizer, "--tokenize-prompt"]
     return argv
+
+
+def sampling_params(workload: Workload) -> dict[str, Any]:
+    """The sampling params every request carries: bench_serving's own for a fixed output length
+    (temperature 0, max_new_tokens, ignore_eos) plus `skip_special_tokens: false`.
+
+    bench_serving stamps TTFT on the first chunk with non-empty text, so a 1-token output that is
+    a special token (empty text when skipped, SGLang's default) would get TTFT 0, which is
+    indistinguishable from a stream on which no token arrived (docs/validation.md). Its text
+    kept, every request's first token is timed. `--extra-request-body` replaces bench_serving's
+    whole `sampling_params`, hence all of them here (the workload's lengths are fixed: range
+    ratio 1).
+    """
+    return {
+        "temperature": 0.0,
+        "max_new_tokens": workload.output_len,
+        "ignore_eos": True,
+        "skip_special_tokens": False,
+    }
 
 
 def client_env(kind: ClientKind) -> dict[str, str]:

@@ -12,7 +12,7 @@ import math
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -81,6 +81,7 @@ class BenchOptions:
     disable_tqdm: bool = False
     backend: str = "sglang"
     dataset_name: str = "random-ids"
+    extra_request_body: dict[str, Any] = field(default_factory=dict)  # merged into each payload
 
 
 @dataclass(frozen=True)
@@ -128,12 +129,16 @@ def sample_rows(
     ]
 
 
-def request_body(*, input_ids: list[int], output_len: int, stream: bool) -> bytes:
-    """The `/generate` payload the builtin sends (bench's sglang payload, minus defaults)."""
+def request_body(
+    *, input_ids: list[int], output_len: int, stream: bool, extra: dict[str, Any] | None = None
+) -> bytes:
+    """The `/generate` payload the builtin sends (bench's sglang payload, minus defaults);
+    `extra` (--extra-request-body) replaces top-level keys, as in bench."""
     payload = {
         "input_ids": input_ids,
         "sampling_params": {"temperature": 0.0, "max_new_tokens": output_len, "ignore_eos": True},
         "stream": stream,
+        **(extra or {}),
     }
     if _orjson_dumps is not None:  # same compact JSON, ~10x faster for long id lists
         return _orjson_dumps(payload)
@@ -332,6 +337,7 @@ def make_prompts(options: BenchOptions, rng: np.random.RandomState) -> list[Prom
                 input_ids=row.input_ids(options.vocab_size),
                 output_len=row.output_len,
                 stream=options.stream,
+                extra=options.extra_request_body,
             ),
         )
         for row in [*rows, warm]
@@ -519,6 +525,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--disable-tqdm", action="store_true")
     p.add_argument("--vocab-size", type=int, default=32000, help="builtin only: id range")
     p.add_argument(
+        "--extra-request-body",
+        default=None,
+        help="a JSON object merged into each request payload (top-level keys), as in bench",
+    )
+    p.add_argument(
         "--request-timeout-sec",
         type=float,
         default=DEFAULT_REQUEST_TIMEOUT_S,
@@ -545,6 +556,7 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         request_timeout_s=args.request_timeout_sec,
         ready_check_timeout_s=args.ready_check_timeout_sec,
         disable_tqdm=args.disable_tqdm,
+        extra_request_body=json.loads(args.extra_request_body or "{}"),
     )
 
 
@@ -558,6 +570,12 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         parser.error("--request-rate must be > 0 (inf = all at once)")
     if not 0.0 <= args.random_range_ratio <= 1.0:
         parser.error("--random-range-ratio must be in [0, 1]")
+    try:
+        extra = json.loads(args.extra_request_body or "{}")
+    except json.JSONDecodeError as exc:
+        parser.error(f"--extra-request-body is not JSON: {exc}")
+    if not isinstance(extra, dict):
+        parser.error("--extra-request-body must be a JSON object")
     if args.warmup_requests < 0:
         parser.error("--warmup-requests must be >= 0")
     if not args.request_timeout_sec > 0:

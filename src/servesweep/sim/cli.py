@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from servesweep.sim.profiles import DEFAULT_PROFILE, PROFILES
+from servesweep.sim.tokens import SPECIAL_RATE
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +143,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="no benign noise: no startup warnings, disconnect tracebacks, text drift or "
         "special-token outputs",
+    )
+    sim.add_argument(
+        "--sim-special-rate",
+        type=float,
+        default=SPECIAL_RATE,
+        metavar="P",
+        help="share of 1-token outputs that are a special token (empty text unless the request "
+        "asks skip_special_tokens: false)",
     )
     sim.add_argument(
         "--sim-crash-after",

@@ -39,6 +39,7 @@ class RequestStream:
     finish_wall: float | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     first_token: int | None = None  # sampled elsewhere (PD: by the prefill server)
+    skip_special_tokens: bool = True  # SGLang's sampling_params default
 
     @property
     def rid(self) -> str:
@@ -115,6 +116,7 @@ class Engine:
         prefilled: int = 0,
         first_token: int | None = None,
         arrival_wall: float | None = None,
+        skip_special_tokens: bool = True,
     ) -> RequestStream:
         """Queue a request; raises RequestRejected if it can never run. `prefilled` tokens
         of the prompt already have their KV cache (PD decode: all of them)."""
@@ -132,6 +134,7 @@ class Engine:
             counted=counted,
             arrival_wall=self._loop.time() if arrival_wall is None else arrival_wall,
             first_token=first_token,
+            skip_special_tokens=skip_special_tokens,
         )
         self._seq += 1
         self._streams[req.rid] = stream
@@ -246,7 +249,9 @@ class Engine:
                 else:
                     token = output_id(seq=stream.seq, k=k)
                 stream.output_ids.append(token)
-                stream.text += self.noise.piece(token_id=token, seq=stream.seq, k=k)
+                stream.text += self.noise.piece(
+                    token_id=token, seq=stream.seq, k=k, skip_special=stream.skip_special_tokens
+                )
             if stream.counted:
                 self.stats.generation_tokens_total += len(new)
             stream.changed.set()

@@ -289,7 +289,9 @@ async def _run_rank0(
         scheduler=scheduler,
         time_scale=ns.sim_time_scale,
         crash_after=ns.sim_crash_after,
-        noise=TextNoise(seed=ns.sim_seed, enabled=not ns.sim_clean),
+        noise=TextNoise(
+            seed=ns.sim_seed, enabled=not ns.sim_clean, special_rate=ns.sim_special_rate
+        ),
     )
     counter = PromptCounter(paths=[ns.tokenizer_path, ns.model_path])
     logger.info(f"Text prompts are counted by: {counter.source}")

@@ -71,6 +71,7 @@ class Prompt:
     include_usage: bool = False
     model: str | None = None
     bootstrap: Bootstrap | None = None
+    skip_special_tokens: bool = True
 
 
 @dataclass
@@ -295,6 +296,7 @@ class SimServer:
             max_new_tokens=_int(max_new),
             stream=stream,
             bootstrap=self._bootstrap(body),
+            skip_special_tokens=bool(params.get("skip_special_tokens", True)),
         )
 
     def _bootstrap(self, body: dict[str, Any]) -> Bootstrap | None:
@@ -321,6 +323,7 @@ class SimServer:
             include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
             model=body.get("model"),
             bootstrap=self._bootstrap(body),
+            skip_special_tokens=bool(body.get("skip_special_tokens", True)),
         )
 
     async def _read(self, request: web.Request) -> dict[str, Any]:
@@ -371,6 +374,7 @@ class SimServer:
             prompt_tokens=prompt.prompt_tokens,
             max_new_tokens=prompt.max_new_tokens,
             counted=True,
+            skip_special_tokens=prompt.skip_special_tokens,
         )
 
     async def _start(self, prompt: Prompt, *, openai: bool) -> RequestStream | web.Response:
@@ -408,6 +412,7 @@ class SimServer:
                 prefilled=prompt.prompt_tokens,
                 first_token=first_token if isinstance(first_token, int) else None,
                 arrival_wall=arrival,
+                skip_special_tokens=prompt.skip_special_tokens,
             )
         except RequestRejected as exc:
             return _error(400, str(exc), openai=openai)

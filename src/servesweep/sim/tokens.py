@@ -24,6 +24,7 @@ CHARS_PER_TOKEN = 4
 # a 1-token output is sometimes a special token whose text is empty (skip_special_tokens).
 SUFFIXES = ("s", "ed", "ing", "er", "ly")
 SPECIAL_TOKEN_ID = 1000  # outside the word ids [0, 1000)
+SPECIAL_TEXT = "<|im_end|>"  # its text when a request asks skip_special_tokens: false
 DRIFT_RATE = (0.0005, 0.01)  # per-token suffix probability, drawn per server seed
 SPECIAL_RATE = 0.01  # share of 1-token outputs that are a special token
 
@@ -41,6 +42,7 @@ class TextNoise:
 
     seed: int
     enabled: bool = True
+    special_rate: float = SPECIAL_RATE
 
     @property
     def drift_rate(self) -> float:
@@ -49,12 +51,13 @@ class TextNoise:
 
     def special(self, *, seq: int, max_new_tokens: int) -> bool:
         """Is the single output token of request `seq` a special token (empty text)?"""
-        return self.enabled and max_new_tokens == 1 and _unit(self.seed, seq, 2) < SPECIAL_RATE
+        return self.enabled and max_new_tokens == 1 and _unit(self.seed, seq, 2) < self.special_rate
 
-    def piece(self, *, token_id: int, seq: int, k: int) -> str:
-        """The text of output token `k` (a suffix merges with the word before it)."""
+    def piece(self, *, token_id: int, seq: int, k: int, skip_special: bool = True) -> str:
+        """The text of output token `k` (a suffix merges with the word before it; a special
+        token is empty text unless the request asked skip_special_tokens: false)."""
         if token_id == SPECIAL_TOKEN_ID:
-            return ""
+            return "" if skip_special else SPECIAL_TEXT
         if self.enabled and k > 0 and _unit(self.seed, seq, k, 1) < self.drift_rate:
             return SUFFIXES[token_id % len(SUFFIXES)]
         return output_word(token_id)
