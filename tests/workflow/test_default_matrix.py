@@ -63,9 +63,9 @@ def test_results_and_summary(run_dir: Path) -> None:
     assert set(df["concurrency"]) == {8, 16}
     assert (df["completed"] == 40).all()
     assert (df["total_input_tokens"] == 40 * 16384).all()
-    # the noisy sim (engine.sim.noise): special-token 1-token outputs re-tokenize to nothing
-    assert df["retokenized_ratio"].between(0.5, 1).all()
-    assert (df["retokenized_ratio"] < 1).any()
+    # 1-token outputs keep their text, special tokens included (skip_special_tokens: false), so
+    # they re-tokenize exactly; the noisy sim's drift shows on longer outputs (test_pd_suite)
+    assert (df["retokenized_ratio"] == 1).all()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert len(summary["cells"]) == 8
     assert summary["deltas"], "flashinfer_mxfp4 vs marlin deltas"
