@@ -27,8 +27,9 @@ import yaml
 from _common import REPO, add_common_args, log, scratch_dir, setup_logging, write_result
 
 from servesweep import telemetry
-from servesweep.config import RunPaths, cell_repeats, load_experiment
+from servesweep.config import cell_repeats, load_experiment
 from servesweep.loadgen.metrics import RequestResult, build_record, record_line
+from servesweep.paths import RunPaths
 from servesweep.transport import LocalTransport
 
 GOAL_S = 10.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,26 +103,28 @@ def is_ready(text: str) -> bool:
     return READY_LINE in text
 
 
-CLIENT_LOGS = ("warmup.log",)  # client logs kept beside server logs in service/<server>/
-
-
-def scan_run(*, service_root: str | Path, evidence: dict[str, str]) -> dict[str, Any]:
+def scan_run(
+    *, logs: Sequence[str | Path], service_root: str | Path, evidence: dict[str, str]
+) -> dict[str, Any]:
     """Final scan of every server log of a run: fatal findings and evidence-pattern counts.
 
     `evidence` maps a name to a regular expression (e.g. the P-side KV transfer lines and the
     D-side RDMA-ready acknowledgements that prove the real P-to-D path).
     """
     patterns = {name: re.compile(rx) for name, rx in evidence.items()}
-    logs: dict[str, Any] = {}
-    for path in sorted(Path(service_root).glob("*/*.log")):
-        if path.name in CLIENT_LOGS:
-            continue
+    scanned: dict[str, Any] = {}
+    for path in map(Path, logs):  # RunPaths.service_files: the server logs, no client logs
         text = path.read_text(errors="replace")
         rel = str(path.relative_to(service_root))
-        logs[rel] = {
+        scanned[rel] = {
             "fatal": [f.as_dict() for f in scan_text(text)],
             "evidence": {name: len(rx.findall(text)) for name, rx in patterns.items()},
         }
-    totals = {name: sum(entry["evidence"][name] for entry in logs.values()) for name in patterns}
-    fatal = sum(len(entry["fatal"]) for entry in logs.values())
-    return {"logs_scanned": len(logs), "fatal_findings": fatal, "evidence": totals, "per_log": logs}
+    totals = {name: sum(e["evidence"][name] for e in scanned.values()) for name in patterns}
+    fatal = sum(len(entry["fatal"]) for entry in scanned.values())
+    return {
+        "logs_scanned": len(scanned),
+        "fatal_findings": fatal,
+        "evidence": totals,
+        "per_log": scanned,
+    }
