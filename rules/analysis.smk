@@ -29,7 +29,7 @@ rule summarize:
         csv=PATHS.results_csv,
         requests=PATHS.requests_csv,
         logscan=PATHS.logscan_json,
-        warmup=service_files("warmup"),
+        warmup=ancient(service_files("warmup")),
     output:
         json=report(
             str(PATHS.summary_json),
@@ -48,7 +48,9 @@ rule scan_logs:
     input:
         # results.csv is not read: a rerun cell (results.csv newer) rescans the logs.
         csv=PATHS.results_csv,
-        logs=service_files("logs"),
+        # ancient: the last server is stopped after the jobs (onsuccess), which writes to its
+        # log; that must not make the next run rescan (and re-summarize, re-plot).
+        logs=ancient(service_files("logs")),
     output:
         json=PATHS.logscan_json,
     log:
@@ -109,7 +111,7 @@ rule write_manifest:
     input:
         # results.csv is not read: the manifest is written once the cells ran.
         csv=PATHS.results_csv,
-        server_info=service_files("server_info"),
+        server_info=ancient(service_files("server_info")),
     output:
         json=report(
             str(PATHS.manifest),
