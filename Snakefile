@@ -23,6 +23,7 @@ include: "rules/compare.smk"
 rule all:
     default_target: True
     input:
+        prerequisites=PREREQUISITES,
         # Listed here, not only under results.csv: a deleted raw file must rerun its cell.
         raw=RAW_FILES,
         results=PATHS.results_csv,

@@ -7,6 +7,8 @@ checkpoint collect_results:
     input:
         raw=RAW_FILES,
         gpu=GPU_FILES,
+        # Not read: brings image checks + preflight into every DAG that needs cells.
+        prerequisites=PREREQUISITES,
     output:
         csv=report(
             str(PATHS.results_csv),

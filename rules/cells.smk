@@ -1,18 +1,18 @@
 # One job per cell-repeat; servers are started lazily inside run_cell (DESIGN.md section 5).
-# Image checks and preflight run first: preflight.json is an input of every cell.
+# Image checks and preflight run first (PREREQUISITES in common.smk).
 
 
 rule run_cell:
     input:
-        # ancient: re-checked evidence does not rerun finished cells. One file, not the image
-        # evidence too (preflight needs that): one DAG edge per cell (docs/architecture.md).
-        preflight=ancient(PATHS.preflight),
+        prerequisites=cell_prerequisites,
     output:
         raw=PATHS.cell_pattern("raw"),
         gpu=PATHS.cell_pattern("gpu"),
     log:
-        bench=PATHS.cell_pattern("bench"),
+        # The job's log first: Snakemake's show-failed-logs stops at the first missing log,
+        # and a cell whose server fails to start has no bench log.
         job=PATHS.cell_pattern("job"),
+        bench=PATHS.cell_pattern("bench"),
     priority: cell_priority
     resources:
         gpu_server=1,
@@ -31,6 +31,7 @@ rule preflight:
         json=PATHS.preflight,
     log:
         f"{LOGS}/preflight.log",
+    priority: PREREQUISITE_PRIORITY
     resources:
         gpu_server=1,
     params:
@@ -46,6 +47,7 @@ rule build_image:
         json=str(PATHS.build("{node}")),
     log:
         f"{RUN_DIR}/build/{{node}}.log",
+    priority: PREREQUISITE_PRIORITY
     resources:
         gpu_server=1,
     params:
