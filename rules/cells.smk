@@ -4,7 +4,7 @@
 
 rule run_cell:
     input:
-        prerequisites=cell_prerequisites,
+        prerequisites=CELL_PREREQUISITES,
     output:
         raw=PATHS.cell_pattern("raw"),
         gpu=PATHS.cell_pattern("gpu"),

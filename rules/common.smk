@@ -52,27 +52,24 @@ def cell_priority(wildcards):
     return cell_of(wildcards).server.priority
 
 
-def cell_prerequisites(wildcards):
-    if not MISSING_PREREQUISITES or PATHS.raw(cell_of(wildcards)).exists():
-        return []
-    return MISSING_PREREQUISITES
-
-
 # Computed once (10k cells: ~1 s per listing), in matrix order; `all` and collect_results list
 # the raw files, collect_results the GPU snapshots (it reads both).
 RAW_FILES = [str(PATHS.raw(cell)) for cell in CELLS.values()]
 GPU_FILES = [str(PATHS.gpu(cell)) for cell in CELLS.values()]
 BUILDS = [str(p) for p in PATHS.builds(EXP)]
-# Image checks and preflight run before any cell. On a resumed run they are no input of a cell:
-# Snakemake (9.27) does not look at jobs downstream of a job it reruns through ancient() inputs
-# that exist, so a rerun preflight (a new server config) would hide missing cells, and without
-# ancient() it would rerun finished ones. There a priority above every server config's and the
-# same gpu_server resource order them, and `all` and collect_results request them. Evidence
-# missing at load time (a fresh run) is an input of every cell still to run, so a cell targeted
-# alone (`-f .../r2.jsonl`) builds it first (docs/architecture.md).
+# Image checks and preflight run before any cell. Once a run has cells they are no input of a
+# cell: Snakemake (9.27) does not look at jobs downstream of a job it reruns through ancient()
+# inputs that exist, so a rerun preflight (a new server config) would hide missing cells, and
+# without ancient() it would rerun finished ones. A priority above every server config's and
+# the same gpu_server resource order them; `all` and collect_results request them; run_cell
+# refuses to start a server without them. On a fresh run (no raw file yet) the missing evidence
+# is an input of every cell, so a cell targeted alone (`-f .../r2.jsonl`) builds it first. A
+# constant list, not an input function: 10k calls of one cost ~0.4x a plain dry-run
+# (docs/architecture.md).
 PREREQUISITES = [*BUILDS, str(PATHS.preflight)]
 PREREQUISITE_PRIORITY = max(spec.priority for spec in SPECS) + 1
-MISSING_PREREQUISITES = [p for p in PREREQUISITES if not os.path.exists(p)]
+FRESH_RUN = next((PATHS.root / "raw").glob("*/*/r*.jsonl"), None) is None
+CELL_PREREQUISITES = [p for p in PREREQUISITES if not os.path.exists(p)] if FRESH_RUN else []
 # Preflight checks every server config: a new or changed one reruns it.
 SERVER_FINGERPRINTS = sorted(spec.fingerprint for spec in SPECS)
 

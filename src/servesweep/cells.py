@@ -16,10 +16,12 @@ from servesweep import loadgen, telemetry, validation
 from servesweep.config import CellRepeat, Experiment, Workload
 from servesweep.errors import (
     ClientError,
+    PreflightFailed,
     ServerDied,
     ServesweepError,
     TransportError,
 )
+from servesweep.paths import RunPaths
 from servesweep.records import BenchRecord, read_record, write_record
 from servesweep.runtime import ONESHOT_DIR, Launch
 from servesweep.servers import ServerManager, ServerState
@@ -150,6 +152,18 @@ def run_warmup(
         server=cell.server.id,
         ttft_ms=f"{record.mean_ttft_ms:.1f}",
     )
+
+
+def check_prerequisites(*, exp: Experiment, paths: RunPaths, cell: str) -> None:
+    """Image and preflight evidence must exist before a server starts. On a fresh run they are
+    inputs of every cell; later the workflow runs them first by priority (rules/common.smk),
+    which a cell targeted alone after they were deleted does not get."""
+    missing = [str(p) for p in paths.prerequisites(exp) if not p.exists()]
+    if missing:
+        raise PreflightFailed(
+            f"cell {cell}: evidence missing: {', '.join(missing)}; run `snakemake --cores 1 "
+            f"{paths.preflight}` (checks images, then preflight) or the `all` target"
+        )
 
 
 @contextlib.contextmanager

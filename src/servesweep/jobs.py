@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from servesweep.cells import check_prerequisites, server_lock
 from servesweep.cells import run_cell as run_cell_repeat
-from servesweep.cells import server_lock
 from servesweep.config import (
     CellRepeat,
     ClientSpec,
@@ -86,6 +86,7 @@ def run_cell(
         client=ClientSpec(id=client, axes={}, workload=Workload.model_validate_json(workload)),
         repeat=int(repeat),
     )
+    check_prerequisites(exp=exp, paths=paths, cell=cell.key)
     with server_lock(paths.server_lock(exp.cluster.nodes)), connect(exp, paths) as manager:
         run_cell_repeat(
             exp=exp,

@@ -87,6 +87,10 @@ class RunPaths:
         """Image-check evidence per node (docker runtimes only)."""
         return [self.build(n) for n in exp.cluster.nodes] if exp.runtime.kind == "docker" else []
 
+    def prerequisites(self, exp: Experiment) -> list[Path]:
+        """Evidence every cell needs before its server starts: image checks, then preflight."""
+        return [*self.builds(exp), self.preflight]
+
     @property
     def current_server(self) -> Path:
         return self.root / "service" / "current.json"

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from servesweep.cells import client_timeout, run_cell, server_lock
+from servesweep.cells import check_prerequisites, client_timeout, run_cell, server_lock
 from servesweep.config import cell_repeats, load_experiment
-from servesweep.errors import CellFailed, ConfigError
+from servesweep.errors import CellFailed, ConfigError, PreflightFailed
 from servesweep.events import read_events
 from servesweep.paths import RunPaths
 from servesweep.records import read_record
@@ -127,6 +127,17 @@ def test_a_cell_whose_planned_fingerprint_differs_is_refused(tmp_path: Path) -> 
         )
 
 
+def test_prerequisites_name_missing_evidence(tmp_path: Path) -> None:
+    raw = deep_update(yaml.safe_load(DEFAULT_CONFIG.read_text()), {"run_id": "unit-prereq"})
+    exp = load_experiment(raw, {})
+    paths = RunPaths.for_run(exp, tmp_path / "results")
+    with pytest.raises(PreflightFailed, match=r"cell c1: evidence missing: .*preflight\.json"):
+        check_prerequisites(exp=exp, paths=paths, cell="c1")
+    paths.preflight.parent.mkdir(parents=True)
+    paths.preflight.write_text("{}")
+    check_prerequisites(exp=exp, paths=paths, cell="c1")
+
+
 def test_docker_runs_check_each_nodes_image(tmp_path: Path) -> None:
     raw = deep_update(
         yaml.safe_load(DEFAULT_CONFIG.read_text()),
@@ -134,7 +145,8 @@ def test_docker_runs_check_each_nodes_image(tmp_path: Path) -> None:
     )
     exp = load_experiment(raw, {})
     paths = RunPaths.for_run(exp, tmp_path / "results")
-    assert paths.builds(exp) == [paths.build(node) for node in exp.cluster.nodes]
+    expected = [paths.build(node) for node in exp.cluster.nodes] + [paths.preflight]
+    assert paths.prerequisites(exp) == expected
 
 
 def test_cell_job_imports_no_heavy_modules() -> None:
