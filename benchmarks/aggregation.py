@@ -212,7 +212,7 @@ def run_stage(
         cwd=workdir,
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])},
     )
     wall = time.perf_counter() - start
     if res.returncode != 0:
