@@ -1,8 +1,14 @@
 # servesweep: LLM-serving benchmark matrices as file targets. Table of contents only;
-# logic lives in src/servesweep/ (see ../shared/DESIGN.md, config/README.md).
+# logic lives in src/servesweep/ (see docs/architecture.md, config/README.md).
+import os
+
 from snakemake.utils import min_version
 
 min_version("9.0")
+
+
+# The embedded default; `--configfile` replaces it (profile: replace-workflow-config).
+configfile: os.path.join(workflow.basedir, "config", "config.yaml")
 
 
 report: "report/method.rst"
@@ -12,7 +18,6 @@ include: "rules/common.smk"
 include: "rules/cells.smk"
 include: "rules/analysis.smk"
 include: "rules/compare.smk"
-include: "rules/ops.smk"
 
 
 rule all:
@@ -30,15 +35,11 @@ rule all:
 
 onstart:
     unthrottle_scheduler(workflow)
-    # Jobs fork from a process that imports their code once (servesweep/forkserver.py).
-    forkserver.start(jobs.FIRST, jobs.THEN, log=f"{RUN_DIR}/logs/forkserver.log")
 
 
 onsuccess:
-    forkserver.stop()
     stop_servers("workflow finished")
 
 
 onerror:
-    forkserver.stop()
     stop_servers("workflow failed")

@@ -27,8 +27,9 @@ import yaml
 from _common import REPO, add_common_args, log, scratch_dir, setup_logging, write_result
 
 from servesweep import telemetry
-from servesweep.config import RunPaths, cell_repeats, load_experiment
+from servesweep.config import cell_repeats, load_experiment
 from servesweep.loadgen.metrics import RequestResult, build_record, record_line
+from servesweep.paths import RunPaths
 from servesweep.transport import LocalTransport
 
 GOAL_S = 10.0
@@ -41,8 +42,8 @@ RUN_ID = "aggregation-bench"
 # Rule -> (script, inputs, outputs) with the names the rules use (rules/analysis.smk).
 STAGES = ("collect_results", "scan_logs", "summarize")
 # Runs one rule script the way Snakemake's `script:` does: a fresh interpreter, a `snakemake`
-# object in the globals, cwd = the workflow's working directory. No fork server: the job runs
-# in this interpreter and pays its imports (the workflow's fork server has them loaded).
+# object in the globals, cwd = the workflow's working directory; the job pays its imports, as
+# in the workflow.
 DRIVER = """\
 import cProfile, json, runpy, sys, time
 from types import SimpleNamespace
@@ -164,16 +165,27 @@ def write_run(*, workdir: Path, config: dict[str, Any], requests: int) -> tuple[
     return len(cells), time.perf_counter() - started
 
 
-def rule_io(stage: str, *, run: str, cells: list[Any], paths: RunPaths) -> dict[str, Any]:
-    raw = {"raw": [str(paths.raw(c)) for c in cells]}
-    csv, logscan = f"{run}/results.csv", f"{run}/logscan.json"
+def rule_io(
+    stage: str, *, run: str, cells: list[Any], paths: RunPaths, workdir: Path
+) -> dict[str, Any]:
+    """The input/output names of rules/analysis.smk for one stage (paths relative to the
+    workflow's working directory `workdir`)."""
+    csv, requests = str(paths.results_csv), str(paths.requests_csv)
     if stage == "collect_results":
-        ins = {**raw, "gpu": [str(paths.gpu(c)) for c in cells]}
-        return {"input": ins, "output": {"csv": csv}}
+        ins = {"raw": [str(paths.raw(c)) for c in cells], "gpu": [str(paths.gpu(c)) for c in cells]}
+        return {"input": ins, "output": {"csv": csv, "requests": requests}}
+    found = RunPaths(workdir / paths.root).service_files()
+    service = {k: [str(p.relative_to(workdir)) for p in v] for k, v in found.items()}
     if stage == "scan_logs":
-        return {"input": raw, "output": {"json": logscan}}
-    ins = {**raw, "csv": csv, "logscan": logscan}
-    return {"input": ins, "output": {"json": f"{run}/summary.json"}}
+        ins = {"csv": csv, "logs": service["logs"]}
+        return {"input": ins, "output": {"json": str(paths.logscan_json)}}
+    ins = {
+        "csv": csv,
+        "requests": requests,
+        "logscan": str(paths.logscan_json),
+        "warmup": service["warmup"],
+    }
+    return {"input": ins, "output": {"json": str(paths.summary_json)}}
 
 
 def run_stage(
@@ -187,7 +199,10 @@ def run_stage(
         "profile": str(profile) if profile else None,
     }
     if stage == "scan_logs":
-        spec["params"] = {"evidence": config.get("evidence", {})}
+        spec["params"] = {
+            "evidence": config.get("evidence", {}),
+            "service_root": f"results/{RUN_ID}/service",
+        }
     script = REPO / "scripts" / f"{stage}.py"
     spec_file = workdir / f"{stage}.spec.json"
     spec_file.write_text(json.dumps(spec))
@@ -197,7 +212,7 @@ def run_stage(
         cwd=workdir,
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])},
     )
     wall = time.perf_counter() - start
     if res.returncode != 0:
@@ -244,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         cells = cell_repeats(exp)
         paths = RunPaths(Path("results") / RUN_ID)
         for stage in STAGES:
-            io = rule_io(stage, run=f"results/{RUN_ID}", cells=cells, paths=paths)
+            io = rule_io(stage, run=f"results/{RUN_ID}", cells=cells, paths=paths, workdir=tmp)
             row = run_stage(stage, workdir=tmp, config=config, io=io, profile=None)
             if args.profile:  # a second, profiled run: cProfile's overhead stays out of the time
                 prof = tmp / f"{stage}.prof"
@@ -268,8 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             "requests_per_record": args.requests,
             "shape": "10 server configs x N/50 client configs x 5 repeats, default experiment",
             "stages": "scripts/collect_results.py, scripts/scan_logs.py, scripts/summarize.py, "
-            "each in a fresh interpreter with its imports (the workflow runs them in a child of "
-            "its fork server, imports done: faster)",
+            "each in a fresh interpreter with its imports, as the workflow runs them",
         },
         "stages": stages,
         "results_csv_rows": rows_written,

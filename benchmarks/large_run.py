@@ -46,9 +46,10 @@ from _common import (
     write_result,
 )
 
-from servesweep.config import RunPaths, load_experiment
+from servesweep.config import load_experiment
 from servesweep.errors import ConfigError
 from servesweep.events import read_events
+from servesweep.paths import RunPaths
 from servesweep.servers import shutdown
 
 SERVER_AXES = {

@@ -285,34 +285,24 @@ def orchestration_section(data: dict[str, Any], before: dict[str, Any] | None) -
         ]
     out += [
         "",
-        "Every job's code runs in a child of the workflow's fork server "
-        "(`servesweep/forkserver.py`, started in `onstart:`): it imports the cell job before it "
-        "serves, and a second server forked from it imports pandas, seaborn and the other jobs' "
-        "modules while the first one serves, then takes over. A job's own process "
-        "(`scripts/<rule>.py`) imports only the standard library, hands over its stdin/stdout/"
-        "stderr, working directory, environment and argument (argv, or the `snakemake` object of "
-        "a `script:` job), forwards SIGINT/SIGTERM/SIGHUP and exits with the child's status.",
+        "Every job is a plain Snakemake job: a fresh interpreter runs Snakemake's `script:` "
+        "preamble, then `scripts/<rule>.py`, which imports its job function by name "
+        "(docs/architecture.md). The cell jobs' module imports no pandas, so a cell-repeat pays "
+        "the first three lines below; the table and plot jobs pay theirs once per run.",
     ]
     starts = data.get("process_start_s")
     if starts:
         out += [
             "",
-            "What the imports cost in a fresh interpreter (median of 3); without the fork server "
-            "each job's process would pay its job's line:",
+            "What the imports cost in a fresh interpreter (median of 3):",
             "",
             table(["imports", "s"], list(starts.items())),
-        ]
-    if data.get("forked_job_s") is not None:
-        out += [
-            "",
-            f"A job through the fork server, process start to exit with a no-op body "
-            f"(median of 5): **{num(data['forked_job_s'])} s**.",
         ]
     return "\n".join(out)
 
 
-# Frames that only wrap a job (script module, fork server, scripting.run, servesweep.jobs'
-# decorator): they top every cumulative list and say nothing about where the time goes.
+# Frames that only wrap a job (the script module, runpy, the job-logging context): they top
+# every cumulative list and say nothing about where the time goes.
 WRAPPERS = ("(<module>)", "(run_job)", "(_resolve)", "(run)", "(job)", "(<lambda>)")
 
 

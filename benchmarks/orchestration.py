@@ -33,28 +33,21 @@ from _common import (
     write_result,
 )
 
-from servesweep import forkserver
 from servesweep.events import read_events
-from servesweep.jobs import FIRST, THEN
 from tests.helpers import experiment_file
 
 GOAL_RATIO = 1.10
 RUN_ID = "orchestration-bench"
-# A job's own process (scripts/<rule>.py) imports only the fork server's client; what the job
-# itself needs is imported once by the fork server (FIRST before it serves, the rest while it
-# serves). Without the server each job's process would import it.
+# What a job's process imports before its body runs: Snakemake's `script:` preamble, then the
+# module of its job function (scripts/<rule>.py imports it by name).
 IMPORTS = {
     "python -c pass": "pass",
-    "job script (servesweep.forkserver)": "import servesweep.forkserver",
     "snakemake `script:` preamble (snakemake.script)": "import snakemake.script",
-    "cell job (servesweep.celljob)": "import servesweep.celljob",
-    "plot job (servesweep.plots)": "import servesweep.plots",
-    "fork server before it serves": "import " + ", ".join(FIRST),
-    "fork server while it serves": "import " + ", ".join(THEN),
+    "cell jobs (servesweep.jobs: build_image, preflight, run_cell)": "import servesweep.jobs",
+    "table jobs (servesweep.analysisjobs)": "import servesweep.analysisjobs",
+    "plot jobs (servesweep.plotjobs)": "import servesweep.plotjobs",
     "builtin client (its own process)": "import servesweep.loadgen.builtin",
 }
-# One job's process start to exit through the fork server: hand-over, fork, a no-op target.
-FORKED_NOOP = "from servesweep import forkserver; forkserver.run_job('builtins:len', [])"
 
 
 def stamp(text: str) -> float:
@@ -72,27 +65,6 @@ def import_costs(repeats: int = 3) -> dict[str, float]:
             walls.append(time.perf_counter() - start)
         out[label] = median(walls)
     return out
-
-
-def forked_job_cost(tmp: Path, repeats: int = 5) -> float:
-    """Median wall seconds of a job process that runs a no-op through a fork server that has
-    taken over with every module preloaded (what a job costs beyond its own work)."""
-    log = tmp / "forkserver.log"
-    forkserver.start(FIRST, THEN, log=log)
-    try:
-        deadline = time.monotonic() + 60
-        while "takes over" not in log.read_text():
-            if time.monotonic() > deadline:
-                raise SystemExit(f"fork server did not take over:\n{log.read_text()}")
-            time.sleep(0.1)
-        walls = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            subprocess.run([sys.executable, "-c", FORKED_NOOP], check=True, capture_output=True)
-            walls.append(time.perf_counter() - start)
-    finally:
-        forkserver.stop()
-    return median(walls)
 
 
 def analysis_jobs(run_dir: Path, *, after: float) -> list[dict[str, Any]]:
@@ -186,8 +158,6 @@ def main(argv: list[str] | None = None) -> int:
     figures["goal_met"] = figures["ratio"] is not None and figures["ratio"] <= GOAL_RATIO
     if not args.no_imports:
         figures["process_start_s"] = import_costs()
-        with scratch_dir("forkserver", keep=False) as tmp:
-            figures["forked_job_s"] = forked_job_cost(tmp)
     log.info(
         "wall %.1f s = ready %.1f + client %.1f + overhead; ratio %.2f (goal %.2f)",
         figures["wall_s"],

@@ -1,27 +1,27 @@
-# Tables, summary, plots and manifest from the raw cell-repeat files. Only collect_results
-# lists the cells' files; rules after it depend on results.csv (fewer DAG edges).
+# Tables, summary, plots and manifest. collect_results reads every cell's files and writes
+# results.csv + requests.csv, which the rules after it read (fewer DAG edges). It is a
+# checkpoint: what the servers left in service/ (logs, warm-ups, /server_info) is known after it.
 
 
-rule collect_results:
+checkpoint collect_results:
     input:
-        # GPU snapshots are read too, but come from the same run_cell jobs as the raw files:
-        # listing them would add 10k DAG edges at 10k cells and order nothing.
         raw=RAW_FILES,
-        # Brings image checks + preflight into every DAG that needs cells (results.csv,
-        # summary.json, plots...), where they run first (common.smk, PREREQUISITES).
+        gpu=GPU_FILES,
+        # Not read: brings image checks + preflight into every DAG that needs cells.
         prerequisites=PREREQUISITES,
     output:
         csv=report(
-            f"{RUN_DIR}/results.csv",
+            str(PATHS.results_csv),
             caption="../report/results.rst",
             category="Tables",
         ),
+        requests=str(PATHS.requests_csv),
     log:
-        f"{RUN_DIR}/logs/collect_results.log",
+        f"{LOGS}/collect_results.log",
     params:
         cells=CELL_KEYS,
     message:
-        "results.csv: one row per cell-repeat"
+        "results.csv: one row per cell-repeat; requests.csv: one row per request"
     script:
         "../scripts/collect_results.py"
 
@@ -29,15 +29,17 @@ rule collect_results:
 rule summarize:
     input:
         csv=PATHS.results_csv,
-        logscan=f"{RUN_DIR}/logscan.json",
+        requests=PATHS.requests_csv,
+        logscan=PATHS.logscan_json,
+        warmup=ancient(service_files("warmup")),
     output:
         json=report(
-            f"{RUN_DIR}/summary.json",
+            str(PATHS.summary_json),
             caption="../report/summary.rst",
             category="Tables",
         ),
     log:
-        f"{RUN_DIR}/logs/summarize.log",
+        f"{LOGS}/summarize.log",
     message:
         "summary.json: medians over repeats and deltas vs the baseline"
     script:
@@ -46,13 +48,18 @@ rule summarize:
 
 rule scan_logs:
     input:
+        # results.csv is not read: a rerun cell (results.csv newer) rescans the logs.
         csv=PATHS.results_csv,
+        # ancient: the last server is stopped after the jobs (onsuccess), which writes to its
+        # log; that must not make the next run rescan (and re-summarize, re-plot).
+        logs=ancient(service_files("logs")),
     output:
-        json=f"{RUN_DIR}/logscan.json",
+        json=PATHS.logscan_json,
     log:
-        f"{RUN_DIR}/logs/scan_logs.log",
+        f"{LOGS}/scan_logs.log",
     params:
         evidence=EXP.evidence,
+        service_root=f"{RUN_DIR}/service",
     message:
         "final scan of every server log: fatal patterns and evidence counts"
     script:
@@ -68,7 +75,7 @@ rule write_case_table:
             f"{RUN_DIR}/cases.html", caption="../report/cases.rst", category="Tables"
         ),
     log:
-        f"{RUN_DIR}/logs/write_case_table.log",
+        f"{LOGS}/write_case_table.log",
     message:
         "case table (Case | Requests | Input TPS | TTFT | TPOT)"
     script:
@@ -91,7 +98,7 @@ rule plot_results:
             for p in METRIC_VS_PLOTS.values()
         ],
     log:
-        f"{RUN_DIR}/logs/plot_results.log",
+        f"{LOGS}/plot_results.log",
     params:
         deltas=list(DELTA_PLOTS),
         metric_vs=list(METRIC_VS_PLOTS),
@@ -104,17 +111,20 @@ rule plot_results:
 
 rule write_manifest:
     input:
+        # results.csv is not read: the manifest is written once the cells ran.
         csv=PATHS.results_csv,
+        server_info=ancient(service_files("server_info")),
     output:
         json=report(
-            f"{RUN_DIR}/manifest.json",
+            str(PATHS.manifest),
             caption="../report/manifest.rst",
             category="Tables",
         ),
     log:
-        f"{RUN_DIR}/logs/write_manifest.log",
+        f"{LOGS}/write_manifest.log",
     params:
         config=EXP.model_dump_json(),
+        repo=workflow.basedir,
     message:
         "manifest.json: resolved config, fingerprints, versions"
     script:

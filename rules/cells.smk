@@ -1,33 +1,36 @@
 # One job per cell-repeat; servers are started lazily inside run_cell (DESIGN.md section 5).
-# Image checks and preflight run first: see PREREQUISITES in common.smk.
+# Image checks and preflight run first (PREREQUISITES in common.smk).
 
 
 rule run_cell:
-    output:  # RunPaths.raw / .gpu / .bench_log as patterns
-        raw=f"{RUN_DIR}/raw/{{server}}/{{client}}/r{{repeat}}.jsonl",
-        gpu=f"{RUN_DIR}/gpu/{{server}}/{{client}}/r{{repeat}}.csv",
+    input:
+        prerequisites=CELL_PREREQUISITES,
+    output:
+        raw=PATHS.cell_pattern("raw"),
+        gpu=PATHS.cell_pattern("gpu"),
     log:
-        bench=f"{RUN_DIR}/bench/{{server}}/{{client}}/r{{repeat}}.log",
+        # The job's log first: Snakemake's show-failed-logs stops at the first missing log,
+        # and a cell whose server fails to start has no bench log.
+        job=PATHS.cell_pattern("job"),
+        bench=PATHS.cell_pattern("bench"),
     priority: cell_priority
     resources:
         gpu_server=1,
     params:
         fingerprint=cell_fingerprint,
         workload=cell_workload,
-    # `shell:`, not `script:`, no `message:`, one placeholder per path: each costs per job at
-    # 10k cells (docs/performance.md). The script finds the cell and its gpu/bench files from
-    # the raw path (RunPaths); the config reaches it through the environment.
-    shell:
-        "{PYTHON:q} {RUN_CELL_SCRIPT:q} {output.raw:q}"
+    # No `message:`: a per-job cost at 10k cells (docs/performance.md).
+    script:
+        "../scripts/run_cell.py"
 
 
 rule preflight:
     input:
         builds=ancient(BUILDS),
     output:
-        json=f"{RUN_DIR}/preflight.json",
+        json=PATHS.preflight,
     log:
-        f"{RUN_DIR}/logs/preflight.log",
+        f"{LOGS}/preflight.log",
     priority: PREREQUISITE_PRIORITY
     resources:
         gpu_server=1,
@@ -41,7 +44,7 @@ rule preflight:
 
 rule build_image:
     output:
-        json=f"{RUN_DIR}/build/{{node}}.json",
+        json=str(PATHS.build("{node}")),
     log:
         f"{RUN_DIR}/build/{{node}}.log",
     priority: PREREQUISITE_PRIORITY

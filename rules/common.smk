@@ -1,23 +1,13 @@
 # Load + validate config, apply env narrowing, expand the matrix, constrain wildcards, helpers.
 import os
 import sys
-from pathlib import Path
 
-from servesweep.config import (
-    axis_names,
-    cell_repeats,
-    load_experiment,
-    RunPaths,
-    server_specs,
-)
+from servesweep.config import axis_names, cell_repeats, load_experiment, server_specs
+from servesweep.compare import run_inputs
 from servesweep.engines import check_experiment
-from servesweep import forkserver
-from servesweep import jobs
 from servesweep.errors import ConfigError
-from servesweep.scripting import export_config, unthrottle_scheduler
-
-if not workflow.overwrite_configfiles:
-    workflow.configfile(os.path.join(workflow.basedir, "config", "config.yaml"))
+from servesweep.paths import RunPaths
+from servesweep.ratelimit import unthrottle_scheduler
 
 try:
     EXP = load_experiment(config, os.environ)
@@ -26,17 +16,9 @@ try:
 except ConfigError as exc:
     sys.exit(f"servesweep: ConfigError: {exc}")
 
-if workflow.global_resources.get("gpu_server") != 1:
-    sys.exit(
-        "servesweep: resources gpu_server=1 is missing (did --resources replace the "
-        "workflow profile's list?); add gpu_server=1 to --resources"
-    )
-
-export_config(config)  # for `shell:` jobs (run_cell)
-PYTHON = sys.executable
-RUN_CELL_SCRIPT = os.path.join(workflow.basedir, "scripts", "run_cell.py")
 PATHS = RunPaths.for_run(EXP)
 RUN_DIR = str(PATHS.root)
+LOGS = str(PATHS.logs)
 CELLS = {cell.key: cell for cell in cell_repeats(EXP)}
 # The set of cells as a param: rules over all cells rerun when it changes (no `input` trigger).
 CELL_KEYS = sorted(CELLS)
@@ -70,18 +52,24 @@ def cell_priority(wildcards):
     return cell_of(wildcards).server.priority
 
 
-# Computed once (10k cells: ~1 s per listing); `all` and collect_results list them.
+# Computed once (10k cells: ~1 s per listing), in matrix order; `all` and collect_results list
+# the raw files, collect_results the GPU snapshots (it reads both).
 RAW_FILES = [str(PATHS.raw(cell)) for cell in CELLS.values()]
-
-
-# Image checks and preflight are inputs of `all` and collect_results, not of run_cell: thousands of
-# pending cells with file inputs make the scheduler re-stat them every round (docs/performance.md),
-# and a finished cell must not rerun when an image is re-validated. They still run before any
-# cell: a higher priority than every server config and the same gpu_server resource; run_cell
-# refuses to start a server without their evidence (servesweep.cells.check_prerequisites).
-PREREQUISITES = [str(p) for p in PATHS.prerequisites(EXP)]
-PREREQUISITE_PRIORITY = max(spec.priority for spec in SPECS) + 1
+GPU_FILES = [str(PATHS.gpu(cell)) for cell in CELLS.values()]
 BUILDS = [str(p) for p in PATHS.builds(EXP)]
+# Image checks and preflight run before any cell. Once a run has cells they are no input of a
+# cell: Snakemake (9.27) does not look at jobs downstream of a job it reruns through ancient()
+# inputs that exist, so a rerun preflight (a new server config) would hide missing cells, and
+# without ancient() it would rerun finished ones. A priority above every server config's and
+# the same gpu_server resource order them; `all` and collect_results request them; run_cell
+# refuses to start a server without them. On a fresh run (no raw file yet) the missing evidence
+# is an input of every cell, so a cell targeted alone (`-f .../r2.jsonl`) builds it first. A
+# constant list, not an input function: 10k calls of one cost ~0.4x a plain dry-run
+# (docs/architecture.md).
+PREREQUISITES = [*BUILDS, str(PATHS.preflight)]
+PREREQUISITE_PRIORITY = max(spec.priority for spec in SPECS) + 1
+FRESH_RUN = next((PATHS.root / "raw").glob("*/*/r*.jsonl"), None) is None
+CELL_PREREQUISITES = [p for p in PREREQUISITES if not os.path.exists(p)] if FRESH_RUN else []
 # Preflight checks every server config: a new or changed one reruns it.
 SERVER_FINGERPRINTS = sorted(spec.fingerprint for spec in SPECS)
 
@@ -96,23 +84,29 @@ def all_case_tables():
     return [f"{RUN_DIR}/cases.md", f"{RUN_DIR}/cases.html"] if EXP.cases else []
 
 
-def compare_inputs(wildcards):
-    """results.csv (+ raw files where present) of runs A and B of a comparison."""
-    from servesweep.compare import run_inputs  # only comparisons need it
+def service_files(kind):
+    """An input function: what the run's servers left in service/ (RunPaths.service_files),
+    known once the cells ran, i.e. after the collect_results checkpoint."""
 
+    def files(wildcards):
+        checkpoints.collect_results.get()
+        return [str(p) for p in PATHS.service_files()[kind]]
+
+    return files
+
+
+def compare_inputs(wildcards):
+    """results.csv and requests.csv (where there is one) of runs A and B of a comparison."""
     files = {}
     for side, run in (("a", wildcards.run_a), ("b", wildcards.run_b)):
-        current = RAW_FILES if run == EXP.run_id else None
-        found = run_inputs(run_dir=Path(RESULTS_ROOT) / run, current_raw=current)
+        found = run_inputs(run_dir=f"{RESULTS_ROOT}/{run}", current=run == EXP.run_id)
         files[f"csv_{side}"] = found["csv"]
-        files[f"raw_{side}"] = found["raw"]
+        files[f"requests_{side}"] = found["requests"]
     return files
 
 
 def stop_servers(reason):
-    # `snakemake plan` only inspects: it must not stop a server left up (`servesweep up`).
-    targets = set(workflow.dag_settings.targets)
-    if PATHS.current_server.exists() and not (targets and targets <= {"plan"}):
+    if PATHS.current_server.exists():
         # Imported here: only a run with a server up needs it.
         from servesweep.servers import shutdown
 

@@ -1,7 +1,13 @@
-"""Adapter for rule build_image: image + capability smoke evidence for one node.
+"""Adapter for rule build_image: image + capability smoke evidence for one node."""
 
-The job is servesweep.jobs.build_image, run in a child of the workflow's fork server."""
+from servesweep.jobs import build_image
+from servesweep.logsetup import job_logging
 
-from servesweep import forkserver
-
-forkserver.run_job("servesweep.jobs:build_image", snakemake)
+if __name__ == "__main__":
+    with job_logging(snakemake.log[0]):
+        build_image(
+            config=snakemake.config,
+            node=snakemake.wildcards.node,
+            log=snakemake.log[0],
+            out=snakemake.output.json,
+        )

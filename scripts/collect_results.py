@@ -1,7 +1,14 @@
-"""Adapter for rule collect_results: one row per cell-repeat.
+"""Adapter for rule collect_results: results.csv and requests.csv from the cells' files."""
 
-The job is servesweep.jobs.collect_results, run in a child of the workflow's fork server."""
+from servesweep.analysisjobs import collect_results
+from servesweep.logsetup import job_logging
 
-from servesweep import forkserver
-
-forkserver.run_job("servesweep.jobs:collect_results", snakemake)
+if __name__ == "__main__":
+    with job_logging(snakemake.log[0]):
+        collect_results(
+            config=snakemake.config,
+            raw=snakemake.input.raw,
+            gpu=snakemake.input.gpu,
+            results_csv=snakemake.output.csv,
+            requests_csv=snakemake.output.requests,
+        )

@@ -1,7 +1,17 @@
-"""Adapter for rule compare_runs: run B vs run A per common cell, with intervals, verdicts.
+"""Adapter for rule compare_runs: run B vs run A per common cell, with intervals, verdicts."""
 
-The job is servesweep.jobs.compare_runs, run in a child of the workflow's fork server."""
+from servesweep.analysisjobs import compare_runs
+from servesweep.logsetup import job_logging
 
-from servesweep import forkserver
-
-forkserver.run_job("servesweep.jobs:compare_runs", snakemake)
+if __name__ == "__main__":
+    with job_logging(snakemake.log[0]):
+        compare_runs(
+            run_a=snakemake.wildcards.run_a,
+            run_b=snakemake.wildcards.run_b,
+            results_a=snakemake.input.csv_a,
+            results_b=snakemake.input.csv_b,
+            requests_a=snakemake.input.requests_a,
+            requests_b=snakemake.input.requests_b,
+            out_json=snakemake.output.json,
+            out_csv=snakemake.output.csv,
+        )

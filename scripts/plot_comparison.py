@@ -1,7 +1,12 @@
-"""Adapter for rule plot_comparison: % change of run B vs run A per cell, one panel a metric.
+"""Adapter for rule plot_comparison: % change of run B vs run A per cell, one panel a metric."""
 
-The job is servesweep.jobs.plot_comparison, run in a child of the workflow's fork server."""
+from servesweep.logsetup import job_logging
+from servesweep.plotjobs import plot_comparison
 
-from servesweep import forkserver
-
-forkserver.run_job("servesweep.jobs:plot_comparison", snakemake)
+if __name__ == "__main__":
+    with job_logging(snakemake.log[0]):
+        plot_comparison(
+            comparison_json=snakemake.input.json,
+            metrics=snakemake.params.metrics,
+            out=snakemake.output.png,
+        )

@@ -1,7 +1,17 @@
-"""Adapter for rule plot_results: every figure of the run in one job.
+"""Adapter for rule plot_results: every figure of the run in one job."""
 
-The job is servesweep.jobs.plot_results, run in a child of the workflow's fork server."""
+from servesweep.logsetup import job_logging
+from servesweep.plotjobs import plot_results
 
-from servesweep import forkserver
-
-forkserver.run_job("servesweep.jobs:plot_results", snakemake)
+if __name__ == "__main__":
+    with job_logging(snakemake.log[0]):
+        plot_results(
+            config=snakemake.config,
+            summary_json=snakemake.input.summary,
+            results_csv=snakemake.input.csv,
+            deltas=dict(zip(snakemake.params.deltas, snakemake.output.deltas, strict=True)),
+            metric_vs=dict(
+                zip(snakemake.params.metric_vs, snakemake.output.metric_vs, strict=True)
+            ),
+            x=snakemake.params.x,
+        )

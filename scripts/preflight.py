@@ -1,7 +1,8 @@
-"""Adapter for rule preflight: checks before any server start, as evidence.
+"""Adapter for rule preflight: checks before any server start, as evidence."""
 
-The job is servesweep.jobs.preflight, run in a child of the workflow's fork server."""
+from servesweep.jobs import preflight
+from servesweep.logsetup import job_logging
 
-from servesweep import forkserver
-
-forkserver.run_job("servesweep.jobs:preflight", snakemake)
+if __name__ == "__main__":
+    with job_logging(snakemake.log[0]):
+        preflight(config=snakemake.config, out=snakemake.output.json)

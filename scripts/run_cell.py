@@ -1,11 +1,18 @@
-"""Adapter for rule run_cell: one cell-repeat, named by its raw file (servesweep.celljob).
+"""Adapter for rule run_cell: one cell-repeat, from its wildcards and params."""
 
-A `shell:` job, not `script:`, and it imports only servesweep.forkserver: the cell runs in a
-child of the workflow's fork server, which has the cell code imported already (per-job cost
-with thousands of cells, docs/performance.md)."""
+from servesweep.jobs import run_cell
+from servesweep.logsetup import job_logging
 
-import sys
-
-from servesweep import forkserver
-
-forkserver.run_job("servesweep.celljob:main", sys.argv[1:])
+if __name__ == "__main__":
+    with job_logging(snakemake.log.job):
+        run_cell(
+            config=snakemake.config,
+            server=snakemake.wildcards.server,
+            client=snakemake.wildcards.client,
+            repeat=int(snakemake.wildcards.repeat),
+            fingerprint=snakemake.params.fingerprint,
+            workload=snakemake.params.workload,
+            raw=snakemake.output.raw,
+            gpu=snakemake.output.gpu,
+            bench_log=snakemake.log.bench,
+        )

@@ -1,7 +1,13 @@
-"""Adapter for rule scan_logs: final scan of every server log (fatal patterns, evidence).
+"""Adapter for rule scan_logs: final scan of every server log (fatal patterns, evidence)."""
 
-The job is servesweep.jobs.scan_logs, run in a child of the workflow's fork server."""
+from servesweep.analysisjobs import scan_logs
+from servesweep.logsetup import job_logging
 
-from servesweep import forkserver
-
-forkserver.run_job("servesweep.jobs:scan_logs", snakemake)
+if __name__ == "__main__":
+    with job_logging(snakemake.log[0]):
+        scan_logs(
+            logs=snakemake.input.logs,
+            service_root=snakemake.params.service_root,
+            evidence=snakemake.params.evidence,
+            out=snakemake.output.json,
+        )

@@ -1,7 +1,15 @@
-"""Adapter for rule summarize: medians, intervals, verdicts, final log scan and warm-ups.
+"""Adapter for rule summarize: medians, intervals, verdicts, final log scan and warm-ups."""
 
-The job is servesweep.jobs.summarize, run in a child of the workflow's fork server."""
+from servesweep.analysisjobs import summarize
+from servesweep.logsetup import job_logging
 
-from servesweep import forkserver
-
-forkserver.run_job("servesweep.jobs:summarize", snakemake)
+if __name__ == "__main__":
+    with job_logging(snakemake.log[0]):
+        summarize(
+            config=snakemake.config,
+            results_csv=snakemake.input.csv,
+            requests_csv=snakemake.input.requests,
+            logscan=snakemake.input.logscan,
+            warmup=snakemake.input.warmup,
+            out=snakemake.output.json,
+        )

@@ -1,7 +1,13 @@
-"""Adapter for rule write_case_table: the seed's PD table (markdown and HTML).
+"""Adapter for rule write_case_table: the seed's PD table (markdown and HTML)."""
 
-The job is servesweep.jobs.write_case_table, run in a child of the workflow's fork server."""
+from servesweep.analysisjobs import write_case_table
+from servesweep.logsetup import job_logging
 
-from servesweep import forkserver
-
-forkserver.run_job("servesweep.jobs:write_case_table", snakemake)
+if __name__ == "__main__":
+    with job_logging(snakemake.log[0]):
+        write_case_table(
+            config=snakemake.config,
+            results_csv=snakemake.input.csv,
+            md=snakemake.output.md,
+            html=snakemake.output.html,
+        )

@@ -1,7 +1,13 @@
-"""Adapter for rule write_manifest.
+"""Adapter for rule write_manifest: resolved config, fingerprints, versions."""
 
-The job is servesweep.jobs.write_manifest, run in a child of the workflow's fork server."""
+from servesweep.analysisjobs import write_manifest
+from servesweep.logsetup import job_logging
 
-from servesweep import forkserver
-
-forkserver.run_job("servesweep.jobs:write_manifest", snakemake)
+if __name__ == "__main__":
+    with job_logging(snakemake.log[0]):
+        write_manifest(
+            config=snakemake.config,
+            server_info=snakemake.input.server_info,
+            repo=snakemake.params.repo,
+            out=snakemake.output.json,
+        )

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import logging
 import math
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from servesweep import loadgen, telemetry, validation
-from servesweep.config import CellRepeat, Experiment, RunPaths, Workload
+from servesweep.config import CellRepeat, Experiment, Workload
 from servesweep.errors import (
     ClientError,
     PreflightFailed,
@@ -19,6 +21,7 @@ from servesweep.errors import (
     ServesweepError,
     TransportError,
 )
+from servesweep.paths import RunPaths
 from servesweep.records import BenchRecord, read_record, write_record
 from servesweep.runtime import ONESHOT_DIR, Launch
 from servesweep.servers import ServerManager, ServerState
@@ -153,29 +156,50 @@ def run_warmup(
 
 
 def check_prerequisites(*, exp: Experiment, paths: RunPaths, cell: str) -> None:
-    """Image and preflight evidence must exist before a server starts. The workflow runs those
-    jobs first (top priority, same gpu_server resource); a cell targeted alone has not."""
+    """Image and preflight evidence must exist before a server starts. On a fresh run they are
+    inputs of every cell; later the workflow runs them first by priority (rules/common.smk),
+    which a cell targeted alone after they were deleted does not get."""
     missing = [str(p) for p in paths.prerequisites(exp) if not p.exists()]
     if missing:
         raise PreflightFailed(
-            f"cell {cell}: evidence missing: {', '.join(missing)}; run `snakemake preflight` "
-            f"(checks images, then preflight) or the `all` target"
+            f"cell {cell}: evidence missing: {', '.join(missing)}; run `snakemake --cores 1 "
+            f"{paths.preflight}` (checks images, then preflight) or the `all` target"
         )
+
+
+@contextlib.contextmanager
+def server_lock(path: Path) -> Iterator[None]:
+    """Hold the lock of a node set (RunPaths.server_lock) while a cell owns its servers: one
+    cell at a time, whatever Snakemake's `--cores` and `--resources` (the profile's
+    `gpu_server=1` keeps cells from even starting meanwhile; this holds without it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.warning("waiting for %s: another cell of this run holds its nodes", path)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def run_cell(
     *,
     exp: Experiment,
     cell: CellRepeat,
-    paths: RunPaths,
     manager: ServerManager,
+    raw: Path,
+    gpu: Path,
+    bench_log: Path,
 ) -> None:
-    """Run one cell-repeat end to end, writing its raw record, GPU snapshot and bench log at
-    their RunPaths; files appear only if everything passed.
+    """Run one cell-repeat end to end, writing its raw record, GPU snapshot and bench log;
+    files appear only if everything passed.
 
     Every error names the cell; a failed client is blamed on its server when that died; files
     this call wrote are removed again if a later step fails (nothing looks finished)."""
-    raw_out, gpu_out, bench_log = paths.raw(cell), paths.gpu(cell), paths.bench_log(cell)
+    raw_out, gpu_out = raw, gpu
     events = manager.events
     started = time.monotonic()
     written: list[Path] = []

@@ -7,8 +7,9 @@ import os
 import sys
 from pathlib import Path
 
-from servesweep.config import MIN_RETOKENIZED_RATIO, RunPaths, load_experiment_file, server_specs
+from servesweep.config import MIN_RETOKENIZED_RATIO, load_experiment_file, server_specs
 from servesweep.errors import ConfigError, ServesweepError
+from servesweep.paths import RunPaths
 from servesweep.plan import make_plan
 from servesweep.servers import ServerManager, connect, open_runtime, shutdown
 from servesweep.transport import LocalTransport

@@ -11,7 +11,8 @@ import pandas as pd
 
 from servesweep import stats, summary, telemetry
 from servesweep.files import atomic_open
-from servesweep.results import DERIVED, ID_COLUMNS, METRICS, read_results_csv
+from servesweep.paths import RunPaths
+from servesweep.results import DERIVED, ID_COLUMNS, METRICS, read_requests_csv, read_results_csv
 
 log = logging.getLogger(__name__)
 
@@ -48,35 +49,24 @@ Cell = tuple[str, str]
 # ---------------------------------------------------------------- inputs (I/O edge)
 
 
-def run_inputs(*, run_dir: str | Path, current_raw: Sequence[str] | None = None) -> dict[str, Any]:
-    """The files a comparison reads from one run: results.csv and raw records.
+def run_inputs(*, run_dir: str | Path, current: bool = False) -> dict[str, Any]:
+    """The files a comparison reads from one run: results.csv and requests.csv.
 
-    For the run of the current config pass its raw files (`current_raw`); for any other run
-    the raw files its results.csv lists that exist (a missing one costs only request-level
-    resampling of that cell, never a rerun).
+    requests.csv is listed for the run of the current config (the workflow makes it) and for
+    any other run that has one (without it a run's cells are resampled at the repeat level).
     """
-    run_dir = Path(run_dir)
-    csv = run_dir / "results.csv"
-    if current_raw is not None:
-        raw = [str(p) for p in current_raw]
-    elif csv.exists():
-        rows = pd.read_csv(csv, usecols=["server_id", "client_id", "repeat"])
-        paths = (
-            summary.raw_path(run_dir, server_id=str(s), client_id=str(c), repeat=int(r))
-            for s, c, r in rows.itertuples(index=False, name=None)
-        )
-        raw = [str(p) for p in paths if p.exists()]
-    else:
-        raw = []
-    return {"csv": str(csv), "raw": raw}
+    paths = RunPaths(Path(run_dir))
+    found = current or paths.requests_csv.exists()
+    return {"csv": str(paths.results_csv), "requests": [str(paths.requests_csv)] if found else []}
 
 
 def load_run(
-    run_dir: str | Path,
+    *, results_csv: str | Path, requests_csv: str | Path | None
 ) -> tuple[pd.DataFrame, dict[tuple[str, str, int], stats.Requests | None]]:
-    """results.csv of a run directory and the per-request data of its raw records."""
-    results = read_results_csv(Path(run_dir) / "results.csv")
-    return results, summary.load_requests(results=results, run_dir=run_dir)
+    """results.csv of a run and the per-request data of its requests.csv (None: none)."""
+    results = read_results_csv(results_csv)
+    requests = read_requests_csv(requests_csv) if requests_csv is not None else None
+    return results, summary.load_requests(results=results, requests=requests)
 
 
 # ---------------------------------------------------------------- comparison (pure)

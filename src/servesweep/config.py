@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from servesweep.errors import ConfigError
 
@@ -209,6 +217,12 @@ class Workload(Strict):
     warmup_requests: int = Field(default=0, ge=0)
     seed: int = 1
     request_timeout_s: float = Field(default=3600.0, gt=0)
+
+    @field_validator("request_rate", mode="before")
+    @classmethod
+    def _null_rate_is_unlimited(cls, value: Any) -> Any:
+        # JSON has no infinity: model_dump_json writes inf as null (the run_cell param).
+        return math.inf if value is None else value
 
 
 class ClientConfig(Strict):
@@ -673,91 +687,6 @@ def cell_repeats(exp: Experiment) -> list[CellRepeat]:
         for c in client_specs(exp)
         for r in range(1, exp.repeats + 1)
     ]
-
-
-def find_cell(exp: Experiment, *, server: str, client: str, repeat: int | str) -> CellRepeat:
-    """Look up one cell-repeat by its path segments."""
-    for cell in cell_repeats(exp):
-        if cell.server.id == server and cell.client.id == client and cell.repeat == int(repeat):
-            return cell
-    raise ConfigError(f"no cell {server}/{client}/r{repeat} in the matrix of run {exp.run_id}")
-
-
-# ---------------------------------------------------------------- paths
-
-
-@dataclass(frozen=True)
-class RunPaths:
-    """Where every file of one run lives (DESIGN.md section 3)."""
-
-    root: Path
-
-    @classmethod
-    def for_run(cls, exp: Experiment, results_dir: str | Path = "results") -> RunPaths:
-        return cls(Path(results_dir) / exp.run_id)
-
-    def raw(self, cell: CellRepeat) -> Path:
-        return self.root / "raw" / cell.server.id / cell.client.id / f"r{cell.repeat}.jsonl"
-
-    def cell_of_raw(self, exp: Experiment, raw: str | Path) -> CellRepeat:
-        """The cell-repeat whose raw file is `raw` (the inverse of `raw`)."""
-        try:
-            server, client, name = Path(raw).relative_to(self.root / "raw").parts
-        except ValueError:
-            msg = f"{raw} is not a raw file of run {exp.run_id} ({self.root}/raw/...)"
-            raise ConfigError(msg) from None
-        repeat = name.removeprefix("r").removesuffix(".jsonl")
-        if not repeat.isdigit() or name != f"r{repeat}.jsonl":
-            raise ConfigError(f"{raw}: a raw file is named r<repeat>.jsonl")
-        return find_cell(exp, server=server, client=client, repeat=repeat)
-
-    def bench_log(self, cell: CellRepeat) -> Path:
-        return self.root / "bench" / cell.server.id / cell.client.id / f"r{cell.repeat}.log"
-
-    def gpu(self, cell: CellRepeat) -> Path:
-        return self.root / "gpu" / cell.server.id / cell.client.id / f"r{cell.repeat}.csv"
-
-    def service(self, server_id: str) -> Path:
-        return self.root / "service" / server_id
-
-    @property
-    def preflight(self) -> Path:
-        return self.root / "preflight.json"
-
-    def build(self, node: str) -> Path:
-        return self.root / "build" / f"{node}.json"
-
-    def builds(self, exp: Experiment) -> list[Path]:
-        """Image-check evidence per node (docker runtimes only)."""
-        return [self.build(n) for n in exp.cluster.nodes] if exp.runtime.kind == "docker" else []
-
-    def prerequisites(self, exp: Experiment) -> list[Path]:
-        """Evidence every cell needs before its server starts: image checks, then preflight."""
-        return [*self.builds(exp), self.preflight]
-
-    @property
-    def current_server(self) -> Path:
-        return self.root / "service" / "current.json"
-
-    @property
-    def orchestrator_log(self) -> Path:
-        return self.root / "orchestrator.log"
-
-    @property
-    def manifest(self) -> Path:
-        return self.root / "manifest.json"
-
-    @property
-    def results_csv(self) -> Path:
-        return self.root / "results.csv"
-
-    @property
-    def summary_json(self) -> Path:
-        return self.root / "summary.json"
-
-    @property
-    def plots(self) -> Path:
-        return self.root / "plots"
 
 
 def axis_names(exp: Experiment) -> tuple[list[str], list[str]]:

@@ -56,7 +56,8 @@ def _acquire(*, exp: Experiment, node: str, runtime: DockerRuntime, log: Path) -
 def build_image(*, exp: Experiment, node: str, runtime: DockerRuntime, log: Path) -> dict[str, Any]:
     """Get the image onto `node`, smoke it, return the evidence (raises SmokeFailed)."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text(f"# build_image node {node} image {runtime.image}\n")
+    with log.open("a") as fh:  # the job's own log lines (logsetup.job_logging) share the file
+        fh.write(f"# build_image node {node} image {runtime.image}\n")
     method = _acquire(exp=exp, node=node, runtime=runtime, log=log)
     fmt = shlex.quote("{{json .}}")
     res = runtime.run_docker(node, f"image inspect -f {fmt} {shlex.quote(runtime.image)}")

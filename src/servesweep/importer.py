@@ -13,12 +13,19 @@ import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from servesweep import telemetry
+from servesweep import stats, telemetry
 from servesweep.checks import CheckInputError
 from servesweep.config import MIN_RETOKENIZED_RATIO, NAME_PATTERN
 from servesweep.files import write_json_atomic, write_text_atomic
 from servesweep.records import BenchRecord
-from servesweep.results import INTEGER_METRICS, record_metrics, result_columns, write_results_csv
+from servesweep.results import (
+    INTEGER_METRICS,
+    record_metrics,
+    request_table,
+    result_columns,
+    write_requests_csv,
+    write_results_csv,
+)
 from servesweep.summary import load_requests, summarize, write_summary
 from servesweep.validation import judge_record
 
@@ -201,9 +208,9 @@ def import_run(
             if verdict.warnings:
                 report.warnings.append(f"{where}: {verdict.line()}")
             key = (_segment(server, "default"), _segment(client, "default"))
-            entry = {"where": where, "line": line, "data": data, "repeat": repeat}
+            entry = {"where": where, "line": line, "data": data, "record": record, "repeat": repeat}
             cells.setdefault(key, []).append({**entry, "server": server, "client": client})
-    rows = []
+    rows, request_keys, request_figures = [], [], []
     for (server_id, client_id), entries in cells.items():
         taken: set[int] = set()
         for index, entry in enumerate(entries, start=1):
@@ -230,6 +237,8 @@ def import_run(
                     "gpu_status": "missing",
                 }
             )
+            request_keys.append((server_id, client_id, repeat))
+            request_figures.append(stats.request_figures(entry["record"]))
             report.imported.append(entry["where"])
     if not rows:
         raise CheckInputError(
@@ -240,12 +249,14 @@ def import_run(
     for col in (*INTEGER_METRICS, "gpu_count"):
         df[col] = pd.to_numeric(df[col]).astype("Int64")
     write_results_csv(df, run_dir / "results.csv")
+    requests = request_table(request_keys, request_figures)
+    write_requests_csv(requests, run_dir / "requests.csv")
     summary = summarize(
         results=df,
         baseline=mapping.baseline,
         server_axes=server_axes,
         client_axes=client_axes,
-        requests=load_requests(results=df, run_dir=run_dir),
+        requests=load_requests(results=df, requests=requests),
     )
     summary["imported"] = {
         "source": str(source),

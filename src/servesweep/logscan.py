@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -233,10 +234,9 @@ def is_ready(text: str) -> bool:
     return READY_LINE in text
 
 
-CLIENT_LOGS = ("warmup.log",)  # client logs kept beside server logs in service/<server>/
-
-
-def scan_run(*, service_root: str | Path, evidence: dict[str, str]) -> dict[str, Any]:
+def scan_run(
+    *, logs: Sequence[str | Path], service_root: str | Path, evidence: dict[str, str]
+) -> dict[str, Any]:
     """Final scan of every server log of a run: fatal findings, warning counts and
     evidence-pattern counts.
 
@@ -244,28 +244,26 @@ def scan_run(*, service_root: str | Path, evidence: dict[str, str]) -> dict[str,
     D-side RDMA-ready acknowledgements that prove the real P-to-D path).
     """
     patterns = {name: re.compile(rx) for name, rx in evidence.items()}
-    logs: dict[str, Any] = {}
-    for path in sorted(Path(service_root).glob("*/*.log")):
-        if path.name in CLIENT_LOGS:
-            continue
+    scanned: dict[str, Any] = {}
+    for path in map(Path, logs):  # RunPaths.service_files: the server logs, no client logs
         text = path.read_text(errors="replace")
         rel = str(path.relative_to(service_root))
         findings = scan_text(text)
-        logs[rel] = {
+        scanned[rel] = {
             "fatal": [f.as_dict() for f in findings if f.severity == FATAL],
             "warnings": warning_counts(findings),
             "evidence": {name: len(rx.findall(text)) for name, rx in patterns.items()},
         }
-    totals = {name: sum(entry["evidence"][name] for entry in logs.values()) for name in patterns}
-    fatal = sum(len(entry["fatal"]) for entry in logs.values())
+    totals = {name: sum(e["evidence"][name] for e in scanned.values()) for name in patterns}
+    fatal = sum(len(entry["fatal"]) for entry in scanned.values())
     warnings: Counter[str] = Counter()
-    for entry in logs.values():
+    for entry in scanned.values():
         warnings.update(entry["warnings"])
     return {
-        "logs_scanned": len(logs),
+        "logs_scanned": len(scanned),
         "fatal_findings": fatal,
         "warning_findings": sum(warnings.values()),
         "warnings": dict(warnings),
         "evidence": totals,
-        "per_log": logs,
+        "per_log": scanned,
     }

@@ -7,10 +7,11 @@ import importlib.metadata
 import json
 import platform
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from servesweep.config import Experiment, RunPaths, server_specs
+from servesweep.config import Experiment, server_specs
 
 PACKAGES = ("servesweep", "snakemake", "pydantic", "pandas", "aiohttp", "paramiko", "seaborn")
 
@@ -44,12 +45,14 @@ def package_versions() -> dict[str, str]:
     return out
 
 
-def build_manifest(*, exp: Experiment, paths: RunPaths, repo: Path) -> dict[str, Any]:
-    """Everything needed to know what ran: config, servers, versions, engine reports."""
+def build_manifest(*, exp: Experiment, server_info: Sequence[Path], repo: Path) -> dict[str, Any]:
+    """Everything needed to know what ran: config, servers, versions, engine reports.
+    `server_info`: the /server_info snapshots of the run (service/<server>/server_info.json)."""
+    infos = {path.parent.name: path for path in server_info}
     servers = []
     for spec in server_specs(exp):
-        info_path = paths.service(spec.id) / "server_info.json"
-        info = json.loads(info_path.read_text()) if info_path.exists() else {}
+        info_path = infos.get(spec.id)
+        info = json.loads(info_path.read_text()) if info_path is not None else {}
         servers.append(
             {
                 "id": spec.id,

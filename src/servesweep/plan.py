@@ -12,8 +12,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from servesweep.config import CellRepeat, Experiment, RunPaths, cell_repeats
+from servesweep.config import CellRepeat, Experiment, cell_repeats
 from servesweep.events import read_events
+from servesweep.paths import RunPaths
 from servesweep.sim.costmodel import Topology
 from servesweep.sim.offline import simulate_closed_loop
 from servesweep.sim.scheduler import new_scheduler

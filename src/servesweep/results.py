@@ -8,16 +8,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from pydantic import ValidationError
 
-from servesweep import telemetry
-from servesweep.config import CellRepeat, RunPaths
+from servesweep import stats, telemetry
+from servesweep.config import CellRepeat
 from servesweep.errors import CellFailed
 from servesweep.files import atomic_open
 from servesweep.records import BenchRecord, read_record
 
 log = logging.getLogger(__name__)
+# Per-request TTFT, E2E, TPOT (ms) of one cell-repeat (stats.request_figures); None: none.
+Requests = tuple[np.ndarray, np.ndarray, np.ndarray] | None
 
 # results.csv metric column -> bench_serving record key (SGLANG.md 1.5-1.6).
 METRICS: dict[str, str] = {
@@ -54,9 +57,13 @@ REQUIRED_KEYS = (
     "total_input_tokens",
     "total_output_tokens",
 )
-# The record keys cell_metrics reads (records are parsed with these only).
+# The record keys collect_results reads (records are parsed with these only): the metrics, the
+# re-tokenized count and the per-request details (stats.REQUEST_KEYS).
 READ_KEYS = frozenset({*METRICS.values(), *REQUIRED_KEYS, "total_output_tokens_retokenized"})
 ID_COLUMNS = ("run_id", "server_id", "client_id", "repeat", "fingerprint")
+# requests.csv: one row per successful request of every cell-repeat (stats.request_figures).
+REQUEST_ID_COLUMNS = ("server_id", "client_id", "repeat")
+REQUEST_COLUMNS = (*REQUEST_ID_COLUMNS, "ttft_ms", "e2e_ms", "tpot_ms")
 
 
 def _number(key: str, value: Any) -> float:
@@ -91,8 +98,9 @@ def check_record(record: BenchRecord | Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def cell_metrics(path: Path, *, cell: CellRepeat) -> dict[str, float | int]:
-    """Read and check one raw cell-repeat file; CellFailed names the cell and the file."""
+def read_cell(path: Path, *, cell: CellRepeat) -> tuple[dict[str, float | int], Requests]:
+    """Read and check one raw cell-repeat file: its metrics and its per-request figures (None
+    without usable details); CellFailed names the cell and the file."""
     try:
         data = read_record(path, keys=READ_KEYS).model_dump()
         metrics = record_metrics(data)
@@ -104,7 +112,17 @@ def cell_metrics(path: Path, *, cell: CellRepeat) -> dict[str, float | int]:
     problems = check_record(data)
     if problems:
         raise CellFailed(f"cell {cell.key}: raw record {path} is invalid: {'; '.join(problems)}")
-    return metrics
+    return metrics, _request_figures(path)
+
+
+def _request_figures(path: Path) -> Requests:
+    """Per-request figures of a checked raw file; None (with a warning) when its details do
+    not validate: results.csv does not need them, the bootstrap falls back to repeats."""
+    try:
+        return stats.request_figures(read_record(path, keys=stats.REQUEST_KEYS))
+    except (ValueError, ValidationError) as exc:
+        log.warning("%s: no per-request data (%s)", path, str(exc).splitlines()[0])
+        return None
 
 
 def cell_gpu(path: Path, *, cell: CellRepeat) -> dict[str, Any]:
@@ -150,24 +168,51 @@ def result_row(
     }
 
 
-def collect_results(*, cells: Sequence[CellRepeat], paths: RunPaths) -> pd.DataFrame:
-    """One row per cell-repeat from the raw records and GPU snapshots of a run."""
+def collect_results(
+    *, run_id: str, cells: Sequence[CellRepeat], raw: Sequence[Path], gpu: Sequence[Path]
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """results.csv (one row per cell-repeat) and requests.csv (one row per successful request)
+    of a run, from the raw records and GPU snapshots of `cells` (in the same order)."""
+    if not len(cells) == len(raw) == len(gpu):
+        raise ValueError(f"{len(cells)} cells, {len(raw)} raw files, {len(gpu)} GPU files")
     server_axes = _axis_names(c.server.axes for c in cells)
     client_axes = _axis_names(c.client.axes for c in cells)
-    rows = [
-        result_row(
-            run_id=paths.root.name,
-            cell=cell,
-            metrics=cell_metrics(paths.raw(cell), cell=cell),
-            gpu=cell_gpu(paths.gpu(cell), cell=cell),
+    rows, requests = [], []
+    for cell, raw_path, gpu_path in zip(cells, raw, gpu, strict=True):
+        metrics, figures = read_cell(Path(raw_path), cell=cell)
+        rows.append(
+            result_row(
+                run_id=run_id, cell=cell, metrics=metrics, gpu=cell_gpu(Path(gpu_path), cell=cell)
+            )
         )
-        for cell in cells
-    ]
+        requests.append(figures)
     df = pd.DataFrame(rows, columns=result_columns(server_axes, client_axes))
     for col in (*INTEGER_METRICS, "gpu_count"):
         df[col] = pd.to_numeric(df[col]).astype("Int64")
-    log.info("collected %d cell-repeats of run %s", len(df), paths.root.name)
-    return df
+    log.info("collected %d cell-repeats of run %s", len(df), run_id)
+    keys = [(c.server.id, c.client.id, c.repeat) for c in cells]
+    return df, request_table(keys, requests)
+
+
+def request_table(
+    keys: Sequence[tuple[str, str, int]], requests: Sequence[Requests]
+) -> pd.DataFrame:
+    """requests.csv: the per-request figures of each cell-repeat (`keys`: its server_id,
+    client_id and repeat, as in results.csv)."""
+    have = [(k, f) for k, f in zip(keys, requests, strict=True) if f is not None]
+    if len(have) < len(keys):
+        log.warning(
+            "%d of %d cell-repeats have no per-request details", len(keys) - len(have), len(keys)
+        )
+    sizes = [len(f[0]) for _, f in have]
+    columns: dict[str, Any] = {
+        "server_id": np.repeat([k[0] for k, _ in have], sizes).astype(object),
+        "client_id": np.repeat([k[1] for k, _ in have], sizes).astype(object),
+        "repeat": np.repeat(np.array([k[2] for k, _ in have], dtype=np.int64), sizes),
+    }
+    for i, name in enumerate(REQUEST_COLUMNS[len(REQUEST_ID_COLUMNS) :]):
+        columns[name] = np.concatenate([f[i] for _, f in have]) if have else np.array([], float)
+    return pd.DataFrame(columns, columns=list(REQUEST_COLUMNS))
 
 
 def write_results_csv(df: pd.DataFrame, path: str | Path) -> None:
@@ -179,3 +224,14 @@ def write_results_csv(df: pd.DataFrame, path: str | Path) -> None:
 def read_results_csv(path: str | Path) -> pd.DataFrame:
     """Read results.csv back (integer columns stay integers where they have no gaps)."""
     return pd.read_csv(path)
+
+
+def write_requests_csv(df: pd.DataFrame, path: str | Path) -> None:
+    """Write requests.csv atomically (floats in their shortest exact form)."""
+    with atomic_open(path) as fh:
+        df.to_csv(fh, index=False)
+
+
+def read_requests_csv(path: str | Path) -> pd.DataFrame:
+    """Read requests.csv back; the floats come back bit for bit (tests/unit/test_results.py)."""
+    return pd.read_csv(path, dtype={"server_id": str, "client_id": str})

@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from servesweep import logscan
-from servesweep.config import SINGLE_ROLE, Experiment, RunPaths, ServerSpec
+from servesweep.config import SINGLE_ROLE, Experiment, ServerSpec
 from servesweep.engines import ROUTER_ROLE, RankCommand, base_url, rank_commands, role_url
 from servesweep.errors import ServerDied, ServerStartError
 from servesweep.events import EventLog
 from servesweep.files import write_json_atomic, write_text_atomic
+from servesweep.paths import RunPaths
 from servesweep.runtime import ONESHOT_DIR, Launch, ProcessRuntime, Runtime
 from servesweep.transport import LocalTransport, Transport
 

@@ -101,8 +101,9 @@ class Replicates:
 # ---------------------------------------------------------------- per-request data
 
 
-def requests_of(record: BenchRecord) -> Requests | None:
-    """Per-request figures from a record's details; None without usable details.
+def request_figures(record: BenchRecord) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """TTFT, E2E and TPOT (ms) of each successful request of a record, in record order (TPOT
+    NaN for a one-token output); None without usable details.
 
     Successful requests are those with an empty error. E2E per request is ttft + sum(itls)
     (bench_serving's latency also includes the wait for the end of the stream); TPOT is
@@ -126,11 +127,20 @@ def requests_of(record: BenchRecord) -> Requests | None:
     if not ttft.size:
         return None
     multi = out > 1
-    return Requests(
-        ttft=np.sort(ttft * 1000.0),
-        e2e=np.sort((ttft + gen) * 1000.0),
-        tpot=np.sort(gen[multi] / (out[multi] - 1) * 1000.0),
-    )
+    tpot = np.full(ttft.shape, np.nan)
+    tpot[multi] = gen[multi] / (out[multi] - 1) * 1000.0
+    return ttft * 1000.0, (ttft + gen) * 1000.0, tpot
+
+
+def sorted_requests(ttft: np.ndarray, e2e: np.ndarray, tpot: np.ndarray) -> Requests:
+    """Requests from per-request figures as request_figures gives them (NaN TPOTs dropped)."""
+    return Requests(ttft=np.sort(ttft), e2e=np.sort(e2e), tpot=np.sort(tpot[~np.isnan(tpot)]))
+
+
+def requests_of(record: BenchRecord) -> Requests | None:
+    """Per-request figures of a record, sorted (request_figures); None without details."""
+    figures = request_figures(record)
+    return None if figures is None else sorted_requests(*figures)
 
 
 # ---------------------------------------------------------------- statistics

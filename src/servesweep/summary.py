@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from pydantic import ValidationError
 
 from servesweep import stats
 from servesweep.files import write_text_atomic
@@ -192,32 +191,31 @@ def cell_label(axes: Mapping[str, Any]) -> str:
 RequestData = Mapping[tuple[str, str, int], "stats.Requests | None"]
 
 
-def raw_path(run_dir: str | Path, *, server_id: str, client_id: str, repeat: int) -> Path:
-    """The raw record of a cell-repeat of a run directory (the layout of RunPaths.raw)."""
-    return Path(run_dir, "raw", server_id, client_id, f"r{int(repeat)}.jsonl")
-
-
 def load_requests(
-    *, results: pd.DataFrame, run_dir: str | Path
+    *, results: pd.DataFrame, requests: pd.DataFrame | None
 ) -> dict[tuple[str, str, int], stats.Requests | None]:
-    """Per-request figures of every cell-repeat in results.csv, from the run's raw records.
+    """Per-request figures of every cell-repeat in results.csv, from requests.csv (`requests`,
+    results.read_requests_csv; None: the run has none).
 
-    Keyed by (server_id, client_id, repeat); a record without usable per-request details
-    (or a raw file that is gone or unreadable) gives None, and its cell is resampled at the
-    repeat level only.
+    Keyed by (server_id, client_id, repeat); a cell-repeat without rows in requests.csv gives
+    None, and its cell is resampled at the repeat level only.
     """
+    groups: dict[tuple[str, str, int], np.ndarray] = {}
+    if requests is not None and len(requests):
+        index = requests.groupby(["server_id", "client_id", "repeat"], sort=False).indices
+        groups = {(str(s), str(c), int(r)): pos for (s, c, r), pos in index.items()}
+    columns = (
+        [requests[c].to_numpy(dtype=float) for c in ("ttft_ms", "e2e_ms", "tpot_ms")]
+        if groups and requests is not None
+        else []
+    )
     out: dict[tuple[str, str, int], stats.Requests | None] = {}
     keys = results[["server_id", "client_id", "repeat"]].itertuples(index=False, name=None)
-    missing = 0
     for server_id, client_id, repeat in keys:
         key = (str(server_id), str(client_id), int(repeat))
-        path = raw_path(run_dir, server_id=key[0], client_id=key[1], repeat=key[2])
-        try:
-            out[key] = stats.requests_of(read_record(path, keys=stats.REQUEST_KEYS))
-        except (OSError, ValueError, ValidationError) as exc:
-            log.warning("%s: no per-request data (%s)", path, str(exc).splitlines()[0])
-            out[key] = None
-        missing += out[key] is None
+        pos = groups.get(key)
+        out[key] = None if pos is None else stats.sorted_requests(*(c[pos] for c in columns))
+    missing = sum(v is None for v in out.values())
     if missing:
         log.warning("%d of %d cell-repeats have no per-request details", missing, len(out))
     log.info("loaded per-request details of %d cell-repeats", len(out) - missing)
@@ -560,10 +558,11 @@ def read_summary(path: str | Path) -> dict[str, Any]:
     return json.loads(Path(path).read_text())
 
 
-def warmups(service_root: Path) -> list[dict[str, Any]]:
-    """The warm-up request(s) recorded after each server start, apart from the figures."""
+def warmups(records: Sequence[str | Path]) -> list[dict[str, Any]]:
+    """The warm-up request(s) recorded after each server start (service/<server>/warmup.jsonl,
+    RunPaths.service_files), apart from the figures."""
     out = []
-    for path in sorted(service_root.glob("*/warmup.jsonl")):
+    for path in sorted(map(Path, records)):
         record = read_record(path)
         out.append(
             {

@@ -5,7 +5,6 @@ skip locally and FAIL when env CI is set."""
 from __future__ import annotations
 
 import os
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +15,7 @@ from servesweep.config import RuntimeConfig, SshOptions
 from servesweep.errors import TransportError
 from servesweep.runtime import host_python_mounts
 from servesweep.ssh import SshTransport
+from tests.helpers import container_env
 from tests.integration.nodes import DEFAULT_DIR, IMAGE, NODES, unavailable
 
 
@@ -72,7 +72,7 @@ def sim_runtime() -> RuntimeConfig:
         image=IMAGE,
         shm_size="64m",
         mounts=host_python_mounts(),
-        env={"PATH": f"{sys.prefix}/bin:/usr/bin:/bin", "PYTHONUNBUFFERED": "1"},
+        env=container_env(),
     )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import sys
+import os
 import threading
 from pathlib import Path
 
@@ -14,7 +14,7 @@ import yaml
 from servesweep.events import read_events
 from servesweep.runtime import host_python_mounts
 from servesweep.ssh import SshTransport
-from tests.helpers import experiment_file, run_snakemake
+from tests.helpers import container_env, experiment_file, run_snakemake
 from tests.integration.nodes import ADDRESSES, IMAGE, NODES
 
 pytestmark = pytest.mark.integration
@@ -30,7 +30,7 @@ def _config(nodes_dir: Path, run_id: str, **extra: object) -> dict:
         "gpus": None,
         "shm_size": "64m",
         "mounts": [*host_python_mounts(), "/usr/bin:/usr/bin:ro", "/bin:/bin:ro"],
-        "env": {"PATH": f"{sys.prefix}/bin:/usr/bin:/bin", "PYTHONUNBUFFERED": "1"},
+        "env": container_env(),
         "smoke": ["python3 -m servesweep.sim --help > /dev/null && echo sim importable"],
     }
     runtime.update(extra.pop("runtime", {}))
@@ -226,7 +226,8 @@ def test_bench_serving_client_runs_in_the_image(
         f"{staged_bench}:{staged_bench}:ro",
         f"{tokenizer_dir}:{tokenizer_dir}:ro",
     ]
-    config["runtime"]["env"]["PYTHONPATH"] = str(staged_bench)
+    env = config["runtime"]["env"]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(staged_bench), env.get("PYTHONPATH")) if p)
     config["server"] = {"tp_size": 8, "ep_size": 8}
     config["matrix"]["server"]["moe_runner_backend"] = ["marlin"]
     config["client"] = {"kind": "bench_serving", "tokenizer": str(tokenizer_dir)}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ import yaml
 from servesweep.events import read_events
 from servesweep.runtime import host_python_mounts
 from servesweep.ssh import SshTransport
-from tests.helpers import REPO, deep_update, free_port, run_snakemake
+from tests.helpers import REPO, container_env, deep_update, free_port, run_snakemake
 from tests.integration.nodes import ADDRESSES, IMAGE, NODES
 
 pytestmark = pytest.mark.integration
@@ -40,7 +39,7 @@ def test_pd_standard_suite_over_ssh_and_docker(
             "gpus": None,
             "shm_size": "64m",
             "mounts": [*host_python_mounts(), "/usr/bin:/usr/bin:ro", "/bin:/bin:ro"],
-            "env": {"PATH": f"{sys.prefix}/bin:/usr/bin:/bin", "PYTHONUNBUFFERED": "1"},
+            "env": container_env(),
         },
         "engine": {"python": "python3", "sim": {"time_scale": 0.01, "startup_s": 20}},
         "roles": {

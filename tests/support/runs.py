@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 from servesweep import telemetry
-from servesweep.config import RunPaths, cell_repeats, load_experiment_file
+from servesweep.config import cell_repeats, load_experiment_file
+from servesweep.paths import RunPaths
 from servesweep.records import write_record
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,3 +68,16 @@ def make_run(root: Path, exp, *, base: Path = REC_0523, backend=None) -> RunPath
         write_record(paths.raw(cell), cell_record(cell, rec, backend))
         telemetry.write_snapshot(paths.gpu(cell), snapshot)
     return paths
+
+
+def collect(cells, paths: RunPaths):
+    """results.collect_results over a run's files, as the workflow's job calls it:
+    (results table, requests table)."""
+    from servesweep.results import collect_results
+
+    return collect_results(
+        run_id=paths.root.name,
+        cells=cells,
+        raw=[paths.raw(c) for c in cells],
+        gpu=[paths.gpu(c) for c in cells],
+    )

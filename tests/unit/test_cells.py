@@ -5,15 +5,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from servesweep.cells import check_prerequisites, client_timeout, run_cell
-from servesweep.config import RunPaths, cell_repeats, load_experiment
-from servesweep.errors import CellFailed, PreflightFailed
+from servesweep.cells import check_prerequisites, client_timeout, run_cell, server_lock
+from servesweep.config import cell_repeats, load_experiment
+from servesweep.errors import CellFailed, ConfigError, PreflightFailed
 from servesweep.events import read_events
+from servesweep.paths import RunPaths
 from servesweep.records import read_record
 from servesweep.runtime import ProcessRuntime
 from servesweep.servers import ServerManager
@@ -21,10 +23,9 @@ from servesweep.telemetry import read_snapshot
 from servesweep.transport import LocalTransport
 from tests.helpers import DEFAULT_CONFIG, deep_update, free_port
 
-# Modules the cell job must not import: the fork server serves cells as soon as it has imported
-# servesweep.celljob (pandas and seaborn come later, while it is idle), and a cell run without
-# the server pays them per cell-repeat; paramiko loads only for SSH clusters (servesweep.ssh)
-# and aiohttp only in the client's own process.
+# Modules the cell job (servesweep.jobs, scripts/run_cell.py) must not import: every
+# cell-repeat's process pays them; paramiko loads only for SSH clusters (servesweep.ssh) and
+# aiohttp only in the client's own process.
 HEAVY_MODULES = ("pandas", "numpy", "paramiko", "aiohttp")
 
 
@@ -56,7 +57,7 @@ def _setup(tmp_path: Path, faults: dict | None = None):
 def test_valid_cell_writes_record_and_gpu_snapshot(tmp_path: Path) -> None:
     exp, paths, manager, cell = _setup(tmp_path)
     try:
-        run_cell(exp=exp, cell=cell, paths=paths, manager=manager)
+        run_cell(exp=exp, cell=cell, manager=manager, **_files(paths, cell))
     finally:
         manager.stop_all(reason="test")
     record = read_record(paths.raw(cell))
@@ -73,7 +74,7 @@ def test_invalid_record_leaves_no_raw_file(tmp_path: Path) -> None:
     exp, paths, manager, cell = _setup(tmp_path, {"midstream_error_at": [1]})
     with pytest.raises(CellFailed) as info:
         try:
-            run_cell(exp=exp, cell=cell, paths=paths, manager=manager)
+            run_cell(exp=exp, cell=cell, manager=manager, **_files(paths, cell))
         finally:
             manager.stop_all(reason="test")
     assert f"cell {cell.key}" in str(info.value)
@@ -89,6 +90,43 @@ def test_client_timeout_scales_with_waves(tmp_path: Path) -> None:
     assert client_timeout(w) == 2 * w.request_timeout_s + 600
 
 
+def _files(paths: RunPaths, cell) -> dict[str, Path]:
+    return {"raw": paths.raw(cell), "gpu": paths.gpu(cell), "bench_log": paths.bench_log(cell)}
+
+
+def test_the_server_lock_admits_one_holder_at_a_time(tmp_path: Path) -> None:
+    lock = tmp_path / "service" / "nodes~a.lock"
+    holder = (
+        "import sys, time; from pathlib import Path; from servesweep.cells import server_lock\n"
+        "with server_lock(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(1.0)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", holder, str(lock)], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"held\n"
+        started = time.monotonic()
+        with server_lock(lock):
+            waited = time.monotonic() - started
+            assert proc.poll() is not None or waited > 0.2, "entered while another held it"
+    finally:
+        proc.wait(timeout=30)
+
+
+def test_a_cell_whose_planned_fingerprint_differs_is_refused(tmp_path: Path) -> None:
+    from servesweep.jobs import run_cell as run_cell_job
+
+    exp, paths, _, cell = _setup(tmp_path)
+    with pytest.raises(ConfigError, match="fingerprint"):
+        run_cell_job(
+            config=exp.model_dump(mode="json"),
+            server=cell.server.id,
+            client=cell.client.id,
+            repeat=1,
+            fingerprint="0" * 12,
+            workload=cell.client.workload.model_dump_json(),
+            **_files(paths, cell),
+        )
+
+
 def test_prerequisites_name_missing_evidence(tmp_path: Path) -> None:
     raw = deep_update(yaml.safe_load(DEFAULT_CONFIG.read_text()), {"run_id": "unit-prereq"})
     exp = load_experiment(raw, {})
@@ -100,7 +138,7 @@ def test_prerequisites_name_missing_evidence(tmp_path: Path) -> None:
     check_prerequisites(exp=exp, paths=paths, cell="c1")
 
 
-def test_prerequisites_of_docker_runs_include_each_nodes_image_evidence(tmp_path: Path) -> None:
+def test_docker_runs_check_each_nodes_image(tmp_path: Path) -> None:
     raw = deep_update(
         yaml.safe_load(DEFAULT_CONFIG.read_text()),
         {"run_id": "unit-prereq", "runtime": {"kind": "docker", "image": "img:1"}},
@@ -113,7 +151,7 @@ def test_prerequisites_of_docker_runs_include_each_nodes_image_evidence(tmp_path
 
 def test_cell_job_imports_no_heavy_modules() -> None:
     code = (
-        "import json, sys, servesweep.celljob; "
+        "import json, sys, servesweep.jobs; "
         f"print(json.dumps([n for n in {list(HEAVY_MODULES)!r} if n in sys.modules]))"
     )
     proc = subprocess.run(
@@ -121,6 +159,6 @@ def test_cell_job_imports_no_heavy_modules() -> None:
     )
     heavy = json.loads(proc.stdout)
     assert not heavy, (
-        f"servesweep.celljob imports {', '.join(heavy)}: cells wait for it in the fork server, "
-        "and without one every cell-repeat pays it; import it in the function that needs it"
+        f"servesweep.jobs imports {', '.join(heavy)}: every cell-repeat's process pays it; "
+        "keep the analysis jobs' imports in analysisjobs/plotjobs"
     )

@@ -15,9 +15,15 @@ import pytest
 from matplotlib.figure import Figure
 
 from servesweep import compare, plots, telemetry
-from servesweep.config import CellRepeat, RunPaths, cell_repeats, load_experiment_file
+from servesweep.config import CellRepeat, cell_repeats, load_experiment_file
+from servesweep.paths import RunPaths
 from servesweep.records import write_record
-from servesweep.results import collect_results, write_results_csv
+from servesweep.results import (
+    collect_results,
+    read_requests_csv,
+    write_requests_csv,
+    write_results_csv,
+)
 from servesweep.summary import summarize
 from tests.helpers import REPO, experiment_file
 
@@ -89,9 +95,23 @@ def write_run(
     for cell in cells:
         write_record(paths.raw(cell), detailed_record(rng, scale=scale(cell)))
         telemetry.write_snapshot(paths.gpu(cell), snapshot)
-    results = collect_results(cells=cells, paths=paths)
+    results, requests = collect_results(
+        run_id=run_id,
+        cells=cells,
+        raw=[paths.raw(c) for c in cells],
+        gpu=[paths.gpu(c) for c in cells],
+    )
+    write_requests_csv(requests, paths.requests_csv)
     write_results_csv(results, paths.results_csv)  # written last: newest file
     return cfg
+
+
+def load(run_dir: Path):
+    """compare.load_run on a run folder, as the workflow's compare_runs job calls it."""
+    found = compare.run_inputs(run_dir=run_dir)
+    return compare.load_run(
+        results_csv=found["csv"], requests_csv=next(iter(found["requests"]), None)
+    )
 
 
 def faster_flashinfer(cell: CellRepeat) -> float:
@@ -108,8 +128,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def comparison(runs: Path) -> dict:
-    results_a, requests_a = compare.load_run(runs / "results" / "A")
-    results_b, requests_b = compare.load_run(runs / "results" / "B")
+    results_a, requests_a = load(runs / "results" / "A")
+    results_b, requests_b = load(runs / "results" / "B")
     return compare.compare_runs(
         results_a=results_a,
         results_b=results_b,
@@ -187,8 +207,8 @@ def test_method_block_and_determinism(runs, comparison):
     assert method["replicates"] == 2000 and method["repeats"]["3"]["coarse"] is True
     assert method["resampled"]["ttft_p50_ms"] == "repeats+requests"
     assert "B - A" in comparison["direction"]
-    results_a, requests_a = compare.load_run(runs / "results" / "A")
-    results_b, requests_b = compare.load_run(runs / "results" / "B")
+    results_a, requests_a = load(runs / "results" / "A")
+    results_b, requests_b = load(runs / "results" / "B")
     again = compare.compare_runs(
         results_a=results_a,
         results_b=results_b,
@@ -201,7 +221,7 @@ def test_method_block_and_determinism(runs, comparison):
 
 
 def test_a_run_against_itself_is_within_noise(runs):
-    results, requests = compare.load_run(runs / "results" / "A")
+    results, requests = load(runs / "results" / "A")
     same = compare.compare_runs(
         results_a=results,
         results_b=results,
@@ -218,20 +238,22 @@ def test_a_run_against_itself_is_within_noise(runs):
 
 
 def test_without_per_request_data_and_with_a_missing_raw_file(runs, tmp_path):
-    results_a, _ = compare.load_run(runs / "results" / "A")
-    results_b, requests_b = compare.load_run(runs / "results" / "B")
+    results_a, _ = load(runs / "results" / "A")
+    results_b, requests_b = load(runs / "results" / "B")
     plain = compare.compare_runs(results_a=results_a, results_b=results_b, run_a="A", run_b="B")
     m = cell(plain, FLASHINFER)["metrics"]["ttft_p50_ms"]
     assert m["resampled"] == "repeats" and m["verdict"] == "better"
-    # A copy of run A with one raw record gone: that cell falls back to repeats only.
+    # A copy of run A without the requests of one cell-repeat: that cell falls back to repeats.
     copy = tmp_path / "results" / "A"
     shutil.copytree(runs / "results" / "A", copy)
-    gone = next((copy / "raw" / MARLIN).glob("*/r2.jsonl"))
-    gone.unlink()
+    table = read_requests_csv(copy / "requests.csv")
+    client = table[table.server_id == MARLIN].client_id.iloc[0]
+    gone = (table.server_id == MARLIN) & (table.client_id == client) & (table.repeat == 2)
+    assert gone.any()
+    write_requests_csv(table[~gone], copy / "requests.csv")
     inputs = compare.run_inputs(run_dir=copy)
-    assert inputs["csv"] == str(copy / "results.csv")
-    assert len(inputs["raw"]) == 5 and str(gone) not in inputs["raw"]
-    results_c, requests_c = compare.load_run(copy)
+    assert inputs == {"csv": str(copy / "results.csv"), "requests": [str(copy / "requests.csv")]}
+    results_c, requests_c = load(copy)
     assert sum(r is None for r in requests_c.values()) == 1
     mixed = compare.compare_runs(
         results_a=results_c,
@@ -245,16 +267,15 @@ def test_without_per_request_data_and_with_a_missing_raw_file(runs, tmp_path):
     assert cell(mixed, MARLIN)["metrics"]["ttft_p50_ms"]["resampled"] == "mixed"
     assert cell(mixed, FLASHINFER)["metrics"]["ttft_p50_ms"]["resampled"] == "repeats+requests"
     assert mixed["method"]["resampled"]["ttft_p50_ms"] == "mixed"
-    assert compare.run_inputs(run_dir=tmp_path / "nope") == {
-        "csv": str(tmp_path / "nope" / "results.csv"),
-        "raw": [],
-    }
-    assert compare.run_inputs(run_dir=copy, current_raw=["x.jsonl"])["raw"] == ["x.jsonl"]
+    nope = tmp_path / "nope"
+    assert compare.run_inputs(run_dir=nope) == {"csv": str(nope / "results.csv"), "requests": []}
+    made = compare.run_inputs(run_dir=nope, current=True)["requests"]
+    assert made == [str(nope / "requests.csv")], "the current run's table is made by the workflow"
 
 
 def test_no_cells_in_common(runs):
-    results_a, _ = compare.load_run(runs / "results" / "A")
-    results_b, _ = compare.load_run(runs / "results" / "B")
+    results_a, _ = load(runs / "results" / "A")
+    results_b, _ = load(runs / "results" / "B")
     other = results_b[results_b.client_id == "concurrency~16"]
     none = compare.compare_runs(results_a=results_a, results_b=other, run_a="A", run_b="B")
     assert none["cells"] == [] and none["metrics"] == {}
@@ -297,7 +318,7 @@ def test_table_json_and_plot(comparison, tmp_path):
 
 def test_summary_resamples_requests_from_raw_records(runs):
     exp = load_experiment_file(runs / "B.yaml")
-    results, requests = compare.load_run(runs / "results" / "B")
+    results, requests = load(runs / "results" / "B")
     kw = {"server_axes": list(exp.matrix.server), "client_axes": list(exp.matrix.client)}
     s = summarize(results=results, baseline=exp.baseline, requests=requests, **kw)
     cell0 = s["cells"][0]["metrics"]

@@ -9,15 +9,14 @@ import pytest
 import yaml
 
 from servesweep.config import (
-    RunPaths,
     cell_repeats,
     client_specs,
-    find_cell,
     load_experiment,
     load_experiment_file,
     server_specs,
 )
 from servesweep.errors import ConfigError
+from servesweep.paths import RunPaths
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = ROOT / "config" / "config.yaml"
@@ -59,25 +58,16 @@ def test_paths_are_self_describing(raw: dict) -> None:
         "results/moe-prefill-sim/raw/moe_runner_backend~marlin,chunked_prefill_size~8192/"
         "concurrency~8/r1.jsonl"
     )
-    assert find_cell(exp, server=cell.server.id, client=cell.client.id, repeat="1") == cell
 
 
-def test_a_raw_path_names_its_cell(raw: dict) -> None:
+def test_cell_patterns_are_the_paths_of_cells(raw: dict) -> None:
     exp = load_experiment(raw, {})
     paths = RunPaths.for_run(exp)
-    cells = cell_repeats(exp)
-    assert [paths.cell_of_raw(exp, str(paths.raw(c))) for c in cells] == cells
-    assert paths.cell_of_raw(exp, f"./{paths.raw(cells[-1])}") == cells[-1]
-    bad = [
-        "results/other-run/raw/a/b/r1.jsonl",
-        f"{paths.root}/raw/{cells[0].server.id}/r1.jsonl",
-        f"{paths.root}/raw/{cells[0].server.id}/{cells[0].client.id}/r1.csv",
-        f"{paths.root}/raw/{cells[0].server.id}/{cells[0].client.id}/rx.jsonl",
-        f"{paths.root}/raw/{cells[0].server.id}/concurrency~3/r1.jsonl",
-    ]
-    for path in bad:
-        with pytest.raises(ConfigError):
-            paths.cell_of_raw(exp, path)
+    for cell in cell_repeats(exp):
+        ids = {"server": cell.server.id, "client": cell.client.id, "repeat": cell.repeat}
+        assert paths.cell_pattern("raw").format(**ids) == str(paths.raw(cell))
+        assert paths.cell_pattern("gpu").format(**ids) == str(paths.gpu(cell))
+        assert paths.cell_pattern("bench").format(**ids) == str(paths.bench_log(cell))
 
 
 def test_env_narrowing_sets_axes_and_coerces_types(raw: dict) -> None:

@@ -103,8 +103,12 @@ def test_seed_folder_imports_and_compares_with_a_workflow_run(tmp_path, capsys):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["baseline"] == {"moe_runner_backend": "marlin"}
     # the comparison the compare_runs rule makes (rules/compare.smk -> jobs.compare_runs)
-    results_a, requests_a = compare.load_run(results / "A")
-    results_b, requests_b = compare.load_run(run)
+    results_a, requests_a = compare.load_run(
+        results_csv=results / "A" / "results.csv", requests_csv=None
+    )
+    results_b, requests_b = compare.load_run(
+        results_csv=run / "results.csv", requests_csv=run / "requests.csv"
+    )
     assert all(v is not None for v in requests_b.values())  # per-request details came along
     comparison = compare.compare_runs(
         results_a=results_a,

@@ -275,7 +275,9 @@ def test_scan_run_counts_warnings(tmp_path):
     svc = tmp_path / "service" / "srv"
     svc.mkdir(parents=True)
     (svc / "local.log").write_text(READY_LOG + DISCONNECT + DISCONNECT)
-    scan = logscan.scan_run(service_root=tmp_path / "service", evidence={})
+    scan = logscan.scan_run(
+        logs=[svc / "local.log"], service_root=tmp_path / "service", evidence={}
+    )
     assert scan["fatal_findings"] == 0
     assert scan["warnings"] == {"task_exception": 2, "client_disconnected": 2, "traceback": 2}
     assert scan["warning_findings"] == 6

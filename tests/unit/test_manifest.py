@@ -2,8 +2,9 @@
 
 from pathlib import Path
 
-from servesweep.config import RunPaths, load_experiment_file, server_specs
+from servesweep.config import load_experiment_file, server_specs
 from servesweep.manifest import build_manifest, git_sha, package_versions
+from servesweep.paths import RunPaths
 from tests.helpers import DEFAULT_CONFIG, REPO
 
 
@@ -14,7 +15,9 @@ def test_manifest_has_config_fingerprints_versions(tmp_path: Path) -> None:
     info = paths.service(spec.id) / "server_info.json"
     info.parent.mkdir(parents=True)
     info.write_text('{"version": "0.5.23-sim"}')
-    manifest = build_manifest(exp=exp, paths=paths, repo=REPO)
+    found = paths.service_files()["server_info"]
+    assert found == [info]
+    manifest = build_manifest(exp=exp, server_info=found, repo=REPO)
     assert manifest["run_id"] == exp.run_id
     assert [s["fingerprint"] for s in manifest["servers"]] == [
         s.fingerprint for s in server_specs(exp)

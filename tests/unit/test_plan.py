@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from servesweep.config import RunPaths, cell_repeats, load_experiment_file
+from servesweep.config import cell_repeats, load_experiment_file
 from servesweep.events import EventLog
+from servesweep.paths import RunPaths
 from servesweep.plan import make_plan, read_history, simulated_cell_s
 from tests.helpers import DEFAULT_CONFIG
 

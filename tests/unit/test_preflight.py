@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from servesweep.config import RunPaths, load_experiment, load_experiment_file, server_specs
+from servesweep.config import load_experiment, load_experiment_file, server_specs
 from servesweep.errors import PreflightFailed
+from servesweep.paths import RunPaths
 from servesweep.preflight import listening_ports, pd_agreement, run_preflight
 from servesweep.runtime import ProcessRuntime
 from servesweep.servers import ServerManager

@@ -11,8 +11,16 @@ import pytest
 from servesweep import results, telemetry
 from servesweep.config import cell_repeats
 from servesweep.errors import CellFailed
-from servesweep.records import BenchRecord, read_record
-from tests.support.runs import REC_0523, REC_059, REC_BUILTIN, experiment, make_run, template
+from servesweep.records import BenchRecord, read_record, write_record
+from tests.support.runs import (
+    REC_0523,
+    REC_059,
+    REC_BUILTIN,
+    collect,
+    experiment,
+    make_run,
+    template,
+)
 
 # ---------------------------------------------------------------- record_metrics
 
@@ -62,7 +70,7 @@ def test_collect_results_default_matrix(tmp_path):
     exp = experiment()
     paths = make_run(tmp_path, exp)
     cells = cell_repeats(exp)
-    df = results.collect_results(cells=cells, paths=paths)
+    df = collect(cells, paths)[0]
     assert len(df) == 24
     assert list(df.columns) == [
         "run_id",
@@ -100,7 +108,7 @@ def test_collect_results_default_matrix(tmp_path):
 def test_results_csv_round_trip(tmp_path):
     exp = experiment()
     paths = make_run(tmp_path, exp)
-    df = results.collect_results(cells=cell_repeats(exp), paths=paths)
+    df = collect(cell_repeats(exp), paths)[0]
     results.write_results_csv(df, paths.results_csv)
     assert sorted(p.name for p in paths.root.iterdir()) == ["gpu", "raw", "results.csv"]
     back = results.read_results_csv(paths.results_csv)
@@ -119,7 +127,7 @@ def test_missing_raw_file_names_cell_and_file(tmp_path):
     victim = cells[5]
     paths.raw(victim).unlink()
     with pytest.raises(CellFailed) as err:
-        results.collect_results(cells=cells, paths=paths)
+        collect(cells, paths)[0]
     assert str(paths.raw(victim)) in str(err.value)
     assert victim.key in str(err.value)
     assert "missing" in str(err.value)
@@ -142,7 +150,7 @@ def test_invalid_raw_file_names_the_file(tmp_path, content, reason):
     cells = cell_repeats(exp)
     paths.raw(cells[0]).write_text(content)
     with pytest.raises(CellFailed, match="is invalid") as err:
-        results.collect_results(cells=cells, paths=paths)
+        collect(cells, paths)[0]
     assert str(paths.raw(cells[0])) in str(err.value)
     assert reason in str(err.value)
 
@@ -152,8 +160,29 @@ def test_missing_gpu_snapshot_is_reported_not_invented(tmp_path):
     paths = make_run(tmp_path, exp)
     cells = cell_repeats(exp)
     paths.gpu(cells[0]).unlink()
-    df = results.collect_results(cells=cells, paths=paths)
+    df = collect(cells, paths)[0]
     assert df["gpu_status"].iloc[0] == "missing"
     assert pd.isna(df["gpu_count"].iloc[0])
     assert math.isnan(df["gpu_power_peak_w"].iloc[0])
     assert df["gpu_status"].iloc[1] == "ok"
+
+
+def test_requests_csv_round_trips_every_float_exactly(tmp_path):
+    exp = experiment()
+    paths = make_run(tmp_path, exp)
+    cells = cell_repeats(exp)
+    n = 5
+    details = {
+        "ttfts": [0.1 + i / 3 for i in range(n)],
+        "itls": [[1 / 7, 2 / 9]] * n,
+        "output_lens": [3, 1, 3, 3, 3],
+        "errors": ["", "", "x", "", ""],
+    }
+    write_record(paths.raw(cells[0]), {**template(REC_0523), **details})
+    _, table = collect(cells, paths)
+    results.write_requests_csv(table, tmp_path / "requests.csv")
+    back = results.read_requests_csv(tmp_path / "requests.csv")
+    assert len(back) == 4, "the failed request is left out"
+    for col in ("ttft_ms", "e2e_ms", "tpot_ms"):
+        assert back[col].to_numpy().tobytes() == table[col].to_numpy(dtype=float).tobytes(), col
+    assert back["tpot_ms"].isna().sum() == 1, "a one-token output has no TPOT"

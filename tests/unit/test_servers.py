@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from servesweep.config import RunPaths, load_experiment, server_specs
+from servesweep.config import load_experiment, server_specs
 from servesweep.errors import ServerStartError
 from servesweep.events import read_events
+from servesweep.paths import RunPaths
 from servesweep.runtime import ProcessRuntime
 from servesweep.servers import ServerManager, http_status
 from servesweep.transport import LocalTransport

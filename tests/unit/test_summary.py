@@ -9,10 +9,19 @@ import pandas as pd
 import pytest
 
 from servesweep import summary
-from servesweep.config import RunPaths, cell_repeats
+from servesweep.config import cell_repeats
+from servesweep.paths import RunPaths
 from servesweep.records import write_record
-from servesweep.results import collect_results, read_results_csv, write_results_csv
-from tests.support.runs import REC_0523, REC_059, REC_BUILTIN, experiment, make_run, template
+from servesweep.results import read_results_csv, write_results_csv
+from tests.support.runs import (
+    REC_0523,
+    REC_059,
+    REC_BUILTIN,
+    collect,
+    experiment,
+    make_run,
+    template,
+)
 
 
 def summary_of(exp, results: pd.DataFrame, **kw) -> dict:
@@ -31,7 +40,7 @@ def summary_of(exp, results: pd.DataFrame, **kw) -> dict:
 def default_results(tmp_path_factory):
     exp = experiment()
     paths = make_run(tmp_path_factory.mktemp("run"), exp)
-    return exp, collect_results(cells=cell_repeats(exp), paths=paths)
+    return exp, collect(cell_repeats(exp), paths)[0]
 
 
 def test_summary_cells(default_results):
@@ -116,7 +125,7 @@ def test_worse_candidate_and_client_axis_baseline(default_results):
 def test_tpot_is_summarized_when_requests_produce_tokens(tmp_path):
     exp = experiment()
     paths = make_run(tmp_path, exp, base=REC_BUILTIN)
-    df = collect_results(cells=cell_repeats(exp), paths=paths)
+    df = collect(cell_repeats(exp), paths)[0]
     s = summary_of(exp, df)
     assert "tpot_p50_ms" in s["cells"][0]["metrics"]
     assert s["deltas"][0]["metrics"]["tpot_p50_ms"]["delta_pct"] == pytest.approx(-10.0)
@@ -125,7 +134,7 @@ def test_tpot_is_summarized_when_requests_produce_tokens(tmp_path):
 def test_summary_of_old_records_without_p95(tmp_path):
     exp = experiment()
     paths = make_run(tmp_path, exp, base=REC_059)
-    df = collect_results(cells=cell_repeats(exp), paths=paths)
+    df = collect(cell_repeats(exp), paths)[0]
     s = summary_of(exp, df)
     assert s["cells"][0]["metrics"]["ttft_p95_ms"] == {
         "median": None,
@@ -146,7 +155,7 @@ def test_narrowed_matrix_without_baseline(tmp_path):
     exp = experiment(BACKENDS_CSV="flashinfer_mxfp4")
     assert exp.baseline == {}
     paths = make_run(tmp_path, exp)
-    df = collect_results(cells=cell_repeats(exp), paths=paths)
+    df = collect(cell_repeats(exp), paths)[0]
     s = summary_of(exp, df)
     assert len(s["cells"]) == 4
     assert s["deltas"] == []
@@ -158,7 +167,7 @@ def test_one_cell_matrix_of_the_baseline(tmp_path):
         BACKENDS_CSV="marlin", CHUNKED_PREFILL_SIZES_CSV="8192", CONCURRENCIES_CSV="16"
     )
     paths = make_run(tmp_path, exp)
-    df = collect_results(cells=cell_repeats(exp), paths=paths)
+    df = collect(cell_repeats(exp), paths)[0]
     s = summary_of(exp, df)
     assert [c["n"] for c in s["cells"]] == [3]
     assert s["deltas"] == []
@@ -213,9 +222,9 @@ def test_each_stage_reads_only_the_record_keys_it_needs(tmp_path):
     # Details that do not validate: results.csv does not read them, the bootstrap cannot.
     broken = json.dumps({**template(REC_0523), **details, "itls": "garbage"})
     paths.raw(cells[1]).write_text(broken + "\n")
-    df = collect_results(cells=cells, paths=paths)
+    df, table = collect(cells, paths)
     assert len(df) == 24
-    reqs = summary.load_requests(results=df.iloc[:2], run_dir=paths.root)
+    reqs = summary.load_requests(results=df.iloc[:2], requests=table)
     first, second = ((c.server.id, c.client.id, c.repeat) for c in cells[:2])
     assert reqs[first].ttft == pytest.approx([500.0] * n)
     assert reqs[second] is None
@@ -223,7 +232,7 @@ def test_each_stage_reads_only_the_record_keys_it_needs(tmp_path):
 
 def test_empty_run():
     exp = experiment()
-    df = collect_results(cells=[], paths=RunPaths(Path("/nonexistent/run")))
+    df = collect([], RunPaths(Path("/nonexistent/run")))[0]
     assert len(df) == 0
     s = summary_of(exp, df)
     assert s["cells"] == [] and s["deltas"] == []

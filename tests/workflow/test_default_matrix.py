@@ -100,3 +100,47 @@ def test_deleted_raw_file_reruns_exactly_that_cell_with_one_start(run_dir: Path)
     done = [f for _, e, f in events if e == "cell-done"]
     assert len(done) == done_before + 1
     assert done[-1]["cell"] == str(victim.relative_to(run_dir / "raw")).removesuffix(".jsonl")
+
+
+def test_every_declared_log_is_written(run_dir: Path) -> None:
+    # The rules' `log:` files (logsetup.job_logging; bench logs by the client), none empty.
+    jobs = {p.name for p in run_dir.glob("logs/*.log")}
+    assert jobs == {
+        "preflight.log",
+        "collect_results.log",
+        "scan_logs.log",
+        "summarize.log",
+        "plot_results.log",
+        "write_manifest.log",
+    }
+    cell_logs = sorted(run_dir.glob("logs/run_cell/*/*/r*.log"))
+    bench_logs = sorted(run_dir.glob("bench/*/*/r*.log"))
+    assert len(cell_logs) == len(bench_logs) == 24
+    empty = [
+        p for p in [*run_dir.glob("logs/*.log"), *cell_logs, *bench_logs] if not p.stat().st_size
+    ]
+    assert not empty, f"declared logs left empty: {empty}"
+    assert "cell-done" in cell_logs[0].read_text()
+
+
+def test_configfile_replaces_the_embedded_default(tmp_path: Path) -> None:
+    cfg = experiment_file(tmp_path, {"run_id": "from-configfile"})
+    proc = run_snakemake(tmp_path, "-n", "--configfile", str(cfg))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "results/from-configfile/raw/" in proc.stdout
+    assert "results/moe-prefill-sim/" not in proc.stdout
+
+
+def test_a_targeted_cell_on_a_fresh_run_builds_its_prerequisites(tmp_path: Path) -> None:
+    cfg = experiment_file(tmp_path, {"run_id": "targeted", "repeats": 2})
+    raw = (
+        "results/targeted/raw/moe_runner_backend~marlin,chunked_prefill_size~8192/"
+        "concurrency~8/r2.jsonl"
+    )
+    proc = run_snakemake(tmp_path, "--cores", "1", "-f", raw, "--configfile", str(cfg))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = tmp_path / "results" / "targeted"
+    assert (tmp_path / raw).exists() and (run_dir / "preflight.json").exists()
+    assert [p.relative_to(run_dir).as_posix() for p in run_dir.glob("raw/*/*/*")] == [
+        raw.removeprefix("results/targeted/")
+    ]

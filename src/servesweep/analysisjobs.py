@@ -1,0 +1,137 @@
+"""The workflow's table jobs: results and requests tables, log scan, summary, case table,
+manifest, cross-run comparison (see servesweep.jobs for how a job is called)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from servesweep import compare
+from servesweep.casetable import case_table, markdown_table
+from servesweep.config import axis_names, cell_repeats, client_specs
+from servesweep.files import write_json_atomic, write_text_atomic
+from servesweep.jobs import PathLike, experiment
+from servesweep.logscan import scan_run
+from servesweep.manifest import build_manifest
+from servesweep.results import collect_results as collect
+from servesweep.results import (
+    read_requests_csv,
+    read_results_csv,
+    write_requests_csv,
+    write_results_csv,
+)
+from servesweep.summary import load_requests, warmups, write_summary
+from servesweep.summary import summarize as summarize_results
+
+
+def collect_results(
+    *,
+    config: Mapping[str, Any],
+    raw: Sequence[PathLike],
+    gpu: Sequence[PathLike],
+    results_csv: PathLike,
+    requests_csv: PathLike,
+) -> None:
+    """Rule collect_results: results.csv (one row per cell-repeat) and requests.csv (one row
+    per request) from the raw records and GPU snapshots, listed in matrix order."""
+    exp, _ = experiment(config)
+    results, requests = collect(
+        run_id=exp.run_id,
+        cells=cell_repeats(exp),
+        raw=[Path(p) for p in raw],
+        gpu=[Path(p) for p in gpu],
+    )
+    write_results_csv(results, results_csv)
+    write_requests_csv(requests, requests_csv)
+
+
+def scan_logs(
+    *, logs: Sequence[PathLike], service_root: PathLike, evidence: Mapping[str, str], out: PathLike
+) -> None:
+    """Rule scan_logs: final scan of every server log (fatal patterns, evidence)."""
+    write_json_atomic(out, scan_run(logs=logs, service_root=service_root, evidence=dict(evidence)))
+
+
+def summarize(
+    *,
+    config: Mapping[str, Any],
+    results_csv: PathLike,
+    requests_csv: PathLike,
+    logscan: PathLike,
+    warmup: Sequence[PathLike],
+    out: PathLike,
+) -> None:
+    """Rule summarize: medians, intervals, verdicts, final log scan and warm-ups."""
+    exp, _ = experiment(config)
+    results = read_results_csv(results_csv)
+    server_axes, client_axes = axis_names(exp)
+    summary = summarize_results(
+        results=results,
+        baseline=exp.baseline,
+        server_axes=server_axes,
+        client_axes=client_axes,
+        requests=load_requests(results=results, requests=read_requests_csv(requests_csv)),
+    )
+    scan = json.loads(Path(logscan).read_text())
+    summary["log_scan"] = {k: v for k, v in scan.items() if k != "per_log"}
+    summary["warmup"] = warmups(warmup)
+    write_summary(summary, out)
+
+
+def write_case_table(
+    *, config: Mapping[str, Any], results_csv: PathLike, md: PathLike, html: PathLike
+) -> None:
+    """Rule write_case_table: the seed's PD table (markdown and HTML)."""
+    exp, _ = experiment(config)
+    table = case_table(results=read_results_csv(results_csv), clients=client_specs(exp))
+    note = ""
+    if exp.engine.kind == "sim" and exp.engine.sim.time_scale > 0:
+        scale = exp.engine.sim.time_scale
+        note = (
+            f"\nSimulated engine at time_scale {scale}: times are wall-clock; simulated "
+            f"seconds = shown / {scale}, simulated TPS = shown x {scale}.\n"
+        )
+    write_text_atomic(md, markdown_table(table) + note)
+    write_text_atomic(html, table.to_html(index=False, border=0))
+
+
+def write_manifest(
+    *, config: Mapping[str, Any], server_info: Sequence[PathLike], repo: PathLike, out: PathLike
+) -> None:
+    """Rule write_manifest: resolved config, fingerprints, versions."""
+    exp, _ = experiment(config)
+    manifest = build_manifest(exp=exp, server_info=[Path(p) for p in server_info], repo=Path(repo))
+    write_json_atomic(out, manifest)
+
+
+def compare_runs(
+    *,
+    run_a: str,
+    run_b: str,
+    results_a: PathLike,
+    results_b: PathLike,
+    requests_a: Sequence[PathLike],
+    requests_b: Sequence[PathLike],
+    out_json: PathLike,
+    out_csv: PathLike,
+) -> None:
+    """Rule compare_runs: run B vs run A per common cell, with intervals, verdicts.
+    `requests_*` hold the run's requests.csv, or nothing (compare.run_inputs)."""
+    table_a, per_request_a = compare.load_run(
+        results_csv=results_a, requests_csv=next(iter(requests_a), None)
+    )
+    table_b, per_request_b = compare.load_run(
+        results_csv=results_b, requests_csv=next(iter(requests_b), None)
+    )
+    comparison = compare.compare_runs(
+        results_a=table_a,
+        results_b=table_b,
+        run_a=run_a,
+        run_b=run_b,
+        requests_a=per_request_a,
+        requests_b=per_request_b,
+    )
+    compare.write_comparison(comparison, out_json)
+    compare.write_table(compare.comparison_table(comparison), out_csv)

@@ -1,0 +1,83 @@
+"""A job's process edge: logging and stderr go to the rule's log; errors end it in one line."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from servesweep.errors import ServesweepError
+
+logger = logging.getLogger(__name__)
+
+INTERRUPTED = 130  # exit status of a process ended by SIGINT, as the shell reports it
+# OSErrors that describe this host, not a bug: shown as one line like a ServesweepError.
+HOST_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.EMFILE}
+)
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def _failure(exc: BaseException) -> tuple[str, int] | None:
+    """The one line and exit status of an expected failure; None for a bug."""
+    if isinstance(exc, ServesweepError):
+        return f"servesweep: {type(exc).__name__}: {exc}", 1
+    if isinstance(exc, OSError) and exc.errno in HOST_ERRNOS:
+        return f"servesweep: {type(exc).__name__}: {exc}", 1
+    if isinstance(exc, KeyboardInterrupt):
+        return f"servesweep: Interrupted: {str(exc) or 'stopped by SIGINT (Ctrl-C)'}", INTERRUPTED
+    return None
+
+
+@contextlib.contextmanager
+def job_logging(log_path: str | Path) -> Iterator[None]:
+    """Run a job's body with `logging` and this process's stderr (fd 2: warnings, tracebacks,
+    subprocesses) written to `log_path`, the rule's `log:` (emptied first; opened for append,
+    so code that appends its own lines to the same file, as the image checks do, is kept).
+
+    A ServesweepError or an OSError of this host (disk full, read-only, permission denied)
+    ends the process with status 1, Ctrl-C with 130, as one line at the end of the log, which
+    Snakemake shows (profile: show-failed-logs). Any other exception is logged with its
+    traceback and propagates (its traceback also reaches the terminal).
+    """
+    path = Path(log_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    failure: tuple[str, int] | None = None
+    sys.stderr.flush()
+    terminal = os.dup(2)
+    root = logging.getLogger()
+    path.write_text("")  # this run of the job only; then O_APPEND, so writers can share it
+    with open(path, "a", buffering=1) as fh:
+        os.dup2(fh.fileno(), 2)
+        handler = logging.StreamHandler(fh)
+        handler.setFormatter(logging.Formatter(FORMAT))
+        saved = root.handlers[:], root.level
+        root.handlers[:] = [handler]
+        root.setLevel(logging.INFO)
+        started = time.monotonic()
+        logger.info("job started (pid %d)", os.getpid())
+        try:
+            yield
+            logger.info("job done in %.2f s", time.monotonic() - started)
+        except SystemExit:
+            raise
+        except BaseException as exc:
+            failure = _failure(exc)
+            if failure is None:
+                logger.exception("job failed")
+                raise
+            logger.debug("traceback", exc_info=True)
+            fh.write(failure[0] + "\n")
+        finally:
+            root.handlers[:], level = saved
+            root.setLevel(level)
+            sys.stderr.flush()
+            os.dup2(terminal, 2)
+            os.close(terminal)
+    if failure is not None:
+        sys.exit(failure[1])
