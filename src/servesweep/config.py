@@ -508,7 +508,14 @@ def load_experiment(raw: Mapping[str, Any], env: Mapping[str, str] | None = None
     try:
         Experiment.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(_format_error(exc)) from None
+        hint = ""
+        if not {"cluster", "engine", "matrix"} & set(raw):
+            hint = (
+                " (the config holds only overrides: `snakemake --config key=value` replaces the"
+                " embedded default, so add --configfile config/config.yaml, or name the run"
+                " with RUN_ID=...)"
+            )
+        raise ConfigError(_format_error(exc) + hint) from None
     data = apply_env(raw, env)
     _coerce_axes(data)
     baseline = data.pop("baseline", {}) or {}

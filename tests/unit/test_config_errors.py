@@ -349,3 +349,11 @@ def test_run_with_an_unsafe_password_file_starts_nothing(tmp_path: Path) -> None
 
 def test_every_error_kind_is_a_servesweep_error() -> None:
     assert issubclass(ConfigError, ServesweepError) and issubclass(SecretError, ServesweepError)
+
+
+def test_overrides_alone_say_how_to_keep_the_default():
+    # what `snakemake --config run_id=x` leaves with replace-workflow-config (profile)
+    with pytest.raises(ConfigError) as info:
+        load_experiment({"run_id": "x"}, {})
+    message = str(info.value)
+    assert "\n" not in message and "--configfile config/config.yaml" in message
