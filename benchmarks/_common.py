@@ -25,11 +25,11 @@ from typing import Any
 
 from servesweep.config import CLIENT_AXIS_ENV, SERVER_ARG_ENV, SERVER_AXIS_ENV
 from servesweep.errors import ServerStartError
-from servesweep.sim.process import free_port, start_sim  # noqa: F401 (free_port re-exported)
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # tests.support (staged bench_serving, tokenizer) and helpers
     sys.path.insert(0, str(REPO))
+from tests.support.simprocess import free_port, start_sim  # noqa: E402, F401 (free_port re-exported)
 
 RESULTS_DIR = REPO / "benchmarks" / "results"
 PROBE = REPO / "benchmarks" / "_probe.py"

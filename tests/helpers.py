@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from servesweep.sim.process import free_port  # noqa: F401 (re-exported)
+from tests.support.simprocess import free_port  # noqa: F401 (re-exported)
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / "config" / "config.yaml"

@@ -15,9 +15,7 @@ from pathlib import Path
 from servesweep.config import CellRepeat, Experiment, cell_repeats
 from servesweep.events import read_events
 from servesweep.paths import RunPaths
-from servesweep.sim.costmodel import Topology
-from servesweep.sim.offline import simulate_closed_loop
-from servesweep.sim.scheduler import new_scheduler
+from servesweep.sim.estimate import closed_loop_seconds
 
 # A real SGLang start of a large MoE model across nodes (seed 000: "about ten minutes").
 SGLANG_START_S = 600.0
@@ -61,29 +59,24 @@ def simulated_cell_s(exp: Experiment, cell: CellRepeat) -> float:
     """
     role = cell.server.roles[0]
     args = role.args
-    scheduler = new_scheduler(
-        topology=Topology(
-            tp_size=args.tp_size,
-            ep_size=args.ep_size,
-            dp_size=args.dp_size,
-            pp_size=args.pp_size,
-            nnodes=len(role.nodes),
-            moe_runner_backend=args.moe_runner_backend or "auto",
-        ),
+    w = cell.client.workload
+    seconds = closed_loop_seconds(
+        tp_size=args.tp_size,
+        ep_size=args.ep_size,
+        dp_size=args.dp_size,
+        pp_size=args.pp_size,
+        nnodes=len(role.nodes),
+        moe_runner_backend=args.moe_runner_backend or "auto",
         chunked_prefill_size=args.chunked_prefill_size,
         max_running_requests=args.max_running_requests,
         page_size=args.page_size,
-    )
-    w = cell.client.workload
-    run = simulate_closed_loop(
-        scheduler=scheduler,
         num_requests=w.num_requests,
         concurrency=w.concurrency,
         input_len=w.input_len,
         output_len=w.output_len,
     )
     scale = exp.engine.sim.time_scale if exp.engine.kind == "sim" else 1.0
-    return run.duration * scale
+    return seconds * scale
 
 
 def start_s(exp: Experiment) -> float:

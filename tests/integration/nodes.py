@@ -9,9 +9,9 @@ import pytest
 
 from servesweep.config import RuntimeConfig
 from servesweep.runtime import DockerRuntime
-from servesweep.sim.process import free_port  # noqa: F401 (re-exported)
 from servesweep.ssh import SshTransport
 from tests.helpers import wait_until  # noqa: F401 (re-exported)
+from tests.support.simprocess import free_port  # noqa: F401 (re-exported)
 
 NODES = ("node1", "node2", "node3", "node4")
 ADDRESSES = {"node1": "127.0.0.2", "node2": "127.0.0.3", "node3": "127.0.0.4", "node4": "127.0.0.5"}

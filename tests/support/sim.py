@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from servesweep.sim.process import start_sim
+from tests.support.simprocess import start_sim
 
 HOST = "127.0.0.1"
 SIM_MAIN = Path(__file__).resolve().parents[2] / "src" / "servesweep" / "sim" / "__main__.py"

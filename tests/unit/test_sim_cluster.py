@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from servesweep.sim.process import SimProcess, free_port, start_sim
+from tests.support.simprocess import SimProcess, free_port, start_sim
 
 FAST = ["--model", "sim/m", "--sim-time-scale", "0.001", "--sim-startup-s", "1"]
 TOPO = ["--tp-size", "24", "--ep-size", "24", "--nnodes", "3"]

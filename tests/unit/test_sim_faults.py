@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from servesweep.sim.process import SimProcess, start_sim
+from tests.support.simprocess import SimProcess, start_sim
 
 FAST = ["--model", "sim/m", "--port", "0", "--sim-time-scale", "0.001", "--sim-startup-s", "1"]
 
@@ -119,7 +119,7 @@ def test_crash_after_zero_crashes_on_the_first_request(tmp_path: Path) -> None:
 
 
 def test_request_before_ready_is_refused_and_takes_no_index(tmp_path: Path) -> None:
-    from servesweep.sim.process import free_port
+    from tests.support.simprocess import free_port
 
     port = free_port()
     argv = [

@@ -26,8 +26,8 @@ from servesweep.sim.pd import (
     bootstrap_of,
     check_compatible,
 )
-from servesweep.sim.process import ROUTER_READY_LINE, SimProcess, start_router, start_sim
 from servesweep.sim.tokens import WORDS
+from tests.support.simprocess import ROUTER_READY_LINE, SimProcess, start_router, start_sim
 
 # --sim-clean: these tests compare text with the output ids word for word (no drift pieces)
 FAST = ["--model", "sim/kimi", "--port", "0", "--sim-time-scale", "0.001", "--sim-startup-s", "1"]

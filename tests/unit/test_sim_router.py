@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from servesweep.sim.process import ROUTER_READY_LINE, SimProcess, start_router
 from servesweep.sim.router import (
     MiniLB,
     RouterArgsError,
@@ -26,6 +25,7 @@ from servesweep.sim.router import (
     build_parser,
     parse_args,
 )
+from tests.support.simprocess import ROUTER_READY_LINE, SimProcess, start_router
 
 
 @dataclass

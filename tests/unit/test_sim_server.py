@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from servesweep import logscan
-from servesweep.sim.process import SimProcess, free_port, start_sim
+from tests.support.simprocess import SimProcess, free_port, start_sim
 
 FAST = ["--sim-time-scale", "0.001", "--sim-startup-s", "1"]
 REQUIRED_SERVER_INFO = [

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import os
-import shlex
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -288,17 +285,3 @@ def resolved_args(ns: argparse.Namespace) -> dict[str, Any]:
     args["tokenizer_path"] = ns.tokenizer_path or ns.model_path
     args["dist_timeout"] = ns.dist_timeout or DEFAULT_DIST_TIMEOUT_S
     return args
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: parse, set up logging, run this rank until SIGTERM or a fatal error."""
-    from servesweep.sim.logs import setup_logging
-    from servesweep.sim.node import run_node
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    ns = parse_args(argv)
-    setup_logging(level=ns.log_level)
-    if os.environ.get(FAULTS_ENV, "").strip():
-        logger.info(f"Fault injection from {FAULTS_ENV}: {os.environ[FAULTS_ENV].strip()}")
-    launch_command = shlex.join([sys.executable, "-m", "servesweep.sim", *argv])
-    return asyncio.run(run_node(ns, launch_command=launch_command))

@@ -1,4 +1,4 @@
-"""Start the simulator (or its mini-LB router) as a local subprocess and wait for it."""
+"""Test harness: start the simulated engine (and its router) as local processes, by pid."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""servesweep.sim.process: starting the sim behind a command prefix (CPU pinning)."""
+"""tests.support.simprocess: starting the sim behind a command prefix (CPU pinning)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from servesweep.sim.process import start_sim
+from tests.support.simprocess import start_sim
 
 QUICK = ["--model", "m", "--port", "0", "--sim-time-scale", "0", "--skip-server-warmup"]
 

@@ -1,0 +1,92 @@
+"""The package's import graph: no cycles, no Snakemake, the sim reached through its facades."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "src" / "servesweep"
+# What the rest of the package may import from the simulator: the planner's estimate, and the
+# word-level re-count the builtin client applies to the sim's own text.
+SIM_FACADES = {"servesweep.sim.estimate", "servesweep.sim.tokens"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def imports(path: Path) -> set[str]:
+    """servesweep modules `path` imports anywhere (function-local imports included)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names}
+    return {name for name in found if name in MODULES}
+
+
+GRAPH = {name: imports(path) - {name} for name, path in MODULES.items()}
+
+
+def test_no_import_cycle():
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for dep in GRAPH[node]:
+            if dep not in index:
+                visit(dep)
+                low[node] = min(low[node], low[dep])
+            elif dep in stack:
+                low[node] = min(low[node], index[dep])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for name in GRAPH:
+        if name not in index:
+            visit(name)
+    assert cycles == []
+
+
+def test_package_never_imports_snakemake():
+    offenders = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            if any(n == "snakemake" or n.startswith("snakemake.") for n in names):
+                offenders.append(name)
+    assert offenders == []
+
+
+def test_the_workflow_reaches_the_sim_only_through_its_facades():
+    reach = {
+        (name, dep)
+        for name, deps in GRAPH.items()
+        if not name.startswith("servesweep.sim")
+        for dep in deps
+        if dep.startswith("servesweep.sim") and dep not in SIM_FACADES | {"servesweep.sim"}
+    }
+    assert reach == set()
