@@ -11,7 +11,13 @@ from servesweep.config import MIN_RETOKENIZED_RATIO, load_experiment_file, serve
 from servesweep.errors import ConfigError, ServesweepError
 from servesweep.paths import RunPaths
 from servesweep.plan import make_plan
-from servesweep.servers import ServerManager, connect, open_runtime, shutdown
+from servesweep.servers import (
+    ServerManager,
+    connect,
+    describe_server,
+    open_runtime,
+    shutdown,
+)
 from servesweep.transport import LocalTransport
 
 DEFAULT_CONFIG = "config/config.yaml"
@@ -36,6 +42,11 @@ def _parser() -> argparse.ArgumentParser:
     ):
         sub.add_parser(name, parents=[common], help=text, description=text)
     sub.choices["up"].add_argument("--server", help="server id (default: the first)")
+    sub.choices["down"].add_argument(
+        "--force",
+        action="store_true",
+        help="also remove other owners' servers in the way of this config (named, logged)",
+    )
     text = "judge bench_serving records and server logs: ok, warning, invalid or fatal per line"
     check = sub.add_parser("check", help=text, description=text)
     check.add_argument("files", nargs="*", metavar="FILE", help="JSONL records or server logs")
@@ -113,8 +124,13 @@ def cmd_up(args: argparse.Namespace) -> None:
 
 def cmd_down(args: argparse.Namespace) -> None:
     exp = load_experiment_file(args.configfile, os.environ)
-    shutdown(exp, RunPaths.for_run(exp, args.results), reason="servesweep down")
+    paths = RunPaths.for_run(exp, args.results)
+    shutdown(exp, paths, reason="servesweep down")
     print(f"run {exp.run_id}: every server stopped")
+    if args.force:
+        with connect(exp, paths) as manager:
+            for other in manager.remove_foreign(server_specs(exp)):
+                print(f"removed {describe_server(other)}")
 
 
 def cmd_check(args: argparse.Namespace) -> int:

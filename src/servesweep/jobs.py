@@ -44,7 +44,9 @@ def build_image(*, config: Mapping[str, Any], node: str, log: PathLike, out: Pat
     """Rule build_image: image + capability smoke evidence for one node."""
     exp, paths = experiment(config)
     with connect(exp, paths) as manager:
-        evidence = build(exp=exp, node=node, runtime=manager.runtime, log=Path(log))
+        evidence = build(
+            exp=exp, node=node, runtime=manager.runtime, log=Path(log), owner=manager.owner
+        )
     write_json_atomic(out, evidence)
 
 

@@ -7,7 +7,7 @@ import shlex
 from typing import Any
 
 from servesweep.config import PD_ROLES, Experiment, ServerSpec, server_specs
-from servesweep.engines import DEFAULT_BOOTSTRAP_PORT
+from servesweep.engines import listening_ports
 from servesweep.errors import PreflightFailed
 from servesweep.servers import ServerManager
 from servesweep.transport import node_address
@@ -27,21 +27,6 @@ def pd_agreement(spec: ServerSpec) -> dict[str, Any]:
             raise PreflightFailed(f"server {spec.id}: {key} differs: prefill {p!r}, decode {d!r}")
         out[key] = p
     return out
-
-
-def listening_ports(exp: Experiment, spec: ServerSpec) -> list[tuple[str, int]]:
-    """(node, port) pairs the server set will listen on."""
-    ports: list[tuple[str, int]] = []
-    for role in spec.roles:
-        ports.append((role.nodes[0], role.port))
-        if len(role.nodes) > 1:
-            ports.append((role.nodes[0], role.dist_init_port))
-        if role.name == "prefill":
-            bootstrap = role.args.disaggregation_bootstrap_port or DEFAULT_BOOTSTRAP_PORT
-            ports.append((role.nodes[0], bootstrap))
-    if spec.router is not None:
-        ports.append((spec.router.node, spec.router.port))
-    return list(dict.fromkeys(ports))
 
 
 def _ib_devices(spec: ServerSpec) -> list[tuple[str, str]]:
@@ -79,6 +64,7 @@ def run_preflight(*, exp: Experiment, manager: ServerManager) -> dict[str, Any]:
                 {"server": spec.id, "skipped": f"server {current.server_id} of this run is up"}
             )
             continue
+        manager.check_foreign(spec)  # another owner's server: name it, not just the port
         for node, port in listening_ports(exp, spec):
             probe = f"bash -c 'exec 3<>/dev/tcp/{node_address(exp.cluster, node)}/{port}'"
             if transport.run(node, f"{probe} 2>/dev/null", timeout=PROBE_TIMEOUT_S).ok:

@@ -17,12 +17,28 @@ from typing import Any
 
 from servesweep import logscan
 from servesweep.config import SINGLE_ROLE, Experiment, ServerSpec
-from servesweep.engines import ROUTER_ROLE, RankCommand, base_url, rank_commands, role_url
-from servesweep.errors import ServerDied, ServerStartError
+from servesweep.engines import (
+    ROUTER_ROLE,
+    RankCommand,
+    base_url,
+    listening_ports,
+    rank_commands,
+    role_url,
+)
+from servesweep.errors import ServerConflict, ServerDied, ServerStartError
 from servesweep.events import EventLog
 from servesweep.files import write_json_atomic, write_text_atomic
+from servesweep.owner import (
+    KIND_LABEL,
+    OWNER_LABEL,
+    PORTS_LABEL,
+    RUN_LABEL,
+    SERVER_KIND,
+    Owner,
+    current_owner,
+)
 from servesweep.paths import RunPaths
-from servesweep.runtime import ONESHOT_DIR, Launch, ProcessRuntime, Runtime
+from servesweep.runtime import ONESHOT_DIR, Labelled, Launch, ProcessRuntime, Runtime
 from servesweep.transport import LocalTransport, Transport
 
 logger = logging.getLogger(__name__)
@@ -102,25 +118,32 @@ class ServerManager:
         transport: Transport,
         runtime: Runtime,
         events: EventLog | None = None,
+        owner: Owner | None = None,
     ) -> None:
         self.exp = exp
         self.paths = paths
         self.transport = transport
         self.runtime = runtime
         self.events = events or EventLog(paths.orchestrator_log)
+        self.owner = owner or current_owner(paths.root.parent)
 
     # ------------------------------------------------------------ naming
     def labels(self, spec: ServerSpec | None = None) -> dict[str, str]:
-        labels = {"run": self.exp.run_id}
+        """Labels of this caller's servers: kind, run and owner (+ fingerprint of `spec`)."""
+        labels = {KIND_LABEL: SERVER_KIND, RUN_LABEL: self.exp.run_id, **self.owner.labels()}
         if spec is not None:
             labels |= {"fingerprint": spec.fingerprint}
         return labels
+
+    def node_dir(self) -> str:
+        """This owner's and run's directory on a node: two checkouts never share it."""
+        return f"{ONESHOT_DIR}/{self.owner.tag}/{self.exp.run_id}"
 
     def node_log_path(self, server_id: str, role: str, node: str) -> str:
         """Where a process writes its log on its node."""
         if self.exp.cluster.transport == "local":
             return str(self.local_log_path(server_id, role, node).resolve())
-        return f"{ONESHOT_DIR}/{self.exp.run_id}/{server_id}/{log_name(role, node)}"
+        return f"{self.node_dir()}/{server_id}/{log_name(role, node)}"
 
     def local_log_path(self, server_id: str, role: str, node: str) -> Path:
         return self.paths.service(server_id) / log_name(role, node)
@@ -128,14 +151,20 @@ class ServerManager:
     def launches(self, spec: ServerSpec) -> list[tuple[RankCommand, Launch]]:
         """Every process of a server set in start order, with its launch."""
         out = []
+        ports = listening_ports(self.exp, spec)
         for cmd in rank_commands(self.exp, spec):
             labels = self.labels(spec) | {
                 "server": spec.id,
                 "role": cmd.role,
                 "rank": str(cmd.rank),
+                "node": cmd.node,
+                PORTS_LABEL: ",".join(str(p) for n, p in ports if n == cmd.node),
             }
             launch = Launch(
-                name=f"servesweep-{self.exp.run_id}-{spec.fingerprint}-{cmd.role}-r{cmd.rank}",
+                name=(
+                    f"servesweep-{self.owner.tag}-{self.exp.run_id}-{spec.fingerprint}-"
+                    f"{cmd.role}-r{cmd.rank}"
+                ),
                 node=cmd.node,
                 argv=cmd.argv,
                 log_path=self.node_log_path(spec.id, cmd.role, cmd.node),
@@ -193,8 +222,13 @@ class ServerManager:
             started_at=time.time(),
         )
         self.transport.check_reachable(self.exp.cluster.nodes)
+        self.check_foreign(spec)
         self.events.emit(
-            "start", fp=spec.fingerprint, server=spec.id, nodes=",".join(self.exp.cluster.nodes)
+            "start",
+            fp=spec.fingerprint,
+            server=spec.id,
+            nodes=",".join(self.exp.cluster.nodes),
+            owner=self.owner.label,
         )
         try:
             launches = self.launches(spec)
@@ -360,15 +394,65 @@ class ServerManager:
         self.events.emit("stop", fp=state.fingerprint, server=state.server_id, reason=reason)
 
     def _remove_stale(self) -> None:
-        """Remove processes/containers of this run found by label (after a hard kill)."""
+        """Remove this owner's processes/containers of this run found by label (after a hard
+        kill); another owner's servers are never touched here."""
         labels = self.labels()
         for node in self.exp.cluster.nodes:
             for handle in self.runtime.find(node, labels):
                 self.events.emit("stale", node=node, handle=handle, run=self.exp.run_id)
                 self.runtime.stop(node, handle)
 
+    def foreign(self, spec: ServerSpec) -> list[Labelled]:
+        """Servers of other owners in the way of `spec`: on a node it needs (a real engine
+        needs the node's GPUs), or holding one of its ports (the sim shares a machine)."""
+        needed = listening_ports(self.exp, spec)
+        nodes = list(
+            dict.fromkeys(
+                [
+                    *(n for r in spec.roles for n in r.nodes),
+                    *([spec.router.node] if spec.router else []),
+                ]
+            )
+        )
+        found = []
+        for node in nodes:
+            ports = {p for n, p in needed if n == node}
+            for other in self.runtime.labelled(node, {KIND_LABEL: SERVER_KIND}):
+                if other.labels.get(OWNER_LABEL) == self.owner.label:
+                    continue
+                if other.labels.get("node", node) != node:
+                    continue  # one machine or one dockerd serving several test nodes
+                held = {int(p) for p in other.labels.get(PORTS_LABEL, "").split(",") if p}
+                if self.exp.engine.kind != "sim" or held & ports:
+                    found.append(other)
+        return found
+
+    def check_foreign(self, spec: ServerSpec) -> None:
+        """One-line error naming the owner of a server that is in `spec`'s way."""
+        found = self.foreign(spec)
+        if found:
+            raise ServerConflict(describe_conflict(found[0], spec_id=spec.id))
+
+    def remove_foreign(self, specs: list[ServerSpec]) -> list[Labelled]:
+        """`servesweep down --force`: stop other owners' servers in the way of `specs`."""
+        removed: dict[tuple[str, str], Labelled] = {}
+        for spec in specs:
+            for other in self.foreign(spec):
+                if (other.node, other.handle) in removed:
+                    continue
+                self.events.emit(
+                    "force-stop",
+                    node=other.node,
+                    handle=other.handle,
+                    owner=other.labels.get(OWNER_LABEL, "?"),
+                    run=other.labels.get(RUN_LABEL, "?"),
+                )
+                self.runtime.stop(other.node, other.handle)
+                removed[other.node, other.handle] = other
+        return list(removed.values())
+
     def stop_all(self, *, reason: str) -> None:
-        """Stop the current server set and any stale one of this run."""
+        """Stop the current server set and any stale one of this run (this owner's only)."""
         state = self.current()
         if state is not None:
             self.stop(state, reason=reason)
@@ -396,6 +480,24 @@ class ServerManager:
                 }
             )
         return rows
+
+
+def describe_server(other: Labelled) -> str:
+    """`node N: server S (run R, ports P, handle H) of owner O`, from its labels."""
+    labels = other.labels
+    return (
+        f"node {other.node}: server {labels.get('server', '?')} (run {labels.get(RUN_LABEL, '?')}"
+        f", ports {labels.get(PORTS_LABEL) or '?'}, handle {other.handle[:12]}) of owner "
+        f"{labels.get(OWNER_LABEL, 'unknown')}"
+    )
+
+
+def describe_conflict(other: Labelled, *, spec_id: str) -> str:
+    """One line: whose server is in the way, where, and how to remove it."""
+    return (
+        f"{describe_server(other)} is in the way of server {spec_id}; ask its owner or remove "
+        f"it with `servesweep down --force`"
+    )
 
 
 def open_transport(exp: Experiment) -> Transport:

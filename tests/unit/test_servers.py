@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from servesweep.config import load_experiment, server_specs
-from servesweep.errors import ServerStartError
+from servesweep.errors import ServerConflict, ServerStartError
 from servesweep.events import read_events
 from servesweep.paths import RunPaths
 from servesweep.runtime import ProcessRuntime
@@ -105,3 +105,68 @@ def test_ready_timeout(tmp_path: Path) -> None:
     with pytest.raises(ServerStartError, match="not ready after 1s"):
         m.ensure(spec)
     assert m.runtime.find("local", m.labels()) == []
+
+
+def _twin(first: ServerManager, tmp_path: Path, **changes) -> ServerManager:
+    """A second checkout: same run_id and config, another results root (another owner)."""
+    raw = first.exp.model_dump(mode="json")
+    exp = load_experiment(deep_update(raw, changes), {})
+    transport = LocalTransport()
+    return ServerManager(
+        exp,
+        RunPaths(tmp_path / "other-checkout" / "results" / exp.run_id),
+        transport=transport,
+        runtime=ProcessRuntime(transport),
+    )
+
+
+def test_owner_labels_name_and_node_paths(manager: ServerManager, tmp_path: Path) -> None:
+    other = _twin(manager, tmp_path)
+    assert manager.owner.checkout != other.owner.checkout
+    assert manager.owner.user == other.owner.user and manager.owner.host == other.owner.host
+    spec = server_specs(manager.exp)[0]
+    (_, mine), (_, theirs) = manager.launches(spec)[0], other.launches(spec)[0]
+    assert mine.name != theirs.name and manager.owner.tag in mine.name
+    assert mine.labels["owner"] == manager.owner.label
+    assert mine.labels["ports"] == f"{manager.exp.engine.port}"
+    assert manager.node_dir() != other.node_dir()
+
+
+def test_two_owners_same_run_id_never_stop_each_other(
+    manager: ServerManager, tmp_path: Path
+) -> None:
+    other = _twin(manager, tmp_path, engine={"port": free_port(), "dist_init_port": free_port()})
+    spec, their_spec = server_specs(manager.exp)[0], server_specs(other.exp)[0]
+    mine, _ = manager.ensure(spec)
+    try:
+        theirs, fresh = other.ensure(their_spec)
+        assert fresh, "another owner's server is never reused"
+        other.stop_all(reason="their down")
+        assert manager.runtime.is_running("local", mine.ranks[0].handle)
+        assert not other.runtime.is_running("local", theirs.ranks[0].handle)
+        manager.paths.current_server.unlink()  # our state lost (SIGKILL): stale by label
+        other.stop_all(reason="their down again")
+        assert manager.runtime.is_running("local", mine.ranks[0].handle)
+    finally:
+        other.stop_all(reason="test teardown")
+
+
+def test_another_owners_server_on_our_port_is_one_line_naming_the_owner(
+    manager: ServerManager, tmp_path: Path
+) -> None:
+    other = _twin(manager, tmp_path)
+    spec = server_specs(manager.exp)[0]
+    theirs, _ = other.ensure(spec)
+    try:
+        with pytest.raises(ServerConflict) as info:
+            manager.ensure(spec)
+        message = str(info.value)
+        assert "\n" not in message and other.owner.label in message
+        assert "servesweep down --force" in message
+        assert other.runtime.is_running("local", theirs.ranks[0].handle)
+        removed = manager.remove_foreign([spec])
+        assert [r.handle for r in removed] == [theirs.ranks[0].handle]
+        assert not other.runtime.is_running("local", theirs.ranks[0].handle)
+        assert "force-stop" in _events(manager)
+    finally:
+        other.stop_all(reason="test teardown")
