@@ -2,7 +2,14 @@
 import os
 import sys
 
-from servesweep.config import axis_names, cell_repeats, load_experiment, server_specs
+from servesweep.config import (
+    axis_names,
+    cell_repeats,
+    load_experiment,
+    measured_config,
+    server_specs,
+    workload_key,
+)
 from servesweep.compare import run_inputs
 from servesweep.engines import check_experiment
 from servesweep.errors import ConfigError
@@ -45,7 +52,7 @@ def cell_fingerprint(wildcards):
 
 
 def cell_workload(wildcards):
-    return cell_of(wildcards).client.workload.model_dump_json()
+    return workload_key(cell_of(wildcards).client.workload)
 
 
 def cell_priority(wildcards):
@@ -69,7 +76,9 @@ BUILDS = [str(p) for p in PATHS.builds(EXP)]
 PREREQUISITES = [*BUILDS, str(PATHS.preflight)]
 PREREQUISITE_PRIORITY = max(spec.priority for spec in SPECS) + 1
 FRESH_RUN = next((PATHS.root / "raw").glob("*/*/r*.jsonl"), None) is None
-CELL_PREREQUISITES = [p for p in PREREQUISITES if not os.path.exists(p)] if FRESH_RUN else []
+CELL_PREREQUISITES = (
+    [p for p in PREREQUISITES if not os.path.exists(p)] if FRESH_RUN else []
+)
 # Preflight checks every server config: a new or changed one reruns it.
 SERVER_FINGERPRINTS = sorted(spec.fingerprint for spec in SPECS)
 

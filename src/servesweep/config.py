@@ -602,28 +602,74 @@ class CellRepeat:
         return f"{self.server.id}/{self.client.id}/r{self.repeat}"
 
 
+# The identity split (docs/identity.md): these fields say how a server set is reached or
+# supervised, not what it measures, so they stay out of fingerprints and cell params. Changing
+# one of them (a port, an address, a timeout) reruns nothing.
+REACH_ENGINE_FIELDS = frozenset({"port", "dist_init_port", "ready_timeout_s"})
+REACH_RUNTIME_FIELDS = frozenset({"sudo"})
+REACH_SERVER_ARG_FIELDS = frozenset({"disaggregation_bootstrap_port"})
+REACH_ROUTER_FIELDS = frozenset({"port"})
+REACH_WORKLOAD_FIELDS = frozenset({"request_timeout_s"})
+
+
 def fingerprint(exp: Experiment, roles: tuple[RoleSpec, ...]) -> str:
-    """Short hash of exactly what needs a (re)started server set."""
+    """Short hash of exactly what defines the measurement of a server set: image, engine and
+    its version, model, topology, launch flags; not ports, addresses, labels or timeouts."""
     payload = {
         # Injected faults are a rehearsal knob, not a server property: removing one must not
         # rerun the cells that finished (nor change the sim's noise stream).
-        "engine": exp.engine.model_dump(exclude={"ready_timeout_s": True, "sim": {"faults"}}),
-        "runtime": exp.runtime.model_dump(),
-        "cluster": {"addresses": exp.cluster.addresses, "gpus_per_node": exp.cluster.gpus_per_node},
+        "engine": exp.engine.model_dump(
+            exclude={**dict.fromkeys(REACH_ENGINE_FIELDS, True), "sim": {"faults"}}
+        ),
+        "runtime": exp.runtime.model_dump(exclude=set(REACH_RUNTIME_FIELDS)),
+        "cluster": {"gpus_per_node": exp.cluster.gpus_per_node},
         "roles": [
             {
                 "name": r.name,
                 "nodes": r.nodes,
-                "port": r.port,
-                "dist_init_port": r.dist_init_port,
-                "args": r.args.model_dump(),
+                "args": r.args.model_dump(exclude=set(REACH_SERVER_ARG_FIELDS)),
             }
             for r in roles
         ],
-        "router": exp.router.model_dump() if exp.router else None,
+        "router": exp.router.model_dump(exclude=set(REACH_ROUTER_FIELDS)) if exp.router else None,
     }
     blob = json.dumps(payload, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def workload_key(workload: Workload) -> str:
+    """The measured part of a workload as JSON (a cell's `params`; timeouts left out)."""
+    return workload.model_dump_json(exclude=set(REACH_WORKLOAD_FIELDS))
+
+
+def measured_config(exp: Experiment) -> str:
+    """The experiment as JSON without the reach fields (the manifest's rerun trigger)."""
+    data = exp.model_dump(mode="json")
+    for key in REACH_ENGINE_FIELDS:
+        data["engine"].pop(key, None)
+    for key in REACH_RUNTIME_FIELDS:
+        data["runtime"].pop(key, None)
+    data["cluster"].pop("addresses", None)
+    data["cluster"].pop("ssh", None)
+    for args in [data["server"], *(r["server"] for r in data["roles"].values())]:
+        for key in REACH_SERVER_ARG_FIELDS:
+            args.pop(key, None)
+    for role in data["roles"].values():
+        role.pop("port", None)
+        role.pop("dist_init_port", None)
+    if data["router"]:
+        for key in REACH_ROUTER_FIELDS:
+            data["router"].pop(key, None)
+    for workload in [data["workload"], *data["cases"].values()]:
+        for key in REACH_WORKLOAD_FIELDS:
+            workload.pop(key, None)
+    return json.dumps(data, sort_keys=True)
+
+
+def canonical_axes(axes: Mapping[str, Any], model: type[BaseModel]) -> dict[str, Any]:
+    """Axes in the model's field order, whatever the YAML order: ids never depend on it."""
+    order = list(model.model_fields)
+    return {k: axes[k] for k in sorted(axes, key=order.index)}
 
 
 def server_specs(exp: Experiment) -> list[ServerSpec]:
@@ -642,10 +688,11 @@ def server_specs(exp: Experiment) -> list[ServerSpec]:
             )
             for layout in layouts
         )
+        axes = canonical_axes(axes, ServerArgs)
         specs.append(
             ServerSpec(
                 id=_segment(axes, "pd" if exp.roles else "default"),
-                axes=dict(axes),
+                axes=axes,
                 roles=roles,
                 router=exp.router,
                 fingerprint=fingerprint(exp, roles),
@@ -674,7 +721,8 @@ def client_specs(exp: Experiment) -> list[ClientSpec]:
             for name in selected_cases(exp)
         ]
     specs = []
-    for axes in _combinations(exp.matrix.client):
+    for combo in _combinations(exp.matrix.client):
+        axes = canonical_axes(combo, Workload)
         workload = Workload.model_validate({**exp.workload.model_dump(), **axes})
         specs.append(
             ClientSpec(
