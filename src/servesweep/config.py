@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import (
@@ -135,6 +135,9 @@ class SimConfig(Strict):
     faults: SimFaults = SimFaults()
 
 
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
 class EngineConfig(Strict):
     """Which serving engine runs: SGLang itself or our simulator speaking its API."""
 
@@ -142,8 +145,10 @@ class EngineConfig(Strict):
     version: str = "0.5.23"
     model_path: str
     served_model_name: str | None = None
-    port: int = Field(default=30000, ge=1, le=65535)
-    dist_init_port: int = Field(default=20000, ge=1, le=65535)
+    # "auto": a free port picked when the server starts (local transport only); recorded in
+    # service/current.json, from where clients of later cells reach it.
+    port: Port | Literal["auto"] = 30000
+    dist_init_port: Port | Literal["auto"] = 20000
     ready_timeout_s: float = Field(default=900.0, gt=0)
     python: str = "python3"
     sim: SimConfig = SimConfig()
@@ -322,6 +327,9 @@ class Experiment(Strict):
         return self
 
     def _check_roles(self) -> None:
+        auto = "auto" in (self.engine.port, self.engine.dist_init_port)
+        if auto and self.cluster.transport != "local":
+            raise ValueError("engine.port: 'auto' needs cluster.transport local (give a number)")
         if not self.roles:
             if self.router is not None:
                 raise ValueError("router: needs roles prefill and decode")
@@ -356,6 +364,15 @@ class Experiment(Strict):
             raise ValueError(f"suite: {self.suite!r} is not one of {[*self.suites, 'all']}")
 
 
+# A port given as "auto" in RoleLayout/RoleSpec until ServerManager.start picks a free one.
+AUTO_PORT = 0
+
+
+def port_number(port: int | str) -> int:
+    """A configured port as a number (AUTO_PORT for "auto")."""
+    return AUTO_PORT if port == "auto" else int(port)
+
+
 @dataclass(frozen=True)
 class RoleLayout:
     """Where one role runs and its base arguments (before matrix axes)."""
@@ -374,8 +391,8 @@ def role_layouts(exp: Experiment) -> list[RoleLayout]:
             RoleLayout(
                 SINGLE_ROLE,
                 tuple(exp.cluster.nodes),
-                exp.engine.port,
-                exp.engine.dist_init_port,
+                port_number(exp.engine.port),
+                port_number(exp.engine.dist_init_port),
                 exp.server,
             )
         ]
@@ -387,8 +404,8 @@ def role_layouts(exp: Experiment) -> list[RoleLayout]:
             RoleLayout(
                 name,
                 tuple(role.nodes),
-                role.port or exp.engine.port,
-                role.dist_init_port or exp.engine.dist_init_port,
+                role.port or port_number(exp.engine.port),
+                role.dist_init_port or port_number(exp.engine.dist_init_port),
                 base,
             )
         )

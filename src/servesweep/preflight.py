@@ -6,7 +6,7 @@ import datetime as dt
 import shlex
 from typing import Any
 
-from servesweep.config import PD_ROLES, Experiment, ServerSpec, server_specs
+from servesweep.config import AUTO_PORT, PD_ROLES, Experiment, ServerSpec, server_specs
 from servesweep.engines import listening_ports
 from servesweep.errors import PreflightFailed
 from servesweep.servers import ServerManager
@@ -66,6 +66,9 @@ def run_preflight(*, exp: Experiment, manager: ServerManager) -> dict[str, Any]:
             continue
         manager.check_foreign(spec)  # another owner's server: name it, not just the port
         for node, port in listening_ports(exp, spec):
+            if port == AUTO_PORT:
+                checks["ports"].append({"node": node, "port": "auto"})
+                continue
             probe = f"bash -c 'exec 3<>/dev/tcp/{node_address(exp.cluster, node)}/{port}'"
             if transport.run(node, f"{probe} 2>/dev/null", timeout=PROBE_TIMEOUT_S).ok:
                 raise PreflightFailed(

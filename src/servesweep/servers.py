@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -211,7 +213,8 @@ class ServerManager:
 
     def start(self, spec: ServerSpec) -> ServerState:
         """Start role by role (prefill, decode, router), each ready before the next;
-        on failure stop everything that started."""
+        on failure stop everything that started. "auto" ports are picked now."""
+        spec = resolve_ports(spec)
         service = self.paths.service(spec.id)
         service.mkdir(parents=True, exist_ok=True)
         write_text_atomic(service / "commands.sh", self.commands_script(spec))
@@ -480,6 +483,27 @@ class ServerManager:
                 }
             )
         return rows
+
+
+def resolve_ports(spec: ServerSpec) -> ServerSpec:
+    """`spec` with every "auto" port (AUTO_PORT) replaced by a port free on this machine
+    (config allows "auto" only with the local transport)."""
+    roles = tuple(
+        dataclasses.replace(
+            role,
+            port=role.port or free_port(),
+            dist_init_port=role.dist_init_port or free_port(),
+        )
+        for role in spec.roles
+    )
+    return dataclasses.replace(spec, roles=roles)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (bind port 0, read it, close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
 
 
 def describe_server(other: Labelled) -> str:

@@ -210,3 +210,10 @@ def test_what_defines_the_measurement_is_in_the_fingerprint(raw: dict, measured:
     before, after = _ids_and_fps(raw), _ids_and_fps(deep_update(raw, measured))
     assert before.keys() == after.keys()
     assert all(before[k] != after[k] for k in before)
+
+
+def test_auto_ports_only_with_the_local_transport(raw: dict) -> None:
+    assert load_experiment(raw, {}).engine.port == "auto"
+    remote = deep_update(raw, {"cluster": {"transport": "ssh"}})
+    with pytest.raises(ConfigError, match="config key 'engine.port': 'auto' needs cluster"):
+        load_experiment(remote, {})

@@ -137,6 +137,7 @@ def test_two_owners_same_run_id_never_stop_each_other(
 ) -> None:
     other = _twin(manager, tmp_path, engine={"port": free_port(), "dist_init_port": free_port()})
     spec, their_spec = server_specs(manager.exp)[0], server_specs(other.exp)[0]
+    assert spec.fingerprint == their_spec.fingerprint  # the port is not part of it
     mine, _ = manager.ensure(spec)
     try:
         theirs, fresh = other.ensure(their_spec)
@@ -169,4 +170,21 @@ def test_another_owners_server_on_our_port_is_one_line_naming_the_owner(
         assert not other.runtime.is_running("local", theirs.ranks[0].handle)
         assert "force-stop" in _events(manager)
     finally:
+        other.stop_all(reason="test teardown")
+
+
+def test_auto_ports_are_picked_at_start_and_recorded(tmp_path: Path) -> None:
+    m = _manager(tmp_path, engine={"port": "auto", "dist_init_port": "auto"})
+    other = _twin(m, tmp_path)
+    spec = server_specs(m.exp)[0]
+    assert spec.roles[0].port == 0
+    try:
+        mine, _ = m.ensure(spec)
+        theirs, _ = other.ensure(spec)
+        assert mine.base_url != theirs.base_url and not mine.base_url.endswith(":0")
+        assert http_status(f"{mine.base_url}/health") == 200
+        again, fresh = m.ensure(spec)
+        assert not fresh and again.base_url == mine.base_url
+    finally:
+        m.stop_all(reason="test teardown")
         other.stop_all(reason="test teardown")
