@@ -7,7 +7,13 @@ import os
 import sys
 from pathlib import Path
 
-from servesweep.config import MIN_RETOKENIZED_RATIO, load_experiment_file, server_specs
+from servesweep.cells import run_warmup
+from servesweep.config import (
+    MIN_RETOKENIZED_RATIO,
+    cell_repeats,
+    load_experiment_file,
+    server_specs,
+)
 from servesweep.errors import ConfigError, ServesweepError
 from servesweep.paths import RunPaths
 from servesweep.plan import make_plan
@@ -34,10 +40,10 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="servesweep", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     for name, text in (
-        ("down", "stop every server of the run (current and stale by label)"),
-        ("status", "per node and rank: handle, running, health"),
+        ("down", "stop this run's servers and this config's services (yours only)"),
+        ("status", "servers on the nodes by label: owner, run, service, uptime, used by, health"),
         ("commands", "print every server launch command per node; touches no node"),
-        ("up", "start a server set and leave it running for manual checks"),
+        ("up", "start a service (warm-up included) that every run of this server config reuses"),
         ("plan", "missing cell-repeats, server starts, estimated wall time; touches no node"),
     ):
         sub.add_parser(name, parents=[common], help=text, description=text)
@@ -96,7 +102,7 @@ def cmd_status(args: argparse.Namespace) -> None:
     with connect(exp, RunPaths.for_run(exp, args.results)) as manager:
         rows = manager.status()
     if not rows:
-        print(f"run {exp.run_id}: no server running")
+        print(f"run {exp.run_id}: no server running on {', '.join(exp.cluster.nodes)}")
     for row in rows:
         print("  ".join(f"{k}={v}" for k, v in row.items()))
 
@@ -113,20 +119,25 @@ def cmd_up(args: argparse.Namespace) -> None:
     chosen = [s for s in specs if args.server in (None, s.id)]
     if not chosen:
         raise ConfigError(f"--server {args.server!r}: not one of {[s.id for s in specs]}")
+    spec = chosen[0]
     with connect(exp, RunPaths.for_run(exp, args.results)) as manager:
-        state, fresh = manager.ensure(chosen[0])
+        manager.service_mode = True
+        state, fresh = manager.ensure(spec)
+        if fresh and exp.warmup_after_start:
+            cell = next(c for c in cell_repeats(exp) if c.server.id == spec.id)
+            run_warmup(exp=exp, cell=cell, manager=manager, state=state)
     verb = "started" if fresh else "already running"
     print(
-        f"run {exp.run_id}: server {state.server_id} (fp {state.fingerprint}) {verb} at "
-        f"{state.base_url}; stop it with `servesweep down`"
+        f"service {state.fingerprint} (server {state.server_id}) {verb} at {state.base_url}; "
+        f"runs with this server config reuse it; stop it with `servesweep down`"
     )
 
 
 def cmd_down(args: argparse.Namespace) -> None:
     exp = load_experiment_file(args.configfile, os.environ)
     paths = RunPaths.for_run(exp, args.results)
-    shutdown(exp, paths, reason="servesweep down")
-    print(f"run {exp.run_id}: every server stopped")
+    shutdown(exp, paths, reason="servesweep down", services=True)
+    print(f"run {exp.run_id}: every server and service of this config stopped")
     if args.force:
         with connect(exp, paths) as manager:
             for other in manager.remove_foreign(server_specs(exp)):

@@ -18,6 +18,8 @@ PORTS_LABEL = "ports"
 # Label every server process carries (what a search for any servesweep server filters on).
 KIND_LABEL = "kind"
 SERVER_KIND = "server"
+# Label of a service brought up by `servesweep up` (its fingerprint): stale cleanup skips it.
+SERVICE_LABEL = "service"
 
 
 @dataclass(frozen=True)

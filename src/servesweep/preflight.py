@@ -64,6 +64,9 @@ def run_preflight(*, exp: Experiment, manager: ServerManager) -> dict[str, Any]:
                 {"server": spec.id, "skipped": f"server {current.server_id} of this run is up"}
             )
             continue
+        if manager.service(spec.fingerprint) is not None:
+            checks["ports"].append({"server": spec.id, "skipped": "its service is up (reused)"})
+            continue
         manager.check_foreign(spec)  # another owner's server: name it, not just the port
         for node, port in listening_ports(exp, spec):
             if port == AUTO_PORT:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from servesweep import logscan
-from servesweep.config import SINGLE_ROLE, Experiment, ServerSpec
+from servesweep.config import SINGLE_ROLE, Experiment, ServerSpec, server_specs
 from servesweep.engines import (
     ROUTER_ROLE,
     RankCommand,
@@ -36,6 +36,7 @@ from servesweep.owner import (
     PORTS_LABEL,
     RUN_LABEL,
     SERVER_KIND,
+    SERVICE_LABEL,
     Owner,
     current_owner,
 )
@@ -71,6 +72,9 @@ class ServerState:
     ranks: list[RankState] = field(default_factory=list)
     started_at: float = 0.0
     ready_at: float | None = None
+    service: bool = False  # brought up by `servesweep up`: outlives runs
+    owner: str = ""
+    run_id: str = ""  # the run (or `up`) that started it
 
     @classmethod
     def load(cls, path: Path) -> ServerState | None:
@@ -128,6 +132,8 @@ class ServerManager:
         self.runtime = runtime
         self.events = events or EventLog(paths.orchestrator_log)
         self.owner = owner or current_owner(paths.root.parent)
+        # `servesweep up`: what starts is a service (labelled, recorded in paths.services).
+        self.service_mode = False
 
     # ------------------------------------------------------------ naming
     def labels(self, spec: ServerSpec | None = None) -> dict[str, str]:
@@ -135,6 +141,8 @@ class ServerManager:
         labels = {KIND_LABEL: SERVER_KIND, RUN_LABEL: self.exp.run_id, **self.owner.labels()}
         if spec is not None:
             labels |= {"fingerprint": spec.fingerprint}
+            if self.service_mode:
+                labels |= {SERVICE_LABEL: spec.fingerprint}
         return labels
 
     def node_dir(self) -> str:
@@ -193,10 +201,21 @@ class ServerManager:
 
     # ------------------------------------------------------------ lifecycle
     def current(self) -> ServerState | None:
+        """The server set this run started (service/current.json)."""
         return ServerState.load(self.paths.current_server)
 
+    def service(self, fingerprint: str) -> ServerState | None:
+        """The service with this fingerprint that `servesweep up` left running, if any."""
+        return ServerState.load(self.paths.service_record(fingerprint))
+
+    def _state_file(self, state: ServerState) -> Path:
+        if state.service:
+            return self.paths.service_record(state.fingerprint)
+        return self.paths.current_server
+
     def ensure(self, spec: ServerSpec) -> tuple[ServerState, bool]:
-        """Reuse the running set if it has `spec`'s fingerprint and is healthy, else restart.
+        """Reuse a healthy server with `spec`'s fingerprint (this run's, or a service brought
+        up by `servesweep up`, whatever run started it), else start one.
 
         Returns the state and whether it was started just now."""
         state = self.current()
@@ -208,8 +227,39 @@ class ServerManager:
         if state is not None:
             reason = "fingerprint change" if state.fingerprint != spec.fingerprint else "unhealthy"
             self.stop(state, reason=reason)
+        service = self.service(spec.fingerprint)
+        if service is not None:
+            if self._healthy(service):
+                self.events.emit(
+                    "reuse", fp=spec.fingerprint, server=spec.id, service=spec.fingerprint
+                )
+                self._note_use(spec.fingerprint)
+                return service, False
+            self.events.emit("unhealthy", fp=spec.fingerprint, service=spec.fingerprint)
+            self.stop(service, reason="service unhealthy")
         self._remove_stale()
         return self.start(spec), True
+
+    def _note_use(self, fingerprint: str) -> None:
+        """Add this run to the service's list of runs that used it (once per run)."""
+        path = self.paths.service_runs(fingerprint)
+        seen = path.read_text().split() if path.exists() else []
+        if self.exp.run_id not in seen:
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            write_text_atomic(
+                path,
+                "".join(
+                    f"{line}\n"
+                    for line in [
+                        *(path.read_text().splitlines() if path.exists() else []),
+                        f"{stamp} {self.exp.run_id}",
+                    ]
+                ),
+            )
+
+    def service_runs(self, fingerprint: str) -> list[str]:
+        path = self.paths.service_runs(fingerprint)
+        return [line.split()[1] for line in path.read_text().splitlines()] if path.exists() else []
 
     def start(self, spec: ServerSpec) -> ServerState:
         """Start role by role (prefill, decode, router), each ready before the next;
@@ -223,7 +273,11 @@ class ServerManager:
             server_id=spec.id,
             base_url=base_url(self.exp, spec),
             started_at=time.time(),
+            service=self.service_mode,
+            owner=self.owner.label,
+            run_id=self.exp.run_id,
         )
+        state_file = self._state_file(state)
         self.transport.check_reachable(self.exp.cluster.nodes)
         self.check_foreign(spec)
         self.events.emit(
@@ -251,7 +305,7 @@ class ServerManager:
                             self._url(spec, cmd),
                         )
                     )
-                    write_json_atomic(self.paths.current_server, state.to_dict())
+                    write_json_atomic(state_file, state.to_dict())
                 self._wait_ready(state, spec, role)
                 if role != SINGLE_ROLE:
                     self.events.emit(
@@ -271,7 +325,9 @@ class ServerManager:
             self.stop(state, reason="start failed")
             raise
         state.ready_at = time.time()
-        write_json_atomic(self.paths.current_server, state.to_dict())
+        write_json_atomic(state_file, state.to_dict())
+        if state.service:
+            self._note_use(spec.fingerprint)
         write_json_atomic(service / "server.json", state.to_dict())
         info = http_json(f"{state.ranks[0].url}/server_info")
         if info is not None:
@@ -391,9 +447,12 @@ class ServerManager:
 
         with ThreadPoolExecutor(max_workers=max(1, len(state.ranks))) as pool:
             list(pool.map(_stop, state.ranks))
-        current = self.current()
-        if current is not None and current.fingerprint == state.fingerprint:
-            self.paths.current_server.unlink(missing_ok=True)
+        if state.service:
+            self.paths.service_record(state.fingerprint).unlink(missing_ok=True)
+        else:
+            current = self.current()
+            if current is not None and current.fingerprint == state.fingerprint:
+                self.paths.current_server.unlink(missing_ok=True)
         self.events.emit("stop", fp=state.fingerprint, server=state.server_id, reason=reason)
 
     def _remove_stale(self) -> None:
@@ -401,9 +460,11 @@ class ServerManager:
         kill); another owner's servers are never touched here."""
         labels = self.labels()
         for node in self.exp.cluster.nodes:
-            for handle in self.runtime.find(node, labels):
-                self.events.emit("stale", node=node, handle=handle, run=self.exp.run_id)
-                self.runtime.stop(node, handle)
+            for found in self.runtime.labelled(node, labels):
+                if found.labels.get(SERVICE_LABEL):
+                    continue  # a service outlives runs: only `servesweep down` stops it
+                self.events.emit("stale", node=node, handle=found.handle, run=self.exp.run_id)
+                self.runtime.stop(node, found.handle)
 
     def foreign(self, spec: ServerSpec) -> list[Labelled]:
         """Servers of other owners in the way of `spec`: on a node it needs (a real engine
@@ -454,35 +515,73 @@ class ServerManager:
                 removed[other.node, other.handle] = other
         return list(removed.values())
 
-    def stop_all(self, *, reason: str) -> None:
-        """Stop the current server set and any stale one of this run (this owner's only)."""
+    def stop_all(self, *, reason: str, services: bool = False) -> None:
+        """Stop the server set this run started and any stale one of this run (this owner's
+        only); with `services`, also the services of this config's fingerprints
+        (`servesweep down`), recorded or found by label."""
         state = self.current()
         if state is not None:
             self.stop(state, reason=reason)
         self._remove_stale()
+        if not services:
+            return
+        for spec in server_specs(self.exp):
+            service = self.service(spec.fingerprint)
+            if service is not None:
+                self.stop(service, reason=reason)
+            mine = {KIND_LABEL: SERVER_KIND, SERVICE_LABEL: spec.fingerprint, **self.owner.labels()}
+            for node in self.exp.cluster.nodes:
+                for handle in self.runtime.find(node, mine):
+                    self.events.emit("stale", node=node, handle=handle, service=spec.fingerprint)
+                    self.runtime.stop(node, handle)
 
     def status(self) -> list[dict[str, str]]:
-        """Per node and rank: handle, running, health (rank 0)."""
-        state = self.current()
-        if state is None:
-            return []
+        """Per server process found on the nodes by label (any owner, so also what a killed
+        run left): owner, run, service, uptime and the runs that used it (from our records),
+        running, health (rank 0)."""
+        known: dict[tuple[str, str], tuple[ServerState, RankState]] = {}
+        for spec in server_specs(self.exp):
+            for state in (self.current(), self.service(spec.fingerprint)):
+                if state is not None:
+                    known |= {(r.node, r.handle): (state, r) for r in state.ranks}
         rows = []
-        for rank in state.ranks:
-            running = self.runtime.is_running(rank.node, rank.handle)
-            health = str(http_status(f"{rank.url}/health") or "no answer") if rank.url else ""
-            rows.append(
-                {
-                    "role": rank.role,
-                    "server": state.server_id,
-                    "fp": state.fingerprint,
-                    "node": rank.node,
-                    "rank": str(rank.rank),
-                    "handle": rank.handle,
-                    "running": str(running),
-                    "health": health,
-                }
-            )
+        seen: set[tuple[str, str]] = set()
+        for node in self.exp.cluster.nodes:
+            for found in self.runtime.labelled(node, {KIND_LABEL: SERVER_KIND}):
+                if found.labels.get("node", node) != node or (node, found.handle) in seen:
+                    continue
+                seen.add((node, found.handle))
+                rows.append(self._status_row(found, known.get((node, found.handle))))
         return rows
+
+    def _status_row(
+        self, found: Labelled, known: tuple[ServerState, RankState] | None
+    ) -> dict[str, str]:
+        labels = found.labels
+        fp = labels.get("fingerprint", "?")
+        service = labels.get(SERVICE_LABEL, "")
+        row = {
+            "node": found.node,
+            "role": labels.get("role", "?"),
+            "rank": labels.get("rank", "?"),
+            "server": labels.get("server", "?"),
+            "fp": fp,
+            "service": service or "-",
+            "owner": labels.get(OWNER_LABEL, "?"),
+            "mine": str(labels.get(OWNER_LABEL) == self.owner.label).lower(),
+            "run": labels.get(RUN_LABEL, "?"),
+            "handle": found.handle[:12],
+        }
+        if known is not None:
+            state, rank = known
+            row["uptime_s"] = f"{time.time() - state.started_at:.0f}"
+            if rank.url:
+                row["health"] = str(http_status(f"{rank.url}/health") or "no answer")
+        else:
+            row["uptime_s"] = "?"
+        if service and labels.get(OWNER_LABEL) == self.owner.label:
+            row["used_by"] = ",".join(self.service_runs(service)) or "-"
+        return row
 
 
 def resolve_ports(spec: ServerSpec) -> ServerSpec:
@@ -554,7 +653,8 @@ def connect(exp: Experiment, paths: RunPaths) -> Iterator[ServerManager]:
         transport.close()
 
 
-def shutdown(exp: Experiment, paths: RunPaths, *, reason: str) -> None:
-    """Stop every server of the run (workflow onsuccess/onerror, `servesweep down`)."""
+def shutdown(exp: Experiment, paths: RunPaths, *, reason: str, services: bool = False) -> None:
+    """Stop every server the run started (workflow onsuccess/onerror); with `services` also
+    the services of this config (`servesweep down`)."""
     with connect(exp, paths) as manager:
-        manager.stop_all(reason=reason)
+        manager.stop_all(reason=reason, services=services)

@@ -188,3 +188,32 @@ def test_auto_ports_are_picked_at_start_and_recorded(tmp_path: Path) -> None:
     finally:
         m.stop_all(reason="test teardown")
         other.stop_all(reason="test teardown")
+
+
+def test_a_service_outlives_runs_and_is_reused_whatever_the_run_id(tmp_path: Path) -> None:
+    up = _manager(tmp_path)
+    up.service_mode = True
+    spec = server_specs(up.exp)[0]
+    service, fresh = up.ensure(spec)
+    assert fresh and service.service
+    run_a = _manager(tmp_path, run_id="run-a")
+    run_a.exp = run_a.exp.model_copy(update={"engine": up.exp.engine})
+    try:
+        assert run_a.paths.services == up.paths.services
+        state, fresh = run_a.ensure(spec)
+        assert not fresh and state.ranks[0].handle == service.ranks[0].handle
+        reuse = [f for _, e, f in read_events(run_a.paths.orchestrator_log) if e == "reuse"]
+        assert reuse == [{"fp": spec.fingerprint, "server": spec.id, "service": spec.fingerprint}]
+        run_a.stop_all(reason="workflow finished")  # a run stops only what it started
+        assert run_a.runtime.is_running("local", service.ranks[0].handle)
+        # Other owners' servers on this machine show too (e.g. a parallel test run).
+        [row] = [r for r in run_a.status() if r["mine"] == "true"]
+        assert row["service"] == spec.fingerprint and row["owner"] == up.owner.label
+        assert row["used_by"] == "unit-servers,run-a" and row["uptime_s"] != "?"
+        assert row["health"] == "200"
+        run_a.stop_all(reason="servesweep down", services=True)
+        assert not run_a.runtime.is_running("local", service.ranks[0].handle)
+        assert [r for r in run_a.status() if r["mine"] == "true"] == []
+        assert up.service(spec.fingerprint) is None
+    finally:
+        up.stop_all(reason="test teardown", services=True)
