@@ -571,6 +571,7 @@ class ServerManager:
             "mine": str(labels.get(OWNER_LABEL) == self.owner.label).lower(),
             "run": labels.get(RUN_LABEL, "?"),
             "handle": found.handle[:12],
+            "running": str(self.runtime.is_running(found.node, found.handle)),
         }
         if known is not None:
             state, rank = known
