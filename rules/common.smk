@@ -114,6 +114,22 @@ def compare_inputs(wildcards):
     return files
 
 
+def check_secrets_at_start():
+    """onstart (a real run, before any job): a config that needs sudo has its password."""
+    from servesweep.errors import SecretError
+    from servesweep.secrets import check_secrets
+
+    try:
+        check_secrets(
+            sudo=EXP.runtime.kind == "docker" and EXP.runtime.sudo,
+            default_file=EXP.secrets.sudo_password_file,
+            passwordless=EXP.secrets.passwordless_sudo,
+            env=os.environ,
+        )
+    except SecretError as exc:
+        sys.exit(f"servesweep: SecretError: {exc}")
+
+
 def stop_servers(reason):
     if PATHS.current_server.exists():
         # Imported here: only a run with a server up needs it.

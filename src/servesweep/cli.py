@@ -45,6 +45,11 @@ def _parser() -> argparse.ArgumentParser:
         ("commands", "print every server launch command per node; touches no node"),
         ("up", "start a service (warm-up included) that every run of this server config reuses"),
         ("plan", "missing cell-repeats, server starts, estimated wall time; touches no node"),
+        (
+            "doctor",
+            "check every node over SSH: model path, image + version, GPUs idle, IB devices, "
+            "ports, clock skew, disk; one line per node and check",
+        ),
     ):
         sub.add_parser(name, parents=[common], help=text, description=text)
     sub.choices["up"].add_argument("--server", help="server id (default: the first)")
@@ -133,6 +138,19 @@ def cmd_up(args: argparse.Namespace) -> None:
     )
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from servesweep.doctor import run_doctor
+
+    exp = load_experiment_file(args.configfile, os.environ)
+    with connect(exp, RunPaths.for_run(exp, args.results)) as manager:
+        checks = run_doctor(exp=exp, manager=manager, results=Path(args.results))
+    for check in checks:
+        print(check.line())
+    failed = [c for c in checks if c.status == "fail"]
+    print(f"{len(checks)} checks, {len(failed)} failed")
+    return 1 if failed else 0
+
+
 def cmd_down(args: argparse.Namespace) -> None:
     exp = load_experiment_file(args.configfile, os.environ)
     paths = RunPaths.for_run(exp, args.results)
@@ -200,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         "plan": cmd_plan,
     }
     try:
+        if args.command == "doctor":
+            return cmd_doctor(args)
         handlers[args.command](args)
     except ServesweepError as exc:
         print(f"servesweep: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -114,6 +114,13 @@ class RuntimeConfig(Strict):
         return self
 
 
+class SecretsConfig(Strict):
+    """Where the sudo password comes from when no env variable gives it (never the value)."""
+
+    sudo_password_file: str | None = None  # env SUDO_PASSWORD / SUDO_PASSWORD_FILE win
+    passwordless_sudo: bool = False  # the nodes' sudoers need no password for docker
+
+
 class SimFaults(Strict):
     """Faults the simulated engine injects (for tests and rehearsals)."""
 
@@ -276,6 +283,7 @@ class Experiment(Strict):
     run_id: str = Field(pattern=NAME_PATTERN)
     cluster: ClusterConfig
     runtime: RuntimeConfig = RuntimeConfig()
+    secrets: SecretsConfig = SecretsConfig()
     engine: EngineConfig
     client: ClientConfig = ClientConfig()
     validation: ValidationConfig = ValidationConfig()

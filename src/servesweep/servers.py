@@ -640,7 +640,11 @@ def open_runtime(exp: Experiment, transport: Transport, *, for_commands: bool = 
     from servesweep.runtime import DockerRuntime
     from servesweep.secrets import sudo_password
 
-    password = sudo_password(os.environ) if exp.runtime.sudo and not for_commands else None
+    password = (
+        sudo_password(os.environ, default_file=exp.secrets.sudo_password_file)
+        if exp.runtime.sudo and not for_commands
+        else None
+    )
     return DockerRuntime(transport, exp.runtime, sudo_password=password, gpus=exp.runtime.gpus)
 
 
