@@ -121,6 +121,13 @@ class SecretsConfig(Strict):
     passwordless_sudo: bool = False  # the nodes' sudoers need no password for docker
 
 
+class PreflightConfig(Strict):
+    """Thresholds of the checks before any server start."""
+
+    # A GPU with a compute process, or more memory in use than this, is busy (one-line error).
+    gpu_idle_max_memory_mib: float = Field(default=1024, ge=0)
+
+
 class SimFaults(Strict):
     """Faults the simulated engine injects (for tests and rehearsals)."""
 
@@ -284,6 +291,7 @@ class Experiment(Strict):
     cluster: ClusterConfig
     runtime: RuntimeConfig = RuntimeConfig()
     secrets: SecretsConfig = SecretsConfig()
+    preflight: PreflightConfig = PreflightConfig()
     engine: EngineConfig
     client: ClientConfig = ClientConfig()
     validation: ValidationConfig = ValidationConfig()

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from servesweep import gpuidle
 from servesweep.config import AUTO_PORT, Experiment, server_specs
 from servesweep.engines import listening_ports
 from servesweep.errors import TransportError
@@ -21,7 +22,6 @@ from servesweep.transport import node_address
 PROBE_TIMEOUT_S = 60.0
 MAX_CLOCK_SKEW_S = 1.0
 MIN_FREE_GIB = 5.0  # on each node's ONESHOT_DIR and the workflow host's results folder
-GPU_MEMORY_IDLE_MIB = 1024  # a GPU using more than this (or running a process) is busy
 
 
 @dataclass(frozen=True)
@@ -91,30 +91,19 @@ def check_image(exp: Experiment, manager: ServerManager, node: str) -> Check:
 def check_gpus(exp: Experiment, manager: ServerManager, node: str) -> Check:
     if exp.engine.kind == "sim":
         return Check(node, "gpus", "ok", f"{exp.cluster.gpus_per_node} simulated, idle")
-    ok, out = _run(
-        manager,
-        node,
-        "nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits && echo @apps && "
-        "nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory --format=csv,noheader,nounits",
-    )
+    ok, out = _run(manager, node, gpuidle.probe_command())
     if not ok:
         return Check(node, "gpus", "fail", f"nvidia-smi failed: {out[:120]}")
-    gpus, _, apps = out.partition("@apps")
-    rows = [r.split(",") for r in gpus.strip().splitlines() if r.strip()]
-    busy = [
-        f"GPU {r[0].strip()} {r[1].strip()} MiB" for r in rows if float(r[1]) > GPU_MEMORY_IDLE_MIB
-    ]
-    procs = [a.strip() for a in apps.strip().splitlines() if a.strip()]
-    if len(rows) != exp.cluster.gpus_per_node:
-        return Check(
-            node,
-            "gpus",
-            "fail",
-            f"{len(rows)} GPUs, config gpus_per_node {exp.cluster.gpus_per_node}",
-        )
-    if busy or procs:
-        return Check(node, "gpus", "fail", f"busy: {'; '.join(busy + procs)[:200]}")
-    return Check(node, "gpus", "ok", f"{len(rows)} idle")
+    states = gpuidle.parse(*gpuidle.split_probe(out))
+    reason = gpuidle.busy_reason(
+        node,
+        states,
+        expected=exp.cluster.gpus_per_node,
+        max_used_mib=exp.preflight.gpu_idle_max_memory_mib,
+    )
+    if reason is not None:
+        return Check(node, "gpus", "fail", reason.removeprefix(f"node {node}: "))
+    return Check(node, "gpus", "ok", f"{len(states)} idle")
 
 
 def check_ib(exp: Experiment, manager: ServerManager, node: str) -> Check:

@@ -6,6 +6,7 @@ import datetime as dt
 import shlex
 from typing import Any
 
+from servesweep import gpuidle
 from servesweep.config import AUTO_PORT, PD_ROLES, Experiment, ServerSpec, server_specs
 from servesweep.engines import listening_ports
 from servesweep.errors import PreflightFailed
@@ -36,6 +37,29 @@ def _ib_devices(spec: ServerSpec) -> list[tuple[str, str]]:
             for dev in role.args.disaggregation_ib_device.split(","):
                 pairs += [(node, dev.strip()) for node in role.nodes]
     return list(dict.fromkeys(pairs))
+
+
+def gpus_idle(*, exp: Experiment, manager: ServerManager) -> list[dict[str, Any]]:
+    """Every node's GPUs idle (no compute process, memory below the threshold) and as many as
+    the config says; PreflightFailed names node, GPU, pid and memory. Sim nodes are idle."""
+    if exp.engine.kind == "sim":
+        return [{"node": n, "simulated": True, "idle": True} for n in exp.cluster.nodes]
+    out = []
+    for node in exp.cluster.nodes:
+        res = manager.transport.run(node, gpuidle.probe_command(), timeout=PROBE_TIMEOUT_S)
+        if not res.ok:
+            raise PreflightFailed(f"node {node}: nvidia-smi failed: {res.stderr.strip()[:200]}")
+        states = gpuidle.parse(*gpuidle.split_probe(res.stdout))
+        reason = gpuidle.busy_reason(
+            node,
+            states,
+            expected=exp.cluster.gpus_per_node,
+            max_used_mib=exp.preflight.gpu_idle_max_memory_mib,
+        )
+        if reason is not None:
+            raise PreflightFailed(reason)
+        out.append({"node": node, "gpus": len(states), "idle": True})
+    return out
 
 
 def run_preflight(*, exp: Experiment, manager: ServerManager) -> dict[str, Any]:
@@ -79,6 +103,7 @@ def run_preflight(*, exp: Experiment, manager: ServerManager) -> dict[str, Any]:
                     f"stop what holds it or change the port"
                 )
             checks["ports"].append({"node": node, "port": port, "free": True})
+    checks["gpus"] = gpus_idle(exp=exp, manager=manager)
     if exp.runtime.kind == "docker":
         fmt = shlex.quote("{{.Id}}")
         for node in exp.cluster.nodes:
