@@ -76,3 +76,27 @@ def test_two_owners_share_a_docker_node(ssh: SshTransport, tmp_path: Path) -> No
     finally:
         for m in (ours, theirs, clash):
             m.stop_all(reason="test teardown")
+
+
+def test_a_service_in_docker_outlives_runs_and_status_reads_labels(
+    ssh: SshTransport, tmp_path: Path
+) -> None:
+    port = free_port()
+    up = _manager(ssh, tmp_path, f"it-up-{uuid.uuid4().hex[:6]}", port)
+    up.service_mode = True
+    spec = server_specs(up.exp)[0]
+    run = _manager(ssh, tmp_path, f"it-run-{uuid.uuid4().hex[:6]}", port)
+    try:
+        service, fresh = up.ensure(spec)
+        assert fresh
+        state, fresh = run.ensure(server_specs(run.exp)[0])
+        assert not fresh and state.ranks[0].handle == service.ranks[0].handle
+        run.stop_all(reason="workflow finished")
+        assert run.runtime.is_running("node1", service.ranks[0].handle)
+        [row] = [r for r in run.status() if r["mine"] == "true"]
+        assert row["service"] == spec.fingerprint and row["running"] == "True"
+        assert row["used_by"] == f"{up.exp.run_id},{run.exp.run_id}"
+        run.stop_all(reason="servesweep down", services=True)
+        assert not run.runtime.is_running("node1", service.ranks[0].handle)
+    finally:
+        up.stop_all(reason="test teardown", services=True)
