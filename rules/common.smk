@@ -17,7 +17,9 @@ from servesweep.paths import RunPaths
 from servesweep.ratelimit import unthrottle_scheduler
 
 try:
-    EXP = load_experiment(config, os.environ)
+    EXP = load_experiment(
+        config, os.environ, site_dir=os.path.join(workflow.basedir, "config", "site")
+    )
     SPECS = server_specs(EXP)
     check_experiment(EXP, SPECS)
 except ConfigError as exc:

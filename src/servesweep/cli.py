@@ -10,6 +10,7 @@ from pathlib import Path
 from servesweep.cells import run_warmup
 from servesweep.config import (
     MIN_RETOKENIZED_RATIO,
+    Experiment,
     cell_repeats,
     load_experiment_file,
     server_specs,
@@ -24,7 +25,7 @@ from servesweep.servers import (
     open_runtime,
     shutdown,
 )
-from servesweep.transport import LocalTransport
+from servesweep.transport import LocalTransport, node_address
 
 DEFAULT_CONFIG = "config/config.yaml"
 
@@ -100,6 +101,34 @@ def cmd_commands(args: argparse.Namespace) -> None:
     )
     for spec in server_specs(exp):
         print(manager.commands_script(spec).removeprefix("#!/bin/sh\n"), end="")
+    for line in config_warnings(args.configfile, exp):
+        print(f"warning: {line}", file=sys.stderr)
+
+
+def config_warnings(path: str, exp: Experiment) -> list[str]:
+    """Values still marked as guesses in the site file, and nodes no ssh alias resolves."""
+    import yaml
+
+    from servesweep.config import site_dir_of
+    from servesweep.site import guessed_values
+
+    with open(path) as fh:
+        raw = yaml.safe_load(fh) or {}
+    out = [
+        f"{key} = {value!r} is a guess ({where}): confirm it on the cluster, then drop it "
+        f"from its guesses"
+        for key, value, where in guessed_values(raw, site_dir_of(path))
+    ]
+    if exp.cluster.transport == "ssh":
+        for node in exp.cluster.nodes:
+            address = node_address(exp.cluster, node)
+            if node not in exp.cluster.addresses and address == node:
+                out.append(
+                    f"node {node}: no ssh alias resolves it in {exp.cluster.ssh.config_file} "
+                    f"and cluster.addresses has none: {node}:{exp.engine.dist_init_port} "
+                    f"would be used as an address"
+                )
+    return out
 
 
 def cmd_status(args: argparse.Namespace) -> None:

@@ -288,6 +288,7 @@ class Experiment(Strict):
     """One experiment: cluster, runtime, engine, server args, matrix, workload, repeats."""
 
     run_id: str = Field(pattern=NAME_PATTERN)
+    site: str | None = None  # config/site/<site>.yaml under this file (servesweep.site)
     cluster: ClusterConfig
     runtime: RuntimeConfig = RuntimeConfig()
     secrets: SecretsConfig = SecretsConfig()
@@ -531,13 +532,22 @@ def _coerce_axes(data: dict[str, Any]) -> None:
                 ) from None
 
 
-def load_experiment(raw: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Experiment:
-    """Validate a raw config (e.g. Snakemake's `config`) after env narrowing.
+def load_experiment(
+    raw: Mapping[str, Any],
+    env: Mapping[str, str] | None = None,
+    *,
+    site_dir: str | Path | None = None,
+) -> Experiment:
+    """Validate a raw config (e.g. Snakemake's `config`) over its site file (`site:`), after
+    env narrowing.
 
     The baseline must be in the configured matrix; after narrowing it may be absent (then no
     deltas are computed for the missing side).
     """
     env = env or {}
+    from servesweep.site import apply_site
+
+    raw = apply_site(raw, site_dir)
     try:
         Experiment.model_validate(raw)
     except ValidationError as exc:
@@ -564,13 +574,20 @@ def load_experiment(raw: Mapping[str, Any], env: Mapping[str, str] | None = None
     return exp.model_copy(update={"baseline": kept})
 
 
+def site_dir_of(path: str | Path) -> Path | None:
+    """config/site next to the folder of an experiment file (config/experiments/x.yaml), if
+    there is one; else the checkout's (servesweep.site.DEFAULT_SITE_DIR)."""
+    candidate = Path(path).resolve().parent.parent / "site"
+    return candidate if candidate.is_dir() else None
+
+
 def load_experiment_file(path: str | Path, env: Mapping[str, str] | None = None) -> Experiment:
     """Read a YAML experiment file and validate it (see `load_experiment`)."""
     with open(path) as fh:
         raw = yaml.safe_load(fh) or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
-    return load_experiment(raw, env)
+    return load_experiment(raw, env, site_dir=site_dir_of(path))
 
 
 # ---------------------------------------------------------------- matrix expansion
