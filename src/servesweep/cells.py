@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from servesweep import loadgen, telemetry, validation
-from servesweep.config import CellRepeat, Experiment, Workload
+from servesweep.config import CellRepeat, Experiment, Workload, client_specs
 from servesweep.errors import (
     ClientError,
     PreflightFailed,
@@ -130,9 +130,12 @@ def run_warmup(
     *, exp: Experiment, cell: CellRepeat, manager: ServerManager, state: ServerState
 ) -> None:
     """The first request(s) after a start, recorded apart from the figures
-    (service/<server>/warmup.jsonl): e.g. RDMA endpoint setup inflates the first TTFT."""
+    (service/<server>/warmup.jsonl): e.g. RDMA endpoint setup inflates the first TTFT. They
+    have the shape (lengths, streaming) of the first listed case or client config, whichever
+    cell triggered the start, so that case's first row never carries the setup cost."""
     service = manager.paths.service(cell.server.id)
-    workload = cell.client.workload.model_copy(
+    shape = client_specs(exp)[0]
+    workload = shape.workload.model_copy(
         update={"num_requests": exp.warmup_after_start, "concurrency": 1, "warmup_requests": 0}
     )
     log = service / "warmup.log"
@@ -156,6 +159,7 @@ def run_warmup(
         "warmup",
         fp=cell.server.fingerprint,
         server=cell.server.id,
+        shape=shape.id,
         ttft_ms=f"{record.mean_ttft_ms:.1f}",
     )
 

@@ -103,6 +103,11 @@ def test_summary_has_warmup_log_scan_and_evidence(pd_run: Path) -> None:
     assert preflight["pd"]["pd"] == {"page_size": 64, "kv_cache_dtype": None}
 
 
+def test_warmup_has_the_shape_of_the_first_listed_case(pd_run: Path) -> None:
+    [warmup] = [f for _, e, f in read_events(pd_run / "orchestrator.log") if e == "warmup"]
+    assert warmup["shape"] == "case~64-8-c1"
+
+
 def test_suite_selection_plans_only_its_cases(tmp_path: Path) -> None:
     cfg = pd_config(tmp_path, "wf-pd-plan")
     proc = run_snakemake(tmp_path, "-n", "--configfile", str(cfg), env={"SUITE": "decode512-c8"})
@@ -142,6 +147,8 @@ def test_up_then_three_suites_reuse_one_service_then_down(
             assert all(f"service={fp}" in r for r in rows)
         assert sum("health=200" in r for r in rows) == 3  # prefill, decode rank 0 and router
         assert all("used_by=wf-pd-up,a,b,c" in r for r in rows)
+        [warmup] = [f for e, f in _events(results / "wf-pd-up") if e == "warmup"]
+        assert warmup["shape"] == "case~64-8-c1"  # the first listed case, not the suite's
         up_events = [e for e, _ in _events(results / "wf-pd-up")]
         assert up_events.count("start") == 1 and up_events.count("warmup") == 1
         assert (results / "wf-pd-up" / "service" / "pd" / "warmup.jsonl").exists()
