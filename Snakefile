@@ -34,6 +34,7 @@ rule all:
 
 
 onstart:
+    check_secrets_at_start()
     unthrottle_scheduler(workflow)
 
 

@@ -123,7 +123,8 @@ rule write_manifest:
     log:
         f"{LOGS}/write_manifest.log",
     params:
-        config=EXP.model_dump_json(),
+        # Ports, addresses and timeouts change nothing here (docs/identity.md).
+        config=measured_config(EXP),
         repo=workflow.basedir,
     message:
         "manifest.json: resolved config, fingerprints, versions"

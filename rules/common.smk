@@ -2,7 +2,14 @@
 import os
 import sys
 
-from servesweep.config import axis_names, cell_repeats, load_experiment, server_specs
+from servesweep.config import (
+    axis_names,
+    cell_repeats,
+    load_experiment,
+    measured_config,
+    server_specs,
+    workload_key,
+)
 from servesweep.compare import run_inputs
 from servesweep.engines import check_experiment
 from servesweep.errors import ConfigError
@@ -10,7 +17,9 @@ from servesweep.paths import RunPaths
 from servesweep.ratelimit import unthrottle_scheduler
 
 try:
-    EXP = load_experiment(config, os.environ)
+    EXP = load_experiment(
+        config, os.environ, site_dir=os.path.join(workflow.basedir, "config", "site")
+    )
     SPECS = server_specs(EXP)
     check_experiment(EXP, SPECS)
 except ConfigError as exc:
@@ -45,7 +54,7 @@ def cell_fingerprint(wildcards):
 
 
 def cell_workload(wildcards):
-    return cell_of(wildcards).client.workload.model_dump_json()
+    return workload_key(cell_of(wildcards).client.workload)
 
 
 def cell_priority(wildcards):
@@ -69,7 +78,9 @@ BUILDS = [str(p) for p in PATHS.builds(EXP)]
 PREREQUISITES = [*BUILDS, str(PATHS.preflight)]
 PREREQUISITE_PRIORITY = max(spec.priority for spec in SPECS) + 1
 FRESH_RUN = next((PATHS.root / "raw").glob("*/*/r*.jsonl"), None) is None
-CELL_PREREQUISITES = [p for p in PREREQUISITES if not os.path.exists(p)] if FRESH_RUN else []
+CELL_PREREQUISITES = (
+    [p for p in PREREQUISITES if not os.path.exists(p)] if FRESH_RUN else []
+)
 # Preflight checks every server config: a new or changed one reruns it.
 SERVER_FINGERPRINTS = sorted(spec.fingerprint for spec in SPECS)
 
@@ -103,6 +114,22 @@ def compare_inputs(wildcards):
         files[f"csv_{side}"] = found["csv"]
         files[f"requests_{side}"] = found["requests"]
     return files
+
+
+def check_secrets_at_start():
+    """onstart (a real run, before any job): a config that needs sudo has its password."""
+    from servesweep.errors import SecretError
+    from servesweep.secrets import check_secrets
+
+    try:
+        check_secrets(
+            sudo=EXP.runtime.kind == "docker" and EXP.runtime.sudo,
+            default_file=EXP.secrets.sudo_password_file,
+            passwordless=EXP.secrets.passwordless_sudo,
+            env=os.environ,
+        )
+    except SecretError as exc:
+        sys.exit(f"servesweep: SecretError: {exc}")
 
 
 def stop_servers(reason):

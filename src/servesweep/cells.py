@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from servesweep import loadgen, telemetry, validation
-from servesweep.config import CellRepeat, Experiment, Workload
+from servesweep.config import CellRepeat, Experiment, Workload, client_specs
 from servesweep.errors import (
     ClientError,
     PreflightFailed,
@@ -23,7 +23,7 @@ from servesweep.errors import (
 )
 from servesweep.paths import RunPaths
 from servesweep.records import BenchRecord, read_record, write_record
-from servesweep.runtime import ONESHOT_DIR, Launch
+from servesweep.runtime import Launch
 from servesweep.servers import ServerManager, ServerState
 
 logger = logging.getLogger(__name__)
@@ -58,12 +58,12 @@ def run_client(
     if direct:
         node_out, node_log = str(local_out.resolve()), str(bench_log.resolve())
     else:
-        base = f"{ONESHOT_DIR}/{exp.run_id}/client/{digest}"
+        base = f"{manager.node_dir()}/client/{digest}"
         node_out, node_log = f"{base}.jsonl", f"{base}.log"
         _remove_stale_clients(exp=exp, manager=manager, node=node)
         manager.transport.run(node, f"rm -f {shlex.quote(node_out)}", timeout=60)
     launch = Launch(
-        name=f"servesweep-{exp.run_id}-client-{digest}",
+        name=f"servesweep-{manager.owner.tag}-{exp.run_id}-client-{digest}",
         node=node,
         argv=loadgen.client_argv(
             kind=exp.client.kind,
@@ -77,7 +77,7 @@ def run_client(
         ),
         log_path=node_log,
         env=loadgen.client_env(exp.client.kind),
-        labels={"run": exp.run_id, "role": "client"},
+        labels=client_labels(exp=exp, manager=manager),
     )
     bench_log.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -100,10 +100,15 @@ def run_client(
         local_out.unlink(missing_ok=True)
 
 
+def client_labels(*, exp: Experiment, manager: ServerManager) -> dict[str, str]:
+    """Labels of this owner's clients of this run (stale-client search finds only these)."""
+    return {"run": exp.run_id, "role": "client", **manager.owner.labels()}
+
+
 def _remove_stale_clients(*, exp: Experiment, manager: ServerManager, node: str) -> None:
     """Remove clients of this run still running on `node`: one cell runs at a time, so such a
     client was left by a killed run (SIGKILL) and would load the server during this cell."""
-    for handle in manager.runtime.find(node, {"run": exp.run_id, "role": "client"}):
+    for handle in manager.runtime.find(node, client_labels(exp=exp, manager=manager)):
         manager.events.emit("stale", node=node, handle=handle, run=exp.run_id, role="client")
         manager.runtime.stop(node, handle)
 
@@ -125,9 +130,12 @@ def run_warmup(
     *, exp: Experiment, cell: CellRepeat, manager: ServerManager, state: ServerState
 ) -> None:
     """The first request(s) after a start, recorded apart from the figures
-    (service/<server>/warmup.jsonl): e.g. RDMA endpoint setup inflates the first TTFT."""
+    (service/<server>/warmup.jsonl): e.g. RDMA endpoint setup inflates the first TTFT. They
+    have the shape (lengths, streaming) of the first listed case or client config, whichever
+    cell triggered the start, so that case's first row never carries the setup cost."""
     service = manager.paths.service(cell.server.id)
-    workload = cell.client.workload.model_copy(
+    shape = client_specs(exp)[0]
+    workload = shape.workload.model_copy(
         update={"num_requests": exp.warmup_after_start, "concurrency": 1, "warmup_requests": 0}
     )
     log = service / "warmup.log"
@@ -151,6 +159,7 @@ def run_warmup(
         "warmup",
         fp=cell.server.fingerprint,
         server=cell.server.id,
+        shape=shape.id,
         ttft_ms=f"{record.mean_ttft_ms:.1f}",
     )
 

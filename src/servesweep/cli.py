@@ -7,12 +7,25 @@ import os
 import sys
 from pathlib import Path
 
-from servesweep.config import MIN_RETOKENIZED_RATIO, load_experiment_file, server_specs
+from servesweep.cells import run_warmup
+from servesweep.config import (
+    MIN_RETOKENIZED_RATIO,
+    Experiment,
+    cell_repeats,
+    load_experiment_file,
+    server_specs,
+)
 from servesweep.errors import ConfigError, ServesweepError
 from servesweep.paths import RunPaths
 from servesweep.plan import make_plan
-from servesweep.servers import ServerManager, connect, open_runtime, shutdown
-from servesweep.transport import LocalTransport
+from servesweep.servers import (
+    ServerManager,
+    connect,
+    describe_server,
+    open_runtime,
+    shutdown,
+)
+from servesweep.transport import LocalTransport, node_address
 
 DEFAULT_CONFIG = "config/config.yaml"
 
@@ -28,14 +41,24 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="servesweep", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     for name, text in (
-        ("down", "stop every server of the run (current and stale by label)"),
-        ("status", "per node and rank: handle, running, health"),
+        ("down", "stop this run's servers and this config's services (yours only)"),
+        ("status", "servers on the nodes by label: owner, run, service, uptime, used by, health"),
         ("commands", "print every server launch command per node; touches no node"),
-        ("up", "start a server set and leave it running for manual checks"),
+        ("up", "start a service (warm-up included) that every run of this server config reuses"),
         ("plan", "missing cell-repeats, server starts, estimated wall time; touches no node"),
+        (
+            "doctor",
+            "check every node over SSH: model path, image + version, GPUs idle, IB devices, "
+            "ports, clock skew, disk; one line per node and check",
+        ),
     ):
         sub.add_parser(name, parents=[common], help=text, description=text)
     sub.choices["up"].add_argument("--server", help="server id (default: the first)")
+    sub.choices["down"].add_argument(
+        "--force",
+        action="store_true",
+        help="also remove other owners' servers in the way of this config (named, logged)",
+    )
     text = "judge bench_serving records and server logs: ok, warning, invalid or fatal per line"
     check = sub.add_parser("check", help=text, description=text)
     check.add_argument("files", nargs="*", metavar="FILE", help="JSONL records or server logs")
@@ -78,6 +101,34 @@ def cmd_commands(args: argparse.Namespace) -> None:
     )
     for spec in server_specs(exp):
         print(manager.commands_script(spec).removeprefix("#!/bin/sh\n"), end="")
+    for line in config_warnings(args.configfile, exp):
+        print(f"warning: {line}", file=sys.stderr)
+
+
+def config_warnings(path: str, exp: Experiment) -> list[str]:
+    """Values still marked as guesses in the site file, and nodes no ssh alias resolves."""
+    import yaml
+
+    from servesweep.config import site_dir_of
+    from servesweep.site import guessed_values
+
+    with open(path) as fh:
+        raw = yaml.safe_load(fh) or {}
+    out = [
+        f"{key} = {value!r} is a guess ({where}): confirm it on the cluster, then drop it "
+        f"from its guesses"
+        for key, value, where in guessed_values(raw, site_dir_of(path))
+    ]
+    if exp.cluster.transport == "ssh":
+        for node in exp.cluster.nodes:
+            address = node_address(exp.cluster, node)
+            if node not in exp.cluster.addresses and address == node:
+                out.append(
+                    f"node {node}: no ssh alias resolves it in {exp.cluster.ssh.config_file} "
+                    f"and cluster.addresses has none: {node}:{exp.engine.dist_init_port} "
+                    f"would be used as an address"
+                )
+    return out
 
 
 def cmd_status(args: argparse.Namespace) -> None:
@@ -85,7 +136,7 @@ def cmd_status(args: argparse.Namespace) -> None:
     with connect(exp, RunPaths.for_run(exp, args.results)) as manager:
         rows = manager.status()
     if not rows:
-        print(f"run {exp.run_id}: no server running")
+        print(f"run {exp.run_id}: no server running on {', '.join(exp.cluster.nodes)}")
     for row in rows:
         print("  ".join(f"{k}={v}" for k, v in row.items()))
 
@@ -102,19 +153,42 @@ def cmd_up(args: argparse.Namespace) -> None:
     chosen = [s for s in specs if args.server in (None, s.id)]
     if not chosen:
         raise ConfigError(f"--server {args.server!r}: not one of {[s.id for s in specs]}")
+    spec = chosen[0]
     with connect(exp, RunPaths.for_run(exp, args.results)) as manager:
-        state, fresh = manager.ensure(chosen[0])
+        manager.service_mode = True
+        state, fresh = manager.ensure(spec)
+        if fresh and exp.warmup_after_start:
+            cell = next(c for c in cell_repeats(exp) if c.server.id == spec.id)
+            run_warmup(exp=exp, cell=cell, manager=manager, state=state)
     verb = "started" if fresh else "already running"
     print(
-        f"run {exp.run_id}: server {state.server_id} (fp {state.fingerprint}) {verb} at "
-        f"{state.base_url}; stop it with `servesweep down`"
+        f"service {state.fingerprint} (server {state.server_id}) {verb} at {state.base_url}; "
+        f"runs with this server config reuse it; stop it with `servesweep down`"
     )
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from servesweep.doctor import run_doctor
+
+    exp = load_experiment_file(args.configfile, os.environ)
+    with connect(exp, RunPaths.for_run(exp, args.results)) as manager:
+        checks = run_doctor(exp=exp, manager=manager, results=Path(args.results))
+    for check in checks:
+        print(check.line())
+    failed = [c for c in checks if c.status == "fail"]
+    print(f"{len(checks)} checks, {len(failed)} failed")
+    return 1 if failed else 0
 
 
 def cmd_down(args: argparse.Namespace) -> None:
     exp = load_experiment_file(args.configfile, os.environ)
-    shutdown(exp, RunPaths.for_run(exp, args.results), reason="servesweep down")
-    print(f"run {exp.run_id}: every server stopped")
+    paths = RunPaths.for_run(exp, args.results)
+    shutdown(exp, paths, reason="servesweep down", services=True)
+    print(f"run {exp.run_id}: every server and service of this config stopped")
+    if args.force:
+        with connect(exp, paths) as manager:
+            for other in manager.remove_foreign(server_specs(exp)):
+                print(f"removed {describe_server(other)}")
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -173,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         "plan": cmd_plan,
     }
     try:
+        if args.command == "doctor":
+            return cmd_doctor(args)
         handlers[args.command](args)
     except ServesweepError as exc:
         print(f"servesweep: {type(exc).__name__}: {exc}", file=sys.stderr)

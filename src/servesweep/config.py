@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import (
@@ -114,6 +114,20 @@ class RuntimeConfig(Strict):
         return self
 
 
+class SecretsConfig(Strict):
+    """Where the sudo password comes from when no env variable gives it (never the value)."""
+
+    sudo_password_file: str | None = None  # env SUDO_PASSWORD / SUDO_PASSWORD_FILE win
+    passwordless_sudo: bool = False  # the nodes' sudoers need no password for docker
+
+
+class PreflightConfig(Strict):
+    """Thresholds of the checks before any server start."""
+
+    # A GPU with a compute process, or more memory in use than this, is busy (one-line error).
+    gpu_idle_max_memory_mib: float = Field(default=1024, ge=0)
+
+
 class SimFaults(Strict):
     """Faults the simulated engine injects (for tests and rehearsals)."""
 
@@ -135,6 +149,9 @@ class SimConfig(Strict):
     faults: SimFaults = SimFaults()
 
 
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
 class EngineConfig(Strict):
     """Which serving engine runs: SGLang itself or our simulator speaking its API."""
 
@@ -142,8 +159,10 @@ class EngineConfig(Strict):
     version: str = "0.5.23"
     model_path: str
     served_model_name: str | None = None
-    port: int = Field(default=30000, ge=1, le=65535)
-    dist_init_port: int = Field(default=20000, ge=1, le=65535)
+    # "auto": a free port picked when the server starts (local transport only); recorded in
+    # service/current.json, from where clients of later cells reach it.
+    port: Port | Literal["auto"] = 30000
+    dist_init_port: Port | Literal["auto"] = 20000
     ready_timeout_s: float = Field(default=900.0, gt=0)
     python: str = "python3"
     sim: SimConfig = SimConfig()
@@ -269,8 +288,11 @@ class Experiment(Strict):
     """One experiment: cluster, runtime, engine, server args, matrix, workload, repeats."""
 
     run_id: str = Field(pattern=NAME_PATTERN)
+    site: str | None = None  # config/site/<site>.yaml under this file (servesweep.site)
     cluster: ClusterConfig
     runtime: RuntimeConfig = RuntimeConfig()
+    secrets: SecretsConfig = SecretsConfig()
+    preflight: PreflightConfig = PreflightConfig()
     engine: EngineConfig
     client: ClientConfig = ClientConfig()
     validation: ValidationConfig = ValidationConfig()
@@ -322,6 +344,9 @@ class Experiment(Strict):
         return self
 
     def _check_roles(self) -> None:
+        auto = "auto" in (self.engine.port, self.engine.dist_init_port)
+        if auto and self.cluster.transport != "local":
+            raise ValueError("engine.port: 'auto' needs cluster.transport local (give a number)")
         if not self.roles:
             if self.router is not None:
                 raise ValueError("router: needs roles prefill and decode")
@@ -356,6 +381,15 @@ class Experiment(Strict):
             raise ValueError(f"suite: {self.suite!r} is not one of {[*self.suites, 'all']}")
 
 
+# A port given as "auto" in RoleLayout/RoleSpec until ServerManager.start picks a free one.
+AUTO_PORT = 0
+
+
+def port_number(port: int | str) -> int:
+    """A configured port as a number (AUTO_PORT for "auto")."""
+    return AUTO_PORT if port == "auto" else int(port)
+
+
 @dataclass(frozen=True)
 class RoleLayout:
     """Where one role runs and its base arguments (before matrix axes)."""
@@ -374,8 +408,8 @@ def role_layouts(exp: Experiment) -> list[RoleLayout]:
             RoleLayout(
                 SINGLE_ROLE,
                 tuple(exp.cluster.nodes),
-                exp.engine.port,
-                exp.engine.dist_init_port,
+                port_number(exp.engine.port),
+                port_number(exp.engine.dist_init_port),
                 exp.server,
             )
         ]
@@ -387,8 +421,8 @@ def role_layouts(exp: Experiment) -> list[RoleLayout]:
             RoleLayout(
                 name,
                 tuple(role.nodes),
-                role.port or exp.engine.port,
-                role.dist_init_port or exp.engine.dist_init_port,
+                role.port or port_number(exp.engine.port),
+                role.dist_init_port or port_number(exp.engine.dist_init_port),
                 base,
             )
         )
@@ -498,13 +532,22 @@ def _coerce_axes(data: dict[str, Any]) -> None:
                 ) from None
 
 
-def load_experiment(raw: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Experiment:
-    """Validate a raw config (e.g. Snakemake's `config`) after env narrowing.
+def load_experiment(
+    raw: Mapping[str, Any],
+    env: Mapping[str, str] | None = None,
+    *,
+    site_dir: str | Path | None = None,
+) -> Experiment:
+    """Validate a raw config (e.g. Snakemake's `config`) over its site file (`site:`), after
+    env narrowing.
 
     The baseline must be in the configured matrix; after narrowing it may be absent (then no
     deltas are computed for the missing side).
     """
     env = env or {}
+    from servesweep.site import apply_site
+
+    raw = apply_site(raw, site_dir)
     try:
         Experiment.model_validate(raw)
     except ValidationError as exc:
@@ -531,13 +574,20 @@ def load_experiment(raw: Mapping[str, Any], env: Mapping[str, str] | None = None
     return exp.model_copy(update={"baseline": kept})
 
 
+def site_dir_of(path: str | Path) -> Path | None:
+    """config/site next to the folder of an experiment file (config/experiments/x.yaml), if
+    there is one; else the checkout's (servesweep.site.DEFAULT_SITE_DIR)."""
+    candidate = Path(path).resolve().parent.parent / "site"
+    return candidate if candidate.is_dir() else None
+
+
 def load_experiment_file(path: str | Path, env: Mapping[str, str] | None = None) -> Experiment:
     """Read a YAML experiment file and validate it (see `load_experiment`)."""
     with open(path) as fh:
         raw = yaml.safe_load(fh) or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
-    return load_experiment(raw, env)
+    return load_experiment(raw, env, site_dir=site_dir_of(path))
 
 
 # ---------------------------------------------------------------- matrix expansion
@@ -602,28 +652,74 @@ class CellRepeat:
         return f"{self.server.id}/{self.client.id}/r{self.repeat}"
 
 
+# The identity split (docs/identity.md): these fields say how a server set is reached or
+# supervised, not what it measures, so they stay out of fingerprints and cell params. Changing
+# one of them (a port, an address, a timeout) reruns nothing.
+REACH_ENGINE_FIELDS = frozenset({"port", "dist_init_port", "ready_timeout_s"})
+REACH_RUNTIME_FIELDS = frozenset({"sudo"})
+REACH_SERVER_ARG_FIELDS = frozenset({"disaggregation_bootstrap_port"})
+REACH_ROUTER_FIELDS = frozenset({"port"})
+REACH_WORKLOAD_FIELDS = frozenset({"request_timeout_s"})
+
+
 def fingerprint(exp: Experiment, roles: tuple[RoleSpec, ...]) -> str:
-    """Short hash of exactly what needs a (re)started server set."""
+    """Short hash of exactly what defines the measurement of a server set: image, engine and
+    its version, model, topology, launch flags; not ports, addresses, labels or timeouts."""
     payload = {
         # Injected faults are a rehearsal knob, not a server property: removing one must not
         # rerun the cells that finished (nor change the sim's noise stream).
-        "engine": exp.engine.model_dump(exclude={"ready_timeout_s": True, "sim": {"faults"}}),
-        "runtime": exp.runtime.model_dump(),
-        "cluster": {"addresses": exp.cluster.addresses, "gpus_per_node": exp.cluster.gpus_per_node},
+        "engine": exp.engine.model_dump(
+            exclude={**dict.fromkeys(REACH_ENGINE_FIELDS, True), "sim": {"faults"}}
+        ),
+        "runtime": exp.runtime.model_dump(exclude=set(REACH_RUNTIME_FIELDS)),
+        "cluster": {"gpus_per_node": exp.cluster.gpus_per_node},
         "roles": [
             {
                 "name": r.name,
                 "nodes": r.nodes,
-                "port": r.port,
-                "dist_init_port": r.dist_init_port,
-                "args": r.args.model_dump(),
+                "args": r.args.model_dump(exclude=set(REACH_SERVER_ARG_FIELDS)),
             }
             for r in roles
         ],
-        "router": exp.router.model_dump() if exp.router else None,
+        "router": exp.router.model_dump(exclude=set(REACH_ROUTER_FIELDS)) if exp.router else None,
     }
     blob = json.dumps(payload, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def workload_key(workload: Workload) -> str:
+    """The measured part of a workload as JSON (a cell's `params`; timeouts left out)."""
+    return workload.model_dump_json(exclude=set(REACH_WORKLOAD_FIELDS))
+
+
+def measured_config(exp: Experiment) -> str:
+    """The experiment as JSON without the reach fields (the manifest's rerun trigger)."""
+    data = exp.model_dump(mode="json")
+    for key in REACH_ENGINE_FIELDS:
+        data["engine"].pop(key, None)
+    for key in REACH_RUNTIME_FIELDS:
+        data["runtime"].pop(key, None)
+    data["cluster"].pop("addresses", None)
+    data["cluster"].pop("ssh", None)
+    for args in [data["server"], *(r["server"] for r in data["roles"].values())]:
+        for key in REACH_SERVER_ARG_FIELDS:
+            args.pop(key, None)
+    for role in data["roles"].values():
+        role.pop("port", None)
+        role.pop("dist_init_port", None)
+    if data["router"]:
+        for key in REACH_ROUTER_FIELDS:
+            data["router"].pop(key, None)
+    for workload in [data["workload"], *data["cases"].values()]:
+        for key in REACH_WORKLOAD_FIELDS:
+            workload.pop(key, None)
+    return json.dumps(data, sort_keys=True)
+
+
+def canonical_axes(axes: Mapping[str, Any], model: type[BaseModel]) -> dict[str, Any]:
+    """Axes in the model's field order, whatever the YAML order: ids never depend on it."""
+    order = list(model.model_fields)
+    return {k: axes[k] for k in sorted(axes, key=order.index)}
 
 
 def server_specs(exp: Experiment) -> list[ServerSpec]:
@@ -642,10 +738,11 @@ def server_specs(exp: Experiment) -> list[ServerSpec]:
             )
             for layout in layouts
         )
+        axes = canonical_axes(axes, ServerArgs)
         specs.append(
             ServerSpec(
                 id=_segment(axes, "pd" if exp.roles else "default"),
-                axes=dict(axes),
+                axes=axes,
                 roles=roles,
                 router=exp.router,
                 fingerprint=fingerprint(exp, roles),
@@ -674,7 +771,8 @@ def client_specs(exp: Experiment) -> list[ClientSpec]:
             for name in selected_cases(exp)
         ]
     specs = []
-    for axes in _combinations(exp.matrix.client):
+    for combo in _combinations(exp.matrix.client):
+        axes = canonical_axes(combo, Workload)
         workload = Workload.model_validate({**exp.workload.model_dump(), **axes})
         specs.append(
             ClientSpec(

@@ -89,6 +89,21 @@ def base_url(exp: Experiment, spec: ServerSpec) -> str:
     return role_url(exp, spec.roles[0])
 
 
+def listening_ports(exp: Experiment, spec: ServerSpec) -> list[tuple[str, int]]:
+    """(node, port) pairs the server set will listen on."""
+    ports: list[tuple[str, int]] = []
+    for role in spec.roles:
+        ports.append((role.nodes[0], role.port))
+        if len(role.nodes) > 1:
+            ports.append((role.nodes[0], role.dist_init_port))
+        if role.name == "prefill":
+            bootstrap = role.args.disaggregation_bootstrap_port or DEFAULT_BOOTSTRAP_PORT
+            ports.append((role.nodes[0], bootstrap))
+    if spec.router is not None:
+        ports.append((spec.router.node, spec.router.port))
+    return list(dict.fromkeys(ports))
+
+
 def _server_flags(exp: Experiment, role: RoleSpec, rank: int) -> list[str]:
     args = role.args
     flags = ["--model-path", exp.engine.model_path]

@@ -40,3 +40,7 @@ class SecretError(ServesweepError):
 class PreflightFailed(ServesweepError):
     """A check before any server start failed (ports, IB devices, image, P/D agreement), or
     its evidence is missing when a cell is about to run."""
+
+
+class ServerConflict(ServesweepError):
+    """Another owner's server holds a node or port a server of this run needs."""

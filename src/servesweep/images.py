@@ -10,7 +10,8 @@ from typing import Any
 
 from servesweep.config import Experiment
 from servesweep.errors import SmokeFailed
-from servesweep.runtime import DockerRuntime, Launch
+from servesweep.owner import Owner
+from servesweep.runtime import ONESHOT_DIR, DockerRuntime, Launch
 
 BUILD_TIMEOUT_S = 7200.0
 SMOKE_TIMEOUT_S = 600.0
@@ -53,7 +54,9 @@ def _acquire(*, exp: Experiment, node: str, runtime: DockerRuntime, log: Path) -
     return method
 
 
-def build_image(*, exp: Experiment, node: str, runtime: DockerRuntime, log: Path) -> dict[str, Any]:
+def build_image(
+    *, exp: Experiment, node: str, runtime: DockerRuntime, log: Path, owner: Owner
+) -> dict[str, Any]:
     """Get the image onto `node`, smoke it, return the evidence (raises SmokeFailed)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a") as fh:  # the job's own log lines (logsetup.job_logging) share the file
@@ -68,11 +71,11 @@ def build_image(*, exp: Experiment, node: str, runtime: DockerRuntime, log: Path
     smoke = []
     for i, command in enumerate([version_probe(exp), *exp.runtime.smoke]):
         launch = Launch(
-            name=f"servesweep-{exp.run_id}-smoke-{node}-{i}",
+            name=f"servesweep-{owner.tag}-{exp.run_id}-smoke-{node}-{i}",
             node=node,
             argv=["sh", "-c", command],
-            log_path=f"/tmp/servesweep/{exp.run_id}/smoke/{node}-{i}.log",
-            labels={"run": exp.run_id, "role": "smoke"},
+            log_path=f"{ONESHOT_DIR}/{owner.tag}/{exp.run_id}/smoke/{node}-{i}.log",
+            labels={"run": exp.run_id, "role": "smoke", **owner.labels()},
         )
         result = runtime.run_oneshot(launch, timeout=SMOKE_TIMEOUT_S, gpus=True)
         output = runtime.transport.run(node, f"cat {shlex.quote(launch.log_path)}", timeout=60)

@@ -18,11 +18,11 @@ from servesweep.cells import check_prerequisites, server_lock
 from servesweep.cells import run_cell as run_cell_repeat
 from servesweep.config import (
     CellRepeat,
-    ClientSpec,
     Experiment,
-    Workload,
+    client_specs,
     load_experiment,
     server_specs,
+    workload_key,
 )
 from servesweep.errors import ConfigError
 from servesweep.files import write_json_atomic
@@ -44,7 +44,9 @@ def build_image(*, config: Mapping[str, Any], node: str, log: PathLike, out: Pat
     """Rule build_image: image + capability smoke evidence for one node."""
     exp, paths = experiment(config)
     with connect(exp, paths) as manager:
-        evidence = build(exp=exp, node=node, runtime=manager.runtime, log=Path(log))
+        evidence = build(
+            exp=exp, node=node, runtime=manager.runtime, log=Path(log), owner=manager.owner
+        )
     write_json_atomic(out, evidence)
 
 
@@ -81,11 +83,13 @@ def run_cell(
             f"cell {server}/{client}/r{repeat}: the config gives server {server} fingerprint "
             f"{specs[0].fingerprint}, the workflow planned {fingerprint}"
         )
-    cell = CellRepeat(
-        server=specs[0],
-        client=ClientSpec(id=client, axes={}, workload=Workload.model_validate_json(workload)),
-        repeat=int(repeat),
-    )
+    clients = [c for c in client_specs(exp) if c.id == client]
+    if not clients or workload_key(clients[0].workload) != workload:
+        raise ConfigError(
+            f"cell {server}/{client}/r{repeat}: the config's workload of client {client} is not "
+            f"the one the workflow planned ({workload})"
+        )
+    cell = CellRepeat(server=specs[0], client=clients[0], repeat=int(repeat))
     check_prerequisites(exp=exp, paths=paths, cell=cell.key)
     with server_lock(paths.server_lock(exp.cluster.nodes)), connect(exp, paths) as manager:
         run_cell_repeat(

@@ -92,6 +92,20 @@ class RunPaths:
         return [*self.builds(exp), self.preflight]
 
     @property
+    def services(self) -> Path:
+        """Services brought up by `servesweep up`, shared by every run of this results root
+        (a run id never starts with '.')."""
+        return self.root.parent / ".services"
+
+    def service_record(self, fingerprint: str) -> Path:
+        """The state of the service with this fingerprint (ServerState JSON)."""
+        return self.services / f"{fingerprint}.json"
+
+    def service_runs(self, fingerprint: str) -> Path:
+        """Which runs used that service: one `<UTC time> <run id>` line per run."""
+        return self.services / f"{fingerprint}.runs"
+
+    @property
     def current_server(self) -> Path:
         return self.root / "service" / "current.json"
 

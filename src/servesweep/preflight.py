@@ -6,8 +6,9 @@ import datetime as dt
 import shlex
 from typing import Any
 
-from servesweep.config import PD_ROLES, Experiment, ServerSpec, server_specs
-from servesweep.engines import DEFAULT_BOOTSTRAP_PORT
+from servesweep import gpuidle
+from servesweep.config import AUTO_PORT, PD_ROLES, Experiment, ServerSpec, server_specs
+from servesweep.engines import listening_ports
 from servesweep.errors import PreflightFailed
 from servesweep.servers import ServerManager
 from servesweep.transport import node_address
@@ -29,21 +30,6 @@ def pd_agreement(spec: ServerSpec) -> dict[str, Any]:
     return out
 
 
-def listening_ports(exp: Experiment, spec: ServerSpec) -> list[tuple[str, int]]:
-    """(node, port) pairs the server set will listen on."""
-    ports: list[tuple[str, int]] = []
-    for role in spec.roles:
-        ports.append((role.nodes[0], role.port))
-        if len(role.nodes) > 1:
-            ports.append((role.nodes[0], role.dist_init_port))
-        if role.name == "prefill":
-            bootstrap = role.args.disaggregation_bootstrap_port or DEFAULT_BOOTSTRAP_PORT
-            ports.append((role.nodes[0], bootstrap))
-    if spec.router is not None:
-        ports.append((spec.router.node, spec.router.port))
-    return list(dict.fromkeys(ports))
-
-
 def _ib_devices(spec: ServerSpec) -> list[tuple[str, str]]:
     pairs = []
     for role in spec.roles:
@@ -51,6 +37,29 @@ def _ib_devices(spec: ServerSpec) -> list[tuple[str, str]]:
             for dev in role.args.disaggregation_ib_device.split(","):
                 pairs += [(node, dev.strip()) for node in role.nodes]
     return list(dict.fromkeys(pairs))
+
+
+def gpus_idle(*, exp: Experiment, manager: ServerManager) -> list[dict[str, Any]]:
+    """Every node's GPUs idle (no compute process, memory below the threshold) and as many as
+    the config says; PreflightFailed names node, GPU, pid and memory. Sim nodes are idle."""
+    if exp.engine.kind == "sim":
+        return [{"node": n, "simulated": True, "idle": True} for n in exp.cluster.nodes]
+    out = []
+    for node in exp.cluster.nodes:
+        res = manager.transport.run(node, gpuidle.probe_command(), timeout=PROBE_TIMEOUT_S)
+        if not res.ok:
+            raise PreflightFailed(f"node {node}: nvidia-smi failed: {res.stderr.strip()[:200]}")
+        states = gpuidle.parse(*gpuidle.split_probe(res.stdout))
+        reason = gpuidle.busy_reason(
+            node,
+            states,
+            expected=exp.cluster.gpus_per_node,
+            max_used_mib=exp.preflight.gpu_idle_max_memory_mib,
+        )
+        if reason is not None:
+            raise PreflightFailed(reason)
+        out.append({"node": node, "gpus": len(states), "idle": True})
+    return out
 
 
 def run_preflight(*, exp: Experiment, manager: ServerManager) -> dict[str, Any]:
@@ -79,7 +88,14 @@ def run_preflight(*, exp: Experiment, manager: ServerManager) -> dict[str, Any]:
                 {"server": spec.id, "skipped": f"server {current.server_id} of this run is up"}
             )
             continue
+        if manager.service(spec.fingerprint) is not None:
+            checks["ports"].append({"server": spec.id, "skipped": "its service is up (reused)"})
+            continue
+        manager.check_foreign(spec)  # another owner's server: name it, not just the port
         for node, port in listening_ports(exp, spec):
+            if port == AUTO_PORT:
+                checks["ports"].append({"node": node, "port": "auto"})
+                continue
             probe = f"bash -c 'exec 3<>/dev/tcp/{node_address(exp.cluster, node)}/{port}'"
             if transport.run(node, f"{probe} 2>/dev/null", timeout=PROBE_TIMEOUT_S).ok:
                 raise PreflightFailed(
@@ -87,6 +103,7 @@ def run_preflight(*, exp: Experiment, manager: ServerManager) -> dict[str, Any]:
                     f"stop what holds it or change the port"
                 )
             checks["ports"].append({"node": node, "port": port, "free": True})
+    checks["gpus"] = gpus_idle(exp=exp, manager=manager)
     if exp.runtime.kind == "docker":
         fmt = shlex.quote("{{.Id}}")
         for node in exp.cluster.nodes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -39,6 +40,15 @@ class Launch:
     labels: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Labelled:
+    """A process or container found on a node, with the labels it carries."""
+
+    node: str
+    handle: str
+    labels: dict[str, str]
+
+
 class Runtime(Protocol):
     """Starts, inspects and removes server processes on nodes."""
 
@@ -62,6 +72,10 @@ class Runtime(Protocol):
 
     def find(self, node: str, labels: dict[str, str]) -> list[str]:
         """Handles of processes on `node` carrying all `labels` (stale-server search)."""
+        ...
+
+    def labelled(self, node: str, labels: dict[str, str]) -> list[Labelled]:
+        """Every process on `node` carrying all `labels`, with all its labels (any owner)."""
         ...
 
     def oneshot_line(self, launch: Launch, *, gpus: bool = False) -> str:
@@ -152,6 +166,26 @@ class ProcessRuntime:
         )
         res = self.transport.run(node, script, timeout=COMMAND_TIMEOUT_S)
         return [line for line in res.stdout.split() if line.isdigit()]
+
+    def labelled(self, node: str, labels: dict[str, str]) -> list[Labelled]:
+        wanted = [f"{k}={v}" for k, v in label_env(labels).items()]
+        greps = " && ".join(f'grep -qxF {shlex.quote(w)} "$t"' for w in wanted) or "true"
+        script = (
+            "t=$(mktemp); for p in /proc/[0-9]*; do "
+            'tr "\\0" "\\n" < $p/environ > "$t" 2>/dev/null || continue; '
+            f"if {greps}; then pid=${{p#/proc/}}; "
+            '[ "$(ps -o pgid= -p $pid | tr -d " ")" = "$pid" ] || continue; '
+            f'echo "@pid $pid"; grep "^{ENV_LABEL_PREFIX}" "$t"; fi; done; rm -f "$t"'
+        )
+        res = self.transport.run(node, script, timeout=COMMAND_TIMEOUT_S)
+        found: list[Labelled] = []
+        for line in res.stdout.splitlines():
+            if line.startswith("@pid "):
+                found.append(Labelled(node, line.split()[1], {}))
+            elif found and "=" in line:
+                key, value = line.removeprefix(ENV_LABEL_PREFIX).split("=", 1)
+                found[-1].labels[key.lower()] = value
+        return found
 
 
 # ---------------------------------------------------------------- docker
@@ -312,6 +346,33 @@ class DockerRuntime:
         )
         res = self.run_docker(node, f"ps -aq --no-trunc {filters}").check("docker ps")
         return res.stdout.split()
+
+    def labelled(self, node: str, labels: dict[str, str]) -> list[Labelled]:
+        handles = self.find(node, labels)
+        if not handles:
+            return []
+        fmt = shlex.quote("{{.Id}} {{json .Config.Labels}}")
+        ids = " ".join(shlex.quote(h) for h in handles)
+        res = self.run_docker(node, f"inspect --type container -f {fmt} {ids}")
+        found = []
+        for line in res.stdout.splitlines():
+            handle, _, blob = line.partition(" ")
+            try:
+                raw = json.loads(blob) or {}
+            except ValueError:
+                continue
+            found.append(
+                Labelled(
+                    node,
+                    handle,
+                    {
+                        k.removeprefix(LABEL_PREFIX): v
+                        for k, v in raw.items()
+                        if k.startswith(LABEL_PREFIX)
+                    },
+                )
+            )
+        return found
 
 
 def host_python_mounts() -> list[str]:

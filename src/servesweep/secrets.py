@@ -46,8 +46,9 @@ def scrub(text: str, secret: str | Secret | None) -> str:
     return text.replace(value, MASK) if value else text
 
 
-def sudo_password(env: Mapping[str, str]) -> str | None:
-    """The sudo password from SUDO_PASSWORD or SUDO_PASSWORD_FILE; None if neither is set.
+def sudo_password(env: Mapping[str, str], *, default_file: str | None = None) -> str | None:
+    """The sudo password from SUDO_PASSWORD or SUDO_PASSWORD_FILE, else from `default_file`
+    (config `secrets.sudo_password_file`); None if none is set.
 
     The file must be a regular file that neither group nor others can read or write (chmod 600);
     its first line is the password. Messages never contain the password.
@@ -58,11 +59,34 @@ def sudo_password(env: Mapping[str, str]) -> str | None:
         raise SecretError(f"set only one of {PASSWORD_ENV} and {PASSWORD_FILE_ENV}, not both")
     if direct is not None:
         return _checked(direct, where=f"env {PASSWORD_ENV}")
+    if path is None and default_file is not None:
+        return _checked(_read_private_file(Path(default_file).expanduser()), where=default_file)
     if path is not None:
         if not path.strip():
             raise SecretError(f"env {PASSWORD_FILE_ENV} is set but empty")
         return _checked(_read_private_file(Path(path).expanduser()), where=path)
     return None
+
+
+def check_secrets(
+    *, sudo: bool, default_file: str | None, passwordless: bool, env: Mapping[str, str]
+) -> str:
+    """At workflow start: a config that needs sudo has a readable, private password source
+    (or says sudo needs none). Returns where it comes from; SecretError is one line."""
+    if not sudo:
+        return "no sudo"
+    value = sudo_password(env, default_file=default_file)
+    if value is not None:
+        return env.get(PASSWORD_FILE_ENV) or (
+            f"env {PASSWORD_ENV}" if PASSWORD_ENV in env else str(default_file)
+        )
+    if passwordless:
+        return "passwordless sudo (secrets.passwordless_sudo)"
+    raise SecretError(
+        f"runtime.sudo is true but no sudo password is given: set {PASSWORD_FILE_ENV} (a chmod "
+        f"600 file), {PASSWORD_ENV}, or config key secrets.sudo_password_file (or "
+        f"secrets.passwordless_sudo: true)"
+    )
 
 
 def sudo_secret(env: Mapping[str, str]) -> Secret | None:

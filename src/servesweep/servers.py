@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -16,13 +18,30 @@ from pathlib import Path
 from typing import Any
 
 from servesweep import logscan
-from servesweep.config import SINGLE_ROLE, Experiment, ServerSpec
-from servesweep.engines import ROUTER_ROLE, RankCommand, base_url, rank_commands, role_url
-from servesweep.errors import ServerDied, ServerStartError
+from servesweep.config import SINGLE_ROLE, Experiment, ServerSpec, server_specs
+from servesweep.engines import (
+    ROUTER_ROLE,
+    RankCommand,
+    base_url,
+    listening_ports,
+    rank_commands,
+    role_url,
+)
+from servesweep.errors import ServerConflict, ServerDied, ServerStartError
 from servesweep.events import EventLog
 from servesweep.files import write_json_atomic, write_text_atomic
+from servesweep.owner import (
+    KIND_LABEL,
+    OWNER_LABEL,
+    PORTS_LABEL,
+    RUN_LABEL,
+    SERVER_KIND,
+    SERVICE_LABEL,
+    Owner,
+    current_owner,
+)
 from servesweep.paths import RunPaths
-from servesweep.runtime import ONESHOT_DIR, Launch, ProcessRuntime, Runtime
+from servesweep.runtime import ONESHOT_DIR, Labelled, Launch, ProcessRuntime, Runtime
 from servesweep.transport import LocalTransport, Transport
 
 logger = logging.getLogger(__name__)
@@ -53,6 +72,9 @@ class ServerState:
     ranks: list[RankState] = field(default_factory=list)
     started_at: float = 0.0
     ready_at: float | None = None
+    service: bool = False  # brought up by `servesweep up`: outlives runs
+    owner: str = ""
+    run_id: str = ""  # the run (or `up`) that started it
 
     @classmethod
     def load(cls, path: Path) -> ServerState | None:
@@ -102,25 +124,36 @@ class ServerManager:
         transport: Transport,
         runtime: Runtime,
         events: EventLog | None = None,
+        owner: Owner | None = None,
     ) -> None:
         self.exp = exp
         self.paths = paths
         self.transport = transport
         self.runtime = runtime
         self.events = events or EventLog(paths.orchestrator_log)
+        self.owner = owner or current_owner(paths.root.parent)
+        # `servesweep up`: what starts is a service (labelled, recorded in paths.services).
+        self.service_mode = False
 
     # ------------------------------------------------------------ naming
     def labels(self, spec: ServerSpec | None = None) -> dict[str, str]:
-        labels = {"run": self.exp.run_id}
+        """Labels of this caller's servers: kind, run and owner (+ fingerprint of `spec`)."""
+        labels = {KIND_LABEL: SERVER_KIND, RUN_LABEL: self.exp.run_id, **self.owner.labels()}
         if spec is not None:
             labels |= {"fingerprint": spec.fingerprint}
+            if self.service_mode:
+                labels |= {SERVICE_LABEL: spec.fingerprint}
         return labels
+
+    def node_dir(self) -> str:
+        """This owner's and run's directory on a node: two checkouts never share it."""
+        return f"{ONESHOT_DIR}/{self.owner.tag}/{self.exp.run_id}"
 
     def node_log_path(self, server_id: str, role: str, node: str) -> str:
         """Where a process writes its log on its node."""
         if self.exp.cluster.transport == "local":
             return str(self.local_log_path(server_id, role, node).resolve())
-        return f"{ONESHOT_DIR}/{self.exp.run_id}/{server_id}/{log_name(role, node)}"
+        return f"{self.node_dir()}/{server_id}/{log_name(role, node)}"
 
     def local_log_path(self, server_id: str, role: str, node: str) -> Path:
         return self.paths.service(server_id) / log_name(role, node)
@@ -128,14 +161,20 @@ class ServerManager:
     def launches(self, spec: ServerSpec) -> list[tuple[RankCommand, Launch]]:
         """Every process of a server set in start order, with its launch."""
         out = []
+        ports = listening_ports(self.exp, spec)
         for cmd in rank_commands(self.exp, spec):
             labels = self.labels(spec) | {
                 "server": spec.id,
                 "role": cmd.role,
                 "rank": str(cmd.rank),
+                "node": cmd.node,
+                PORTS_LABEL: ",".join(str(p) for n, p in ports if n == cmd.node),
             }
             launch = Launch(
-                name=f"servesweep-{self.exp.run_id}-{spec.fingerprint}-{cmd.role}-r{cmd.rank}",
+                name=(
+                    f"servesweep-{self.owner.tag}-{self.exp.run_id}-{spec.fingerprint}-"
+                    f"{cmd.role}-r{cmd.rank}"
+                ),
                 node=cmd.node,
                 argv=cmd.argv,
                 log_path=self.node_log_path(spec.id, cmd.role, cmd.node),
@@ -162,10 +201,21 @@ class ServerManager:
 
     # ------------------------------------------------------------ lifecycle
     def current(self) -> ServerState | None:
+        """The server set this run started (service/current.json)."""
         return ServerState.load(self.paths.current_server)
 
+    def service(self, fingerprint: str) -> ServerState | None:
+        """The service with this fingerprint that `servesweep up` left running, if any."""
+        return ServerState.load(self.paths.service_record(fingerprint))
+
+    def _state_file(self, state: ServerState) -> Path:
+        if state.service:
+            return self.paths.service_record(state.fingerprint)
+        return self.paths.current_server
+
     def ensure(self, spec: ServerSpec) -> tuple[ServerState, bool]:
-        """Reuse the running set if it has `spec`'s fingerprint and is healthy, else restart.
+        """Reuse a healthy server with `spec`'s fingerprint (this run's, or a service brought
+        up by `servesweep up`, whatever run started it), else start one.
 
         Returns the state and whether it was started just now."""
         state = self.current()
@@ -177,12 +227,44 @@ class ServerManager:
         if state is not None:
             reason = "fingerprint change" if state.fingerprint != spec.fingerprint else "unhealthy"
             self.stop(state, reason=reason)
+        service = self.service(spec.fingerprint)
+        if service is not None:
+            if self._healthy(service):
+                self.events.emit(
+                    "reuse", fp=spec.fingerprint, server=spec.id, service=spec.fingerprint
+                )
+                self._note_use(spec.fingerprint)
+                return service, False
+            self.events.emit("unhealthy", fp=spec.fingerprint, service=spec.fingerprint)
+            self.stop(service, reason="service unhealthy")
         self._remove_stale()
         return self.start(spec), True
 
+    def _note_use(self, fingerprint: str) -> None:
+        """Add this run to the service's list of runs that used it (once per run)."""
+        path = self.paths.service_runs(fingerprint)
+        seen = path.read_text().split() if path.exists() else []
+        if self.exp.run_id not in seen:
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            write_text_atomic(
+                path,
+                "".join(
+                    f"{line}\n"
+                    for line in [
+                        *(path.read_text().splitlines() if path.exists() else []),
+                        f"{stamp} {self.exp.run_id}",
+                    ]
+                ),
+            )
+
+    def service_runs(self, fingerprint: str) -> list[str]:
+        path = self.paths.service_runs(fingerprint)
+        return [line.split()[1] for line in path.read_text().splitlines()] if path.exists() else []
+
     def start(self, spec: ServerSpec) -> ServerState:
         """Start role by role (prefill, decode, router), each ready before the next;
-        on failure stop everything that started."""
+        on failure stop everything that started. "auto" ports are picked now."""
+        spec = resolve_ports(spec)
         service = self.paths.service(spec.id)
         service.mkdir(parents=True, exist_ok=True)
         write_text_atomic(service / "commands.sh", self.commands_script(spec))
@@ -191,10 +273,19 @@ class ServerManager:
             server_id=spec.id,
             base_url=base_url(self.exp, spec),
             started_at=time.time(),
+            service=self.service_mode,
+            owner=self.owner.label,
+            run_id=self.exp.run_id,
         )
+        state_file = self._state_file(state)
         self.transport.check_reachable(self.exp.cluster.nodes)
+        self.check_foreign(spec)
         self.events.emit(
-            "start", fp=spec.fingerprint, server=spec.id, nodes=",".join(self.exp.cluster.nodes)
+            "start",
+            fp=spec.fingerprint,
+            server=spec.id,
+            nodes=",".join(self.exp.cluster.nodes),
+            owner=self.owner.label,
         )
         try:
             launches = self.launches(spec)
@@ -214,7 +305,7 @@ class ServerManager:
                             self._url(spec, cmd),
                         )
                     )
-                    write_json_atomic(self.paths.current_server, state.to_dict())
+                    write_json_atomic(state_file, state.to_dict())
                 self._wait_ready(state, spec, role)
                 if role != SINGLE_ROLE:
                     self.events.emit(
@@ -234,7 +325,9 @@ class ServerManager:
             self.stop(state, reason="start failed")
             raise
         state.ready_at = time.time()
-        write_json_atomic(self.paths.current_server, state.to_dict())
+        write_json_atomic(state_file, state.to_dict())
+        if state.service:
+            self._note_use(spec.fingerprint)
         write_json_atomic(service / "server.json", state.to_dict())
         info = http_json(f"{state.ranks[0].url}/server_info")
         if info is not None:
@@ -354,48 +447,181 @@ class ServerManager:
 
         with ThreadPoolExecutor(max_workers=max(1, len(state.ranks))) as pool:
             list(pool.map(_stop, state.ranks))
-        current = self.current()
-        if current is not None and current.fingerprint == state.fingerprint:
-            self.paths.current_server.unlink(missing_ok=True)
+        if state.service:
+            self.paths.service_record(state.fingerprint).unlink(missing_ok=True)
+        else:
+            current = self.current()
+            if current is not None and current.fingerprint == state.fingerprint:
+                self.paths.current_server.unlink(missing_ok=True)
         self.events.emit("stop", fp=state.fingerprint, server=state.server_id, reason=reason)
 
     def _remove_stale(self) -> None:
-        """Remove processes/containers of this run found by label (after a hard kill)."""
+        """Remove this owner's processes/containers of this run found by label (after a hard
+        kill); another owner's servers are never touched here."""
         labels = self.labels()
         for node in self.exp.cluster.nodes:
-            for handle in self.runtime.find(node, labels):
-                self.events.emit("stale", node=node, handle=handle, run=self.exp.run_id)
-                self.runtime.stop(node, handle)
+            for found in self.runtime.labelled(node, labels):
+                if found.labels.get(SERVICE_LABEL):
+                    continue  # a service outlives runs: only `servesweep down` stops it
+                self.events.emit("stale", node=node, handle=found.handle, run=self.exp.run_id)
+                self.runtime.stop(node, found.handle)
 
-    def stop_all(self, *, reason: str) -> None:
-        """Stop the current server set and any stale one of this run."""
+    def foreign(self, spec: ServerSpec) -> list[Labelled]:
+        """Servers of other owners in the way of `spec`: on a node it needs (a real engine
+        needs the node's GPUs), or holding one of its ports (the sim shares a machine)."""
+        needed = listening_ports(self.exp, spec)
+        nodes = list(
+            dict.fromkeys(
+                [
+                    *(n for r in spec.roles for n in r.nodes),
+                    *([spec.router.node] if spec.router else []),
+                ]
+            )
+        )
+        found = []
+        for node in nodes:
+            ports = {p for n, p in needed if n == node}
+            for other in self.runtime.labelled(node, {KIND_LABEL: SERVER_KIND}):
+                if other.labels.get(OWNER_LABEL) == self.owner.label:
+                    continue
+                if other.labels.get("node", node) != node:
+                    continue  # one machine or one dockerd serving several test nodes
+                held = {int(p) for p in other.labels.get(PORTS_LABEL, "").split(",") if p}
+                if self.exp.engine.kind != "sim" or held & ports:
+                    found.append(other)
+        return found
+
+    def check_foreign(self, spec: ServerSpec) -> None:
+        """One-line error naming the owner of a server that is in `spec`'s way."""
+        found = self.foreign(spec)
+        if found:
+            raise ServerConflict(describe_conflict(found[0], spec_id=spec.id))
+
+    def remove_foreign(self, specs: list[ServerSpec]) -> list[Labelled]:
+        """`servesweep down --force`: stop other owners' servers in the way of `specs`."""
+        removed: dict[tuple[str, str], Labelled] = {}
+        for spec in specs:
+            for other in self.foreign(spec):
+                if (other.node, other.handle) in removed:
+                    continue
+                self.events.emit(
+                    "force-stop",
+                    node=other.node,
+                    handle=other.handle,
+                    owner=other.labels.get(OWNER_LABEL, "?"),
+                    run=other.labels.get(RUN_LABEL, "?"),
+                )
+                self.runtime.stop(other.node, other.handle)
+                removed[other.node, other.handle] = other
+        return list(removed.values())
+
+    def stop_all(self, *, reason: str, services: bool = False) -> None:
+        """Stop the server set this run started and any stale one of this run (this owner's
+        only); with `services`, also the services of this config's fingerprints
+        (`servesweep down`), recorded or found by label."""
         state = self.current()
         if state is not None:
             self.stop(state, reason=reason)
         self._remove_stale()
+        if not services:
+            return
+        for spec in server_specs(self.exp):
+            service = self.service(spec.fingerprint)
+            if service is not None:
+                self.stop(service, reason=reason)
+            mine = {KIND_LABEL: SERVER_KIND, SERVICE_LABEL: spec.fingerprint, **self.owner.labels()}
+            for node in self.exp.cluster.nodes:
+                for handle in self.runtime.find(node, mine):
+                    self.events.emit("stale", node=node, handle=handle, service=spec.fingerprint)
+                    self.runtime.stop(node, handle)
 
     def status(self) -> list[dict[str, str]]:
-        """Per node and rank: handle, running, health (rank 0)."""
-        state = self.current()
-        if state is None:
-            return []
+        """Per server process found on the nodes by label (any owner, so also what a killed
+        run left): owner, run, service, uptime and the runs that used it (from our records),
+        running, health (rank 0)."""
+        known: dict[tuple[str, str], tuple[ServerState, RankState]] = {}
+        for spec in server_specs(self.exp):
+            for state in (self.current(), self.service(spec.fingerprint)):
+                if state is not None:
+                    known |= {(r.node, r.handle): (state, r) for r in state.ranks}
         rows = []
-        for rank in state.ranks:
-            running = self.runtime.is_running(rank.node, rank.handle)
-            health = str(http_status(f"{rank.url}/health") or "no answer") if rank.url else ""
-            rows.append(
-                {
-                    "role": rank.role,
-                    "server": state.server_id,
-                    "fp": state.fingerprint,
-                    "node": rank.node,
-                    "rank": str(rank.rank),
-                    "handle": rank.handle,
-                    "running": str(running),
-                    "health": health,
-                }
-            )
+        seen: set[tuple[str, str]] = set()
+        for node in self.exp.cluster.nodes:
+            for found in self.runtime.labelled(node, {KIND_LABEL: SERVER_KIND}):
+                if found.labels.get("node", node) != node or (node, found.handle) in seen:
+                    continue
+                seen.add((node, found.handle))
+                rows.append(self._status_row(found, known.get((node, found.handle))))
         return rows
+
+    def _status_row(
+        self, found: Labelled, known: tuple[ServerState, RankState] | None
+    ) -> dict[str, str]:
+        labels = found.labels
+        fp = labels.get("fingerprint", "?")
+        service = labels.get(SERVICE_LABEL, "")
+        row = {
+            "node": found.node,
+            "role": labels.get("role", "?"),
+            "rank": labels.get("rank", "?"),
+            "server": labels.get("server", "?"),
+            "fp": fp,
+            "service": service or "-",
+            "owner": labels.get(OWNER_LABEL, "?"),
+            "mine": str(labels.get(OWNER_LABEL) == self.owner.label).lower(),
+            "run": labels.get(RUN_LABEL, "?"),
+            "handle": found.handle[:12],
+            "running": str(self.runtime.is_running(found.node, found.handle)),
+        }
+        if known is not None:
+            state, rank = known
+            row["uptime_s"] = f"{time.time() - state.started_at:.0f}"
+            if rank.url:
+                row["health"] = str(http_status(f"{rank.url}/health") or "no answer")
+        else:
+            row["uptime_s"] = "?"
+        if service and labels.get(OWNER_LABEL) == self.owner.label:
+            row["used_by"] = ",".join(self.service_runs(service)) or "-"
+        return row
+
+
+def resolve_ports(spec: ServerSpec) -> ServerSpec:
+    """`spec` with every "auto" port (AUTO_PORT) replaced by a port free on this machine
+    (config allows "auto" only with the local transport)."""
+    roles = tuple(
+        dataclasses.replace(
+            role,
+            port=role.port or free_port(),
+            dist_init_port=role.dist_init_port or free_port(),
+        )
+        for role in spec.roles
+    )
+    return dataclasses.replace(spec, roles=roles)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (bind port 0, read it, close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def describe_server(other: Labelled) -> str:
+    """`node N: server S (run R, ports P, handle H) of owner O`, from its labels."""
+    labels = other.labels
+    return (
+        f"node {other.node}: server {labels.get('server', '?')} (run {labels.get(RUN_LABEL, '?')}"
+        f", ports {labels.get(PORTS_LABEL) or '?'}, handle {other.handle[:12]}) of owner "
+        f"{labels.get(OWNER_LABEL, 'unknown')}"
+    )
+
+
+def describe_conflict(other: Labelled, *, spec_id: str) -> str:
+    """One line: whose server is in the way, where, and how to remove it."""
+    return (
+        f"{describe_server(other)} is in the way of server {spec_id}; ask its owner or remove "
+        f"it with `servesweep down --force`"
+    )
 
 
 def open_transport(exp: Experiment) -> Transport:
@@ -414,7 +640,11 @@ def open_runtime(exp: Experiment, transport: Transport, *, for_commands: bool = 
     from servesweep.runtime import DockerRuntime
     from servesweep.secrets import sudo_password
 
-    password = sudo_password(os.environ) if exp.runtime.sudo and not for_commands else None
+    password = (
+        sudo_password(os.environ, default_file=exp.secrets.sudo_password_file)
+        if exp.runtime.sudo and not for_commands
+        else None
+    )
     return DockerRuntime(transport, exp.runtime, sudo_password=password, gpus=exp.runtime.gpus)
 
 
@@ -428,7 +658,8 @@ def connect(exp: Experiment, paths: RunPaths) -> Iterator[ServerManager]:
         transport.close()
 
 
-def shutdown(exp: Experiment, paths: RunPaths, *, reason: str) -> None:
-    """Stop every server of the run (workflow onsuccess/onerror, `servesweep down`)."""
+def shutdown(exp: Experiment, paths: RunPaths, *, reason: str, services: bool = False) -> None:
+    """Stop every server the run started (workflow onsuccess/onerror); with `services` also
+    the services of this config (`servesweep down`)."""
     with connect(exp, paths) as manager:
-        manager.stop_all(reason=reason)
+        manager.stop_all(reason=reason, services=services)

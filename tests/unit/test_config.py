@@ -13,10 +13,13 @@ from servesweep.config import (
     client_specs,
     load_experiment,
     load_experiment_file,
+    measured_config,
     server_specs,
+    workload_key,
 )
 from servesweep.errors import ConfigError
 from servesweep.paths import RunPaths
+from tests.helpers import deep_update
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = ROOT / "config" / "config.yaml"
@@ -158,3 +161,59 @@ def test_committed_json_schema_matches_the_models() -> None:
     assert committed == json.loads(json.dumps(json_schema())), (
         "regenerate schemas/experiment.schema.json from servesweep.config.json_schema()"
     )
+
+
+def _ids_and_fps(raw: dict) -> dict[str, str]:
+    return {s.id: s.fingerprint for s in server_specs(load_experiment(raw, {}))}
+
+
+def test_ids_use_one_canonical_axis_order(raw: dict) -> None:
+    flipped = copy.deepcopy(raw)
+    flipped["matrix"]["server"] = dict(reversed(list(raw["matrix"]["server"].items())))
+    flipped["matrix"]["client"] = dict(reversed(list(raw["matrix"]["client"].items())))
+    assert _ids_and_fps(flipped) == _ids_and_fps(raw)
+    a, b = load_experiment(raw, {}), load_experiment(flipped, {})
+    assert {c.id for c in client_specs(a)} == {c.id for c in client_specs(b)}
+
+
+@pytest.mark.parametrize(
+    "reach",
+    [
+        {"engine": {"port": 31111, "dist_init_port": 21111, "ready_timeout_s": 5}},
+        {"runtime": {"sudo": True}},
+        {"server": {"disaggregation_bootstrap_port": 9000}},
+        {"workload": {"request_timeout_s": 7}},
+    ],
+)
+def test_how_a_server_is_reached_is_not_in_its_identity(raw: dict, reach: dict) -> None:
+    changed = deep_update(raw, reach)
+    assert _ids_and_fps(changed) == _ids_and_fps(raw)
+    a, b = load_experiment(raw, {}), load_experiment(changed, {})
+    assert measured_config(a) == measured_config(b)
+    assert [workload_key(c.workload) for c in client_specs(a)] == [
+        workload_key(c.workload) for c in client_specs(b)
+    ]
+
+
+@pytest.mark.parametrize(
+    "measured",
+    [
+        {"engine": {"version": "0.5.9"}},
+        {"engine": {"model_path": "sim/other"}},
+        {"runtime": {"kind": "docker", "image": "sglang:other"}},
+        {"server": {"page_size": 32}},
+        {"server": {"extra_args": ["--enable-foo"]}},
+        {"cluster": {"gpus_per_node": 4}, "server": {"tp_size": 4, "ep_size": 4}},
+    ],
+)
+def test_what_defines_the_measurement_is_in_the_fingerprint(raw: dict, measured: dict) -> None:
+    before, after = _ids_and_fps(raw), _ids_and_fps(deep_update(raw, measured))
+    assert before.keys() == after.keys()
+    assert all(before[k] != after[k] for k in before)
+
+
+def test_auto_ports_only_with_the_local_transport(raw: dict) -> None:
+    assert load_experiment(raw, {}).engine.port == "auto"
+    remote = deep_update(raw, {"cluster": {"transport": "ssh"}})
+    with pytest.raises(ConfigError, match="config key 'engine.port': 'auto' needs cluster"):
+        load_experiment(remote, {})

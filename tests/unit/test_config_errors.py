@@ -318,6 +318,7 @@ def test_run_with_an_unsafe_password_file_starts_nothing(tmp_path: Path) -> None
         yaml.safe_load(DEFAULT_CONFIG.read_text()),
         {
             "run_id": "bad-password",
+            "engine": {"port": 30000, "dist_init_port": 20000},
             "cluster": {
                 "transport": "ssh",
                 "nodes": ["no-such-node"],

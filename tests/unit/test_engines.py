@@ -17,7 +17,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture()
 def raw() -> dict:
-    return yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    """The embedded default with its "auto" ports fixed (the numbers the assertions use)."""
+    raw = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    raw["engine"] |= {"port": 30000, "dist_init_port": 20000}
+    return raw
 
 
 def _flag(argv: list[str], flag: str) -> str:

@@ -14,9 +14,12 @@ import yaml
 from servesweep.config import load_experiment
 from servesweep.errors import SmokeFailed
 from servesweep.images import build_image, version_probe
+from servesweep.owner import Owner
 from servesweep.runtime import DockerRuntime
 from servesweep.transport import LocalTransport
 from tests.helpers import DEFAULT_CONFIG, deep_update
+
+OWNER = Owner(user="tester", host="h", checkout="0123456789ab")
 
 # `docker image inspect` answers for one image; `docker run --rm ... IMAGE argv` runs argv here;
 # `docker build`/`pull` print a line. Every call is recorded.
@@ -75,7 +78,7 @@ def test_build_and_smoke_evidence(tmp_path: Path, docker: Path) -> None:
         smoke=["echo flashinfer_mxfp4 available"],
     )
     log = tmp_path / "build" / "n1.log"
-    evidence = build_image(exp=exp, node="n1", runtime=_runtime(exp), log=log)
+    evidence = build_image(exp=exp, node="n1", runtime=_runtime(exp), log=log, owner=OWNER)
     assert evidence["method"] == "build"
     assert evidence["image_id"] == "sha256:" + "ab" * 32
     assert evidence["repo_digests"] == ["img:test@sha256:cd"]
@@ -90,7 +93,7 @@ def test_failed_smoke_names_node_command_and_log(tmp_path: Path, docker: Path) -
     exp = _exp(smoke=["echo checking; exit 3"])
     log = tmp_path / "n1.log"
     with pytest.raises(SmokeFailed) as info:
-        build_image(exp=exp, node="n1", runtime=_runtime(exp), log=log)
+        build_image(exp=exp, node="n1", runtime=_runtime(exp), log=log, owner=OWNER)
     message = str(info.value)
     assert "node n1" in message and "exit 3" in message and str(log) in message
     assert "checking" in log.read_text()
@@ -103,7 +106,7 @@ def test_missing_image_and_engine_version_mismatch(
     rt = _runtime(exp)
     rt.image = "other:tag"
     with pytest.raises(SmokeFailed, match="not present on node n1"):
-        build_image(exp=exp, node="n1", runtime=rt, log=tmp_path / "a.log")
+        build_image(exp=exp, node="n1", runtime=rt, log=tmp_path / "a.log", owner=OWNER)
     sglang = load_experiment(
         deep_update(exp.model_dump(mode="json"), {"engine": {"kind": "sglang"}}), {}
     )
@@ -113,4 +116,6 @@ def test_missing_image_and_engine_version_mismatch(
     (fake / "__init__.py").write_text('__version__ = "0.5.9"\n')
     monkeypatch.setenv("PYTHONPATH", str(fake.parent))
     with pytest.raises(SmokeFailed, match="has SGLang 0.5.9, but engine.version pins 0.5.23"):
-        build_image(exp=sglang, node="n1", runtime=_runtime(sglang), log=tmp_path / "b.log")
+        build_image(
+            exp=sglang, node="n1", runtime=_runtime(sglang), log=tmp_path / "b.log", owner=OWNER
+        )

@@ -128,3 +128,26 @@ def test_scrub() -> None:
     assert scrub(text, Secret(CANARY)) == "sudo said *** twice ***"
     assert scrub(text, None) == text
     assert scrub(text, "") == text
+
+
+def test_check_secrets_at_workflow_start(tmp_path: Path) -> None:
+    from servesweep.secrets import check_secrets
+
+    assert check_secrets(sudo=False, default_file=None, passwordless=False, env={}) == "no sudo"
+    with pytest.raises(SecretError, match="secrets.sudo_password_file") as info:
+        check_secrets(sudo=True, default_file=None, passwordless=False, env={})
+    assert "\n" not in str(info.value)
+    assert "passwordless" in check_secrets(sudo=True, default_file=None, passwordless=True, env={})
+    private = tmp_path / "pw"
+    private.write_text("hunter2\n")
+    private.chmod(0o600)
+    where = check_secrets(sudo=True, default_file=str(private), passwordless=False, env={})
+    assert where == str(private) and "hunter2" not in where
+    private.chmod(0o640)
+    with pytest.raises(SecretError, match="mode 0640"):
+        check_secrets(sudo=True, default_file=str(private), passwordless=False, env={})
+    # The environment wins over the config's file.
+    env = {"SUDO_PASSWORD": "from-env"}
+    assert check_secrets(sudo=True, default_file=str(private), passwordless=False, env=env) == (
+        "env SUDO_PASSWORD"
+    )

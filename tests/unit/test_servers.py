@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from servesweep.config import load_experiment, server_specs
-from servesweep.errors import ServerStartError
+from servesweep.errors import ServerConflict, ServerStartError
 from servesweep.events import read_events
 from servesweep.paths import RunPaths
 from servesweep.runtime import ProcessRuntime
@@ -105,3 +105,115 @@ def test_ready_timeout(tmp_path: Path) -> None:
     with pytest.raises(ServerStartError, match="not ready after 1s"):
         m.ensure(spec)
     assert m.runtime.find("local", m.labels()) == []
+
+
+def _twin(first: ServerManager, tmp_path: Path, **changes) -> ServerManager:
+    """A second checkout: same run_id and config, another results root (another owner)."""
+    raw = first.exp.model_dump(mode="json")
+    exp = load_experiment(deep_update(raw, changes), {})
+    transport = LocalTransport()
+    return ServerManager(
+        exp,
+        RunPaths(tmp_path / "other-checkout" / "results" / exp.run_id),
+        transport=transport,
+        runtime=ProcessRuntime(transport),
+    )
+
+
+def test_owner_labels_name_and_node_paths(manager: ServerManager, tmp_path: Path) -> None:
+    other = _twin(manager, tmp_path)
+    assert manager.owner.checkout != other.owner.checkout
+    assert manager.owner.user == other.owner.user and manager.owner.host == other.owner.host
+    spec = server_specs(manager.exp)[0]
+    (_, mine), (_, theirs) = manager.launches(spec)[0], other.launches(spec)[0]
+    assert mine.name != theirs.name and manager.owner.tag in mine.name
+    assert mine.labels["owner"] == manager.owner.label
+    assert mine.labels["ports"] == f"{manager.exp.engine.port}"
+    assert manager.node_dir() != other.node_dir()
+
+
+def test_two_owners_same_run_id_never_stop_each_other(
+    manager: ServerManager, tmp_path: Path
+) -> None:
+    other = _twin(manager, tmp_path, engine={"port": free_port(), "dist_init_port": free_port()})
+    spec, their_spec = server_specs(manager.exp)[0], server_specs(other.exp)[0]
+    assert spec.fingerprint == their_spec.fingerprint  # the port is not part of it
+    mine, _ = manager.ensure(spec)
+    try:
+        theirs, fresh = other.ensure(their_spec)
+        assert fresh, "another owner's server is never reused"
+        other.stop_all(reason="their down")
+        assert manager.runtime.is_running("local", mine.ranks[0].handle)
+        assert not other.runtime.is_running("local", theirs.ranks[0].handle)
+        manager.paths.current_server.unlink()  # our state lost (SIGKILL): stale by label
+        other.stop_all(reason="their down again")
+        assert manager.runtime.is_running("local", mine.ranks[0].handle)
+    finally:
+        other.stop_all(reason="test teardown")
+
+
+def test_another_owners_server_on_our_port_is_one_line_naming_the_owner(
+    manager: ServerManager, tmp_path: Path
+) -> None:
+    other = _twin(manager, tmp_path)
+    spec = server_specs(manager.exp)[0]
+    theirs, _ = other.ensure(spec)
+    try:
+        with pytest.raises(ServerConflict) as info:
+            manager.ensure(spec)
+        message = str(info.value)
+        assert "\n" not in message and other.owner.label in message
+        assert "servesweep down --force" in message
+        assert other.runtime.is_running("local", theirs.ranks[0].handle)
+        removed = manager.remove_foreign([spec])
+        assert [r.handle for r in removed] == [theirs.ranks[0].handle]
+        assert not other.runtime.is_running("local", theirs.ranks[0].handle)
+        assert "force-stop" in _events(manager)
+    finally:
+        other.stop_all(reason="test teardown")
+
+
+def test_auto_ports_are_picked_at_start_and_recorded(tmp_path: Path) -> None:
+    m = _manager(tmp_path, engine={"port": "auto", "dist_init_port": "auto"})
+    other = _twin(m, tmp_path)
+    spec = server_specs(m.exp)[0]
+    assert spec.roles[0].port == 0
+    try:
+        mine, _ = m.ensure(spec)
+        theirs, _ = other.ensure(spec)
+        assert mine.base_url != theirs.base_url and not mine.base_url.endswith(":0")
+        assert http_status(f"{mine.base_url}/health") == 200
+        again, fresh = m.ensure(spec)
+        assert not fresh and again.base_url == mine.base_url
+    finally:
+        m.stop_all(reason="test teardown")
+        other.stop_all(reason="test teardown")
+
+
+def test_a_service_outlives_runs_and_is_reused_whatever_the_run_id(tmp_path: Path) -> None:
+    up = _manager(tmp_path)
+    up.service_mode = True
+    spec = server_specs(up.exp)[0]
+    service, fresh = up.ensure(spec)
+    assert fresh and service.service
+    run_a = _manager(tmp_path, run_id="run-a")
+    run_a.exp = run_a.exp.model_copy(update={"engine": up.exp.engine})
+    try:
+        assert run_a.paths.services == up.paths.services
+        state, fresh = run_a.ensure(spec)
+        assert not fresh and state.ranks[0].handle == service.ranks[0].handle
+        reuse = [f for _, e, f in read_events(run_a.paths.orchestrator_log) if e == "reuse"]
+        assert reuse == [{"fp": spec.fingerprint, "server": spec.id, "service": spec.fingerprint}]
+        run_a.stop_all(reason="workflow finished")  # a run stops only what it started
+        assert run_a.runtime.is_running("local", service.ranks[0].handle)
+        # Other owners' servers on this machine show too (e.g. a parallel test run).
+        [row] = [r for r in run_a.status() if r["mine"] == "true"]
+        assert row["service"] == spec.fingerprint and row["owner"] == up.owner.label
+        assert row["used_by"] == "unit-servers,run-a" and row["uptime_s"] != "?"
+        assert row["health"] == "200"
+        run_a.stop_all(reason="servesweep down", services=True)
+        assert not run_a.runtime.is_running("local", service.ranks[0].handle)
+        assert [r for r in run_a.status() if r["mine"] == "true"] == []
+        assert up.service(spec.fingerprint) is None
+    finally:
+        up.stop_all(reason="test teardown", services=True)

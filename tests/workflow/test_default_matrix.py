@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from servesweep.events import read_events
-from tests.helpers import experiment_file, run_snakemake
+from tests.helpers import experiment_file, free_port, run_snakemake
 
 pytestmark = pytest.mark.workflow
 RUN = "wf-default"
@@ -84,6 +85,19 @@ def test_second_run_has_nothing_to_do(run_dir: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Nothing to be done" in proc.stdout + proc.stderr
     assert len(_starts(run_dir)) == before
+
+
+def test_reordered_keys_and_a_new_port_have_nothing_to_do(run_dir: Path) -> None:
+    workdir = run_dir.parents[1]
+    raw = yaml.safe_load((workdir / "exp.yaml").read_text())
+    raw["matrix"]["server"] = dict(reversed(list(raw["matrix"]["server"].items())))
+    raw["engine"]["port"] = free_port()
+    raw["engine"]["ready_timeout_s"] = 99
+    moved = workdir / "moved.yaml"
+    moved.write_text(yaml.safe_dump(raw, sort_keys=False))
+    proc = run_snakemake(workdir, "--cores", "1", "all", "--configfile", str(moved))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Nothing to be done" in proc.stdout + proc.stderr
 
 
 def test_deleted_raw_file_reruns_exactly_that_cell_with_one_start(run_dir: Path) -> None:

@@ -103,6 +103,11 @@ def test_summary_has_warmup_log_scan_and_evidence(pd_run: Path) -> None:
     assert preflight["pd"]["pd"] == {"page_size": 64, "kv_cache_dtype": None}
 
 
+def test_warmup_has_the_shape_of_the_first_listed_case(pd_run: Path) -> None:
+    [warmup] = [f for _, e, f in read_events(pd_run / "orchestrator.log") if e == "warmup"]
+    assert warmup["shape"] == "case~64-8-c1"
+
+
 def test_suite_selection_plans_only_its_cases(tmp_path: Path) -> None:
     cfg = pd_config(tmp_path, "wf-pd-plan")
     proc = run_snakemake(tmp_path, "-n", "--configfile", str(cfg), env={"SUITE": "decode512-c8"})
@@ -111,18 +116,46 @@ def test_suite_selection_plans_only_its_cases(tmp_path: Path) -> None:
     assert "case~16k-1-c8" not in proc.stdout
 
 
-def test_up_status_down(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def _events(run_dir: Path) -> list[tuple[str, dict[str, str]]]:
+    path = run_dir / "orchestrator.log"
+    return [(e, f) for _, e, f in read_events(path)] if path.exists() else []
+
+
+def test_up_then_three_suites_reuse_one_service_then_down(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Seed 003's flow: deploy once, run suites under their own RUN_IDs, stop at the end."""
     cfg = pd_config(tmp_path, "wf-pd-up")
-    results = str(tmp_path / "results")
+    results = tmp_path / "results"
+    args = ["--configfile", str(cfg), "--results", str(results)]
+    fp = None
     try:
-        assert cli(["up", "--configfile", str(cfg), "--results", results]) == 0
-        assert "started" in capsys.readouterr().out
-        assert cli(["status", "--configfile", str(cfg), "--results", results]) == 0
-        rows = capsys.readouterr().out.splitlines()
-        assert len(rows) == 9
+        assert cli(["up", *args]) == 0
+        out = capsys.readouterr().out
+        assert "started" in out
+        fp = out.split()[1]
+        for run_id, suite in (("a", "decode512"), ("b", "decode512-c8"), ("c", None)):
+            env = {"RUN_ID": run_id} | ({"SUITE": suite} if suite else {})
+            proc = run_snakemake(tmp_path, "--cores", "1", "all", "--configfile", str(cfg), env=env)
+            assert proc.returncode == 0, proc.stderr[-4000:]
+            events = _events(results / run_id)
+            assert not [e for e, _ in events if e in ("start", "stop", "warmup")], events
+            assert ("reuse", {"fp": fp, "server": "pd", "service": fp}) in events
+            assert cli(["status", *args]) == 0  # the service is still up after each run
+            rows = [r for r in capsys.readouterr().out.splitlines() if "mine=true" in r]
+            assert len(rows) == 9 and all("running=True" in r for r in rows)
+            assert all(f"service={fp}" in r for r in rows)
         assert sum("health=200" in r for r in rows) == 3  # prefill, decode rank 0 and router
-        assert all("running=True" in r for r in rows)
+        assert all("used_by=wf-pd-up,a,b,c" in r for r in rows)
+        [warmup] = [f for e, f in _events(results / "wf-pd-up") if e == "warmup"]
+        assert warmup["shape"] == "case~64-8-c1"  # the first listed case, not the suite's
+        up_events = [e for e, _ in _events(results / "wf-pd-up")]
+        assert up_events.count("start") == 1 and up_events.count("warmup") == 1
+        assert (results / "wf-pd-up" / "service" / "pd" / "warmup.jsonl").exists()
+        warmups = list(results.glob("*/service/*/warmup.jsonl"))
+        assert len(warmups) == 1, warmups
     finally:
-        assert cli(["down", "--configfile", str(cfg), "--results", results]) == 0
+        assert cli(["down", *args]) == 0
     exp = load_experiment_file(cfg)
     assert ProcessRuntime(LocalTransport()).find("p601", {"run": exp.run_id}) == []
+    assert not (results / ".services" / f"{fp}.json").exists()

@@ -1,0 +1,89 @@
+"""Are a node's GPUs idle? nvidia-smi's GPU and compute-app queries, parsed and judged."""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+
+# Both with a header (`--format=csv`), so recorded captures parse as they are.
+GPU_QUERY = "nvidia-smi --query-gpu=index,pci.bus_id,memory.used --format=csv"
+APPS_QUERY = "nvidia-smi --query-compute-apps=gpu_bus_id,pid,process_name,used_memory --format=csv"
+SEPARATOR = "@@apps"
+
+
+def probe_command() -> str:
+    """One shell command printing both queries, separated by SEPARATOR."""
+    return f"{GPU_QUERY} && echo {SEPARATOR} && {APPS_QUERY}"
+
+
+@dataclass(frozen=True)
+class GpuState:
+    """One GPU: index, memory in use, and the compute processes on it."""
+
+    index: str
+    bus_id: str
+    used_mib: float
+    processes: tuple[str, ...]  # "pid 420 python3 21482 MiB"
+
+
+def _table(text: str) -> list[dict[str, str]]:
+    rows = list(csv.reader(io.StringIO(text.strip())))
+    if not rows:
+        return []
+    header = [h.strip().split(" [")[0] for h in rows[0]]
+    return [dict(zip(header, (c.strip() for c in r), strict=False)) for r in rows[1:] if r]
+
+
+def _mib(value: str) -> float:
+    return float(value.replace("MiB", "").strip() or 0)
+
+
+def parse(gpu_csv: str, apps_csv: str) -> list[GpuState]:
+    """GPUs from `GPU_QUERY` output, each with the processes of `APPS_QUERY` on it (an app
+    without a bus id, as in an older query, is put on the only GPU, or on every GPU)."""
+    gpus = _table(gpu_csv)
+    apps = _table(apps_csv)
+    states = []
+    for gpu in gpus:
+        bus = gpu.get("pci.bus_id", "")
+        mine = [
+            a
+            for a in apps
+            if a.get("gpu_bus_id", bus) == bus or "gpu_bus_id" not in a and len(gpus) == 1
+        ]
+        states.append(
+            GpuState(
+                index=gpu.get("index", "?"),
+                bus_id=bus,
+                used_mib=_mib(gpu.get("memory.used", "0")),
+                processes=tuple(
+                    f"pid {a.get('pid', '?')} {a.get('process_name', '?')} "
+                    f"{_mib(a.get('used_gpu_memory', a.get('used_memory', '0'))):.0f} MiB"
+                    for a in mine
+                ),
+            )
+        )
+    return states
+
+
+def busy_reason(
+    node: str, states: list[GpuState], *, expected: int, max_used_mib: float
+) -> str | None:
+    """None when `expected` GPUs are idle, else one line naming node, GPU, pid and memory."""
+    if len(states) != expected:
+        return f"node {node}: {len(states)} GPUs, cluster.gpus_per_node says {expected}"
+    for gpu in states:
+        if gpu.processes or gpu.used_mib > max_used_mib:
+            who = "; ".join(gpu.processes) or "no process listed"
+            return (
+                f"node {node}: GPU {gpu.index} busy: {who}; memory used {gpu.used_mib:.0f} MiB "
+                f"(limit {max_used_mib:.0f} MiB, preflight.gpu_idle_max_memory_mib)"
+            )
+    return None
+
+
+def split_probe(output: str) -> tuple[str, str]:
+    """(GPU csv, apps csv) of `probe_command`'s output."""
+    gpu, _, apps = output.partition(SEPARATOR)
+    return gpu, apps

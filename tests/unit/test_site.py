@@ -1,0 +1,65 @@
+"""Tests of servesweep.site: site files under experiments, guesses, and the commands warnings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from servesweep.cli import main
+from servesweep.config import load_experiment, load_experiment_file
+from servesweep.errors import ConfigError
+from servesweep.site import apply_site, guessed_values
+from tests.helpers import REPO
+
+PD = REPO / "config" / "experiments" / "pd_standard.yaml"
+
+
+def _site(tmp_path: Path) -> Path:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "lab.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "guesses": ["engine.model_path", "engine.version"],
+                "engine": {"model_path": "/m", "version": "0.5.9", "port": 31234},
+            }
+        )
+    )
+    return site
+
+
+def test_experiment_keys_win_over_the_site_and_overridden_guesses_are_not_warned(
+    tmp_path: Path,
+) -> None:
+    site = _site(tmp_path)
+    raw = {"site": "lab", "engine": {"version": "0.5.23"}, "run_id": "x"}
+    merged = apply_site(raw, site)
+    assert merged["engine"] == {"model_path": "/m", "version": "0.5.23", "port": 31234}
+    assert [(k, v) for k, v, _ in guessed_values(raw, site)] == [("engine.model_path", "/m")]
+
+
+def test_a_missing_site_file_is_one_line_naming_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="config key 'site': no site file"):
+        load_experiment({"site": "nowhere"}, {}, site_dir=tmp_path)
+
+
+def test_the_seed_experiment_takes_its_facts_from_its_site_file() -> None:
+    exp = load_experiment_file(PD, {})
+    assert exp.site == "rtx6000d"
+    assert exp.engine.model_path == "/data/models/Kimi-K3"
+    assert exp.secrets.sudo_password_file == "/data/hzy/.sudo_password"
+
+
+def test_commands_warns_on_guesses_and_unresolved_aliases(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("SUDO_PASSWORD", raising=False)
+    monkeypatch.delenv("SUDO_PASSWORD_FILE", raising=False)
+    assert main(["commands", "--configfile", str(PD)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert "warning: engine.model_path = '/data/models/Kimi-K3' is a guess" in err[3]
+    assert sum("is a guess" in line for line in err) == 7
+    aliases = [line for line in err if "no ssh alias resolves" in line]
+    assert len(aliases) == 8 and "601:20000 would be used" in aliases[0]
