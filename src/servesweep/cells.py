@@ -7,12 +7,13 @@ import fcntl
 import hashlib
 import logging
 import math
+import os
 import shlex
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from servesweep import loadgen, telemetry, validation
+from servesweep import isolation, loadgen, telemetry, validation
 from servesweep.config import CellRepeat, Experiment, Workload
 from servesweep.errors import (
     ClientError,
@@ -49,7 +50,8 @@ def run_client(
 ) -> BenchRecord:
     """Run the configured client on the client node (in the runtime); return its record."""
     node = exp.cluster.nodes[0]
-    local_out = bench_log.with_name(f".{bench_log.stem}.client.jsonl")
+    # Per job: a stale job of the same cell (its Snakemake killed) never removes this one's file.
+    local_out = bench_log.with_name(f".{bench_log.stem}.{os.getpid()}.client.jsonl")
     local_out.unlink(missing_ok=True)
     # Locally without docker the client writes straight into the run folder; otherwise into
     # the node directory shared with one-shot containers, copied back afterwards.
@@ -60,7 +62,6 @@ def run_client(
     else:
         base = f"{ONESHOT_DIR}/{exp.run_id}/client/{digest}"
         node_out, node_log = f"{base}.jsonl", f"{base}.log"
-        _remove_stale_clients(exp=exp, manager=manager, node=node)
         manager.transport.run(node, f"rm -f {shlex.quote(node_out)}", timeout=60)
     launch = Launch(
         name=f"servesweep-{exp.run_id}-client-{digest}",
@@ -80,6 +81,7 @@ def run_client(
         labels={"run": exp.run_id, "role": "client"},
     )
     bench_log.parent.mkdir(parents=True, exist_ok=True)
+    alone = measured_alone(exp=exp, manager=manager, state=state, tag=tag)
     try:
         try:
             result = manager.runtime.run_oneshot(launch, timeout=client_timeout(workload))
@@ -95,17 +97,43 @@ def run_client(
             manager.transport.get(node, node_out, local_out)
         if not local_out.exists():
             raise ClientError(f"cell {tag}: client wrote no record; bench log {bench_log}")
-        return read_record(local_out)
+        record = read_record(local_out)
     finally:
         local_out.unlink(missing_ok=True)
+    return BenchRecord.model_validate({**record.model_dump(), ISOLATION_KEY: alone.to_dict()})
 
 
-def _remove_stale_clients(*, exp: Experiment, manager: ServerManager, node: str) -> None:
-    """Remove clients of this run still running on `node`: one cell runs at a time, so such a
-    client was left by a killed run (SIGKILL) and would load the server during this cell."""
-    for handle in manager.runtime.find(node, {"run": exp.run_id, "role": "client"}):
-        manager.events.emit("stale", node=node, handle=handle, run=exp.run_id, role="client")
-        manager.runtime.stop(node, handle)
+ISOLATION_KEY = "servesweep_isolation"
+
+
+def measured_alone(
+    *, exp: Experiment, manager: ServerManager, state: ServerState, tag: str
+) -> isolation.Isolation:
+    """Before a client starts: remove stale clients of this run (any runtime), then wait until
+    the server reports no running or queued request; both checks go into the record."""
+    node = exp.cluster.nodes[0]
+    removed = isolation.remove_stale_clients(
+        runtime=manager.runtime, events=manager.events, node=node, run_id=exp.run_id, cell=tag
+    )
+    urls = [r.url for r in state.ranks if r.url]
+    load = isolation.wait_idle(
+        urls=urls or [state.base_url], server=state.server_id, node=node, cell=tag
+    )
+    alone = isolation.Isolation(
+        stale_clients_removed=removed,
+        running=load.running if load.known else None,
+        queued=load.queued if load.known else None,
+        load_sources=load.sources,
+    )
+    manager.events.emit(
+        "alone",
+        cell=tag,
+        stale_clients=len(removed),
+        running=alone.running,
+        queued=alone.queued,
+        source=",".join(load.sources) or "none",
+    )
+    return alone
 
 
 def _fetch_log(manager: ServerManager, *, node: str, remote: str, local: Path) -> None:

@@ -40,3 +40,7 @@ class SecretError(ServesweepError):
 class PreflightFailed(ServesweepError):
     """A check before any server start failed (ports, IB devices, image, P/D agreement), or
     its evidence is missing when a cell is about to run."""
+
+
+class ServerBusy(ServesweepError):
+    """A server still reports running or queued requests before a cell's client starts."""

@@ -22,6 +22,7 @@ logger = logging.getLogger(__name__)
 
 LABEL_PREFIX = "servesweep."
 ENV_LABEL_PREFIX = "SERVESWEEP_LABEL_"
+CLIENT_ENV = f"{ENV_LABEL_PREFIX}ROLE=client"  # a one-shot client's label
 COMMAND_TIMEOUT_S = 60.0
 # Node directory shared with one-shot containers (client records, logs).
 ONESHOT_DIR = "/tmp/servesweep"
@@ -123,17 +124,20 @@ class ProcessRuntime:
         return res.stdout
 
     def stop(self, node: str, handle: str, grace_s: float = 10.0) -> None:
+        # A server leads its group (setsid); a client is one process of its job's group.
         pgid = int(handle)
-        self.transport.run(node, f"kill -TERM -{pgid} 2>/dev/null", timeout=COMMAND_TIMEOUT_S)
+        kill = "kill -{sig} -{pgid} 2>/dev/null || kill -{sig} {pgid} 2>/dev/null"
+        self.transport.run(node, kill.format(sig="TERM", pgid=pgid), timeout=COMMAND_TIMEOUT_S)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
             if not self.is_running(node, handle):
                 return
             time.sleep(0.1)
-        self.transport.run(node, f"kill -KILL -{pgid} 2>/dev/null", timeout=COMMAND_TIMEOUT_S)
+        self.transport.run(node, kill.format(sig="KILL", pgid=pgid), timeout=COMMAND_TIMEOUT_S)
 
     def oneshot_line(self, launch: Launch, *, gpus: bool = False) -> str:
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in launch.env.items())
+        assigns = {**launch.env, **label_env(launch.labels)}
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in assigns.items())
         log = shlex.quote(launch.log_path)
         argv = shlex.join(launch.argv)
         return f"{node_dir_prep(launch.log_path)} && env {env} {argv} > {log} 2>&1"
@@ -148,10 +152,22 @@ class ProcessRuntime:
             "t=$(mktemp); for p in /proc/[0-9]*; do "
             'tr "\\0" "\\n" < $p/environ > "$t" 2>/dev/null || continue; '
             f"if {greps}; then pid=${{p#/proc/}}; "
-            '[ "$(ps -o pgid= -p $pid | tr -d " ")" = "$pid" ] && echo $pid; fi; done; rm -f "$t"'
+            'echo "$pid $(ps -o ppid=,pgid= -p $pid) $(grep -cxF '
+            f'{CLIENT_ENV} "$t")"; fi; done; rm -f "$t"'
         )
         res = self.transport.run(node, script, timeout=COMMAND_TIMEOUT_S)
-        return [line for line in res.stdout.split() if line.isdigit()]
+        found: dict[str, tuple[str, str, bool]] = {}
+        for line in res.stdout.splitlines():
+            fields = line.split()
+            if len(fields) == 4 and fields[0].isdigit():
+                found[fields[0]] = (fields[1], fields[2], fields[3] != "0")
+        # A server leads its process group (setsid); a client is one process of its job's
+        # group, the top labelled one of its tree (its children inherit the labels).
+        return [
+            pid
+            for pid, (ppid, pgid, client) in found.items()
+            if pgid == pid or (client and ppid not in found)
+        ]
 
 
 # ---------------------------------------------------------------- docker
