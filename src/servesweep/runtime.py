@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -63,6 +64,16 @@ class Runtime(Protocol):
 
     def find(self, node: str, labels: dict[str, str]) -> list[str]:
         """Handles of processes on `node` carrying all `labels` (stale-server search)."""
+        ...
+
+    def identity(self, node: str, handle: str) -> str:
+        """What tells this process from a later one with the same handle (its start time);
+        "" when it is gone."""
+        ...
+
+    def owns(self, node: str, handle: str, labels: dict[str, str], identity: str) -> bool:
+        """Whether `handle` is still the process we started: it carries all `labels` and (when
+        `identity` is known) the same identity. Checked before any signal."""
         ...
 
     def oneshot_line(self, launch: Launch, *, gpus: bool = False) -> str:
@@ -134,6 +145,25 @@ class ProcessRuntime:
                 return
             time.sleep(0.1)
         self.transport.run(node, kill.format(sig="KILL", pgid=pgid), timeout=COMMAND_TIMEOUT_S)
+
+    def identity(self, node: str, handle: str) -> str:
+        # Field 22 of /proc/PID/stat: start time in clock ticks since boot (after "comm) ").
+        cmd = f"sed 's/.*) //' /proc/{int(handle)}/stat 2>/dev/null | cut -d' ' -f20"
+        res = self.transport.run(node, cmd, timeout=COMMAND_TIMEOUT_S)
+        return res.stdout.strip() if res.ok else ""
+
+    def owns(self, node: str, handle: str, labels: dict[str, str], identity: str) -> bool:
+        pid = int(handle)
+        wanted = [f"{k}={v}" for k, v in label_env(labels).items()]
+        greps = " && ".join(f'grep -qxF {shlex.quote(w)} "$t"' for w in wanted) or "true"
+        script = (
+            f't=$(mktemp); tr "\\0" "\\n" < /proc/{pid}/environ > "$t" 2>/dev/null && '
+            f'{greps}; rc=$?; rm -f "$t"; exit $rc'
+        )
+        res = self.transport.run(node, script, timeout=COMMAND_TIMEOUT_S)
+        if not res.ok:
+            return False
+        return not identity or self.identity(node, handle) == identity
 
     def oneshot_line(self, launch: Launch, *, gpus: bool = False) -> str:
         assigns = {**launch.env, **label_env(launch.labels)}
@@ -321,6 +351,25 @@ class DockerRuntime:
         if not res.ok and _NO_SUCH not in res.stderr.lower():
             res.check(f"docker rm -f {handle[:12]}")
         logger.info("node %s: removed container %s", node, handle[:12])
+
+    def identity(self, node: str, handle: str) -> str:
+        fmt = shlex.quote("{{.Created}}")
+        res = self.run_docker(node, f"inspect --type container -f {fmt} {shlex.quote(handle)}")
+        return res.stdout.strip() if res.ok else ""
+
+    def owns(self, node: str, handle: str, labels: dict[str, str], identity: str) -> bool:
+        fmt = shlex.quote("{{json .Config.Labels}}|{{.Created}}")
+        res = self.run_docker(node, f"inspect --type container -f {fmt} {shlex.quote(handle)}")
+        if not res.ok or "|" not in res.stdout:
+            return False
+        text, created = res.stdout.strip().rsplit("|", 1)
+        try:
+            found = json.loads(text) or {}
+        except ValueError:
+            return False
+        if any(found.get(f"{LABEL_PREFIX}{k}") != v for k, v in labels.items()):
+            return False
+        return not identity or created == identity
 
     def find(self, node: str, labels: dict[str, str]) -> list[str]:
         filters = " ".join(

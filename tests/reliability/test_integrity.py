@@ -7,6 +7,8 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import pandas as pd
 import pytest
 
 from tests.reliability.harness import (
+    ACROSS,
     REQUESTS,
     SECOND_CELL_INDEX,
     SNAKEMAKE_TIMEOUT_S,
@@ -24,8 +27,10 @@ from tests.reliability.harness import (
     Run,
     check_rerun,
     descendants,
+    error_lines,
     hang_started,
     kill_group,
+    output,
     rerun_unlocked,
     wait_for,
 )
@@ -115,3 +120,168 @@ def test_snakemake_and_cell_job_sigkilled_client_left(
         str(alone),
     )
     check_rerun(checks, run, before, n_events, rerun, reference)
+
+
+def _finished(checks: Checks, run: Run) -> None:
+    first = run.snakemake()
+    checks.check("the first run succeeds", first.returncode == 0, output(first)[-3000:])
+
+
+def _rejected(checks: Checks, run: Run, path: Path) -> str:
+    """Re-aggregation fails with one line naming the file and saying to delete it."""
+    proc = run.snakemake()
+    checks.check("re-aggregation exits non-zero", proc.returncode != 0, output(proc)[-3000:])
+    lines = error_lines(output(proc))
+    checks.check("a one-line `servesweep: <Kind>: ...` error", bool(lines), output(proc)[-3000:])
+    line = lines[0]
+    checks.message(line)
+    rel = str(path.relative_to(run.workdir))
+    checks.check(
+        "the error names the file and says to delete it",
+        f"delete {rel}" in line or f"delete {path}" in line,
+        line,
+    )
+    return line
+
+
+def _deleted_reruns_its_cell(checks: Checks, run: Run, path: Path, cell: str) -> None:
+    n_events = len(run.events())
+    path.unlink()
+    proc = run.snakemake()
+    checks.check("the rerun after deleting it succeeds", proc.returncode == 0, output(proc)[-3000:])
+    ran = [f["cell"] for _, e, f in run.events()[n_events:] if e == "cell-start"]
+    checks.check("the rerun runs that cell alone", ran == [cell], str(ran))
+    df = pd.read_csv(run.run_dir / "results.csv")
+    checks.check("results.csv has every cell", len(df) == len(run.cells), str(df))
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        ({"completed": REQUESTS - 1}, f"completed {REQUESTS - 1} of {REQUESTS} requests"),
+        ({"errors": ["Traceback: boom"] + [""] * (REQUESTS - 1)}, "Traceback: boom"),
+    ],
+    ids=["record_edited_completed", "record_edited_error_string"],
+)
+def test_edited_record_rejected_by_aggregation(
+    edit: dict[str, object],
+    problem: str,
+    checks: Checks,
+    make_run: Callable[..., Run],
+) -> None:
+    what = "`completed` lowered by one" if "completed" in edit else "an error string added"
+    checks.scenario(f"a finished raw record edited ({what}), then re-aggregated")
+    run = make_run(ACROSS)
+    _finished(checks, run)
+    cell = run.cells[0]
+    raw = run.raw(cell)
+    record = json.loads(raw.read_text())
+    raw.write_text(json.dumps({**record, **edit}) + "\n")
+    line = _rejected(checks, run, raw)
+    checks.check("the error names the cell and the problem", cell in line and problem in line, line)
+    _deleted_reruns_its_cell(checks, run, raw, cell)
+
+
+def test_gpu_snapshot_cut_corrupted_deleted(checks: Checks, make_run: Callable[..., Run]) -> None:
+    checks.scenario("a finished GPU snapshot cut before its after rows, corrupted, then deleted")
+    run = make_run(ACROSS)
+    _finished(checks, run)
+    cell = run.cells[0]
+    gpu = run.gpu(cell)
+    original = gpu.read_bytes()
+    kept = [ln for ln in original.decode().splitlines(keepends=True) if ",after," not in ln]
+    gpu.write_text("".join(kept))
+    proc = run.snakemake()
+    checks.check("re-aggregation of the cut file succeeds", proc.returncode == 0, output(proc))
+    df = pd.read_csv(run.run_dir / "results.csv")
+    status = df.loc[df["server_id"] == cell.split("/")[0], "gpu_status"].tolist()
+    checks.check("the cut snapshot is `incomplete`, never `ok`", status == ["incomplete"], status)
+    gpu.write_bytes(original[:40] + b"\xff\xfe\x00\x81" + original[44:])
+    line = _rejected(checks, run, gpu)
+    checks.check(
+        "the error names the cell and the snapshot, no traceback",
+        cell in line and "GPU snapshot" in line and "Traceback" not in line,
+        line,
+    )
+    _deleted_reruns_its_cell(checks, run, gpu, cell)
+
+
+def _stale_handle(run: Run, pid: int) -> None:
+    """current.json as a killed run leaves it, naming `pid` as its server (the PID reused)."""
+    backend = TARGET
+    state = {
+        "fingerprint": "0123456789ab",
+        "server_id": f"moe_runner_backend~{backend},chunked_prefill_size~8192",
+        "base_url": f"http://127.0.0.1:{run.port}",
+        "ranks": [
+            {
+                "role": "server",
+                "node": "local",
+                "rank": 0,
+                "handle": str(pid),
+                "log_path": str(run.workdir / "gone.log"),
+                "url": f"http://127.0.0.1:{run.port}",
+            }
+        ],
+        "started_at": 0.0,
+        "ready_at": 1.0,
+    }
+    current = run.run_dir / "service" / "current.json"
+    current.parent.mkdir(parents=True, exist_ok=True)
+    current.write_text(json.dumps(state))
+
+
+def test_stale_pid_of_an_unrelated_process_is_left_alone(
+    checks: Checks, make_run: Callable[..., Run]
+) -> None:
+    checks.scenario(
+        "current.json names a PID now owned by an unrelated process group (`setsid sleep`): "
+        "the rerun and `servesweep down` leave it alone"
+    )
+    run = make_run(ACROSS)
+    _finished(checks, run)
+    sleeper = subprocess.Popen(["setsid", "sleep", "600"])  # its own group, as from a shell
+    try:
+        wait_for(lambda: _alive(sleeper.pid), what="sleep to start")
+        _stale_handle(run, sleeper.pid)
+        run.raw(run.cells[-1]).unlink()
+        n_events = len(run.events())
+        rerun = run.snakemake()
+        checks.check("the rerun succeeds", rerun.returncode == 0, output(rerun)[-3000:])
+        checks.check("the unrelated process survives the rerun", _alive(sleeper.pid))
+        events = run.events()[n_events:]
+        left = [f for _, e, f in events if e == "not-ours"]
+        checks.check(
+            "the rerun says it left it alone (`not-ours` event)",
+            [f.get("handle") for f in left] == [str(sleeper.pid)],
+            str(events),
+        )
+        for line in (run.run_dir / "orchestrator.log").read_text().splitlines():
+            if " not-ours " in f" {line} ":
+                checks.message(line)
+        _stale_handle(run, sleeper.pid)
+        down = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from servesweep.cli import main; sys.exit(main(sys.argv[1:]))",
+                "down",
+                "--configfile",
+                str(run.config),
+                "--results",
+                str(run.workdir / "results"),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=run.workdir,
+            env=run.full_env(),
+            timeout=120,
+        )
+        checks.check("`servesweep down` succeeds", down.returncode == 0, output(down))
+        checks.check("the unrelated process survives `servesweep down`", _alive(sleeper.pid))
+        said = [ln for ln in output(down).splitlines() if "left alone" in ln]
+        checks.check("`servesweep down` says it left it alone", bool(said), output(down))
+        checks.message(said[0])
+    finally:
+        sleeper.kill()
+        sleeper.wait()
