@@ -35,6 +35,7 @@ rule all:
 
 onstart:
     unthrottle_scheduler(workflow)
+    hangup_like_sigterm()
 
 
 onsuccess:

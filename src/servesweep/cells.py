@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import shlex
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from servesweep.errors import (
     ServesweepError,
     TransportError,
 )
+from servesweep.logsetup import Terminated
 from servesweep.paths import RunPaths
 from servesweep.records import BenchRecord, read_record, write_record
 from servesweep.runtime import ONESHOT_DIR, Launch
@@ -332,6 +334,11 @@ def _naming_cell(
         return OSError(
             exc.errno,
             f"cell {cell}: {exc.strerror or exc} on the workflow host; bench log {bench_log}",
+        )
+    if isinstance(exc, Terminated):
+        why = " (hang-up: the session dropped)" if exc.signum == signal.SIGHUP else ""
+        return Terminated(
+            f"cell {cell} {exc}{why}; client on node {node}; bench log {bench_log}", exc.signum
         )
     if isinstance(exc, KeyboardInterrupt):
         return KeyboardInterrupt(

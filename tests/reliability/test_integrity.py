@@ -26,12 +26,15 @@ from tests.reliability.harness import (
     FaultShim,
     Run,
     check_rerun,
+    check_stopped_cleanly,
     descendants,
     error_lines,
     hang_started,
     kill_group,
     output,
+    rerun_and_check,
     rerun_unlocked,
+    run_during_hang,
     wait_for,
 )
 
@@ -285,3 +288,16 @@ def test_stale_pid_of_an_unrelated_process_is_left_alone(
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_snakemake_gets_sighup(
+    checks: Checks, make_run: Callable[..., Run], shim: FaultShim, reference: pd.DataFrame
+) -> None:
+    checks.scenario("snakemake's process group gets SIGHUP (the SSH session drops) mid-cell")
+    run = make_run(WITHIN)
+    proc = run_during_hang(run, shim, lambda p: kill_group(p, signal.SIGHUP))
+    check_stopped_cleanly(checks, run, proc, cause=r"Terminated: .*SIGHUP", finished=1)
+    events = [e for _, e, _ in run.events()]
+    checks.check("the cell job wrote `cell-failed`", "cell-failed" in events, events)
+    checks.check("onerror stopped the server (last event `stop`)", events[-1] == "stop", events)
+    rerun_and_check(checks, run, reference)
