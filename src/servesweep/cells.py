@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from servesweep import isolation, loadgen, telemetry, validation
+from servesweep import isolation, loadgen, provenance, telemetry, validation
 from servesweep.config import CellRepeat, Experiment, Workload
 from servesweep.errors import (
     ClientError,
@@ -271,6 +271,9 @@ def run_cell(
             min_retokenized_ratio=exp.validation.min_retokenized_ratio,
         )
         snapshot = before + after
+        record = BenchRecord.model_validate(
+            {**record.model_dump(), provenance.KEY: provenance.measured_with(exp, cell)}
+        )
         _write(gpu_out, lambda: telemetry.write_snapshot(gpu_out, snapshot), written)
         _write(raw_out, lambda: write_record(raw_out, record), written)
     except BaseException as exc:

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 from pydantic import ValidationError
 
-from servesweep import stats, telemetry, validation
+from servesweep import provenance, stats, telemetry, validation
 from servesweep.config import MIN_RETOKENIZED_RATIO, CellRepeat
 from servesweep.errors import CellFailed
 from servesweep.files import atomic_open
@@ -99,11 +99,18 @@ def check_record(record: BenchRecord | Mapping[str, Any]) -> list[str]:
 
 
 def read_cell(
-    path: Path, *, cell: CellRepeat, min_retokenized_ratio: float = MIN_RETOKENIZED_RATIO
+    path: Path,
+    *,
+    cell: CellRepeat,
+    min_retokenized_ratio: float = MIN_RETOKENIZED_RATIO,
+    measured_with: Mapping[str, Any] | None = None,
+    stale: list[tuple[str, str, list[str]]] | None = None,
 ) -> tuple[dict[str, float | int], Requests]:
     """Read and check one raw cell-repeat file with the cell's own checks (validation.
     judge_record against its workload): its metrics and its per-request figures (None without
-    usable details); CellFailed names the cell and the file, and says to delete it."""
+    usable details); CellFailed names the cell and the file, and says to delete it.
+    With `measured_with` (provenance.measured_with of the current config), a record measured
+    with anything else is added to `stale` (cell, file, differences)."""
     delete = f"; delete {path} to rerun the cell"
     try:
         record = read_record(path)
@@ -129,6 +136,10 @@ def read_cell(
     if problems:
         shown = "; ".join(problems[: validation.MAX_SHOWN])
         raise CellFailed(f"cell {cell.key}: raw record {path} is invalid: {shown}{delete}")
+    if measured_with is not None and stale is not None:
+        diff = provenance.differences((record.model_extra or {}).get(provenance.KEY), measured_with)
+        if diff:
+            stale.append((cell.key, str(path), diff))
     return metrics, _request_figures(path, record)
 
 
@@ -198,17 +209,27 @@ def collect_results(
     raw: Sequence[Path],
     gpu: Sequence[Path],
     min_retokenized_ratio: float = MIN_RETOKENIZED_RATIO,
+    measured_with: Sequence[Mapping[str, Any]] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """results.csv (one row per cell-repeat) and requests.csv (one row per successful request)
-    of a run, from the raw records and GPU snapshots of `cells` (in the same order)."""
+    of a run, from the raw records and GPU snapshots of `cells` (in the same order).
+
+    `measured_with`: per cell, what the current config measures it with; records measured
+    with anything else are one CellFailed naming the cells and the differing keys."""
     if not len(cells) == len(raw) == len(gpu):
         raise ValueError(f"{len(cells)} cells, {len(raw)} raw files, {len(gpu)} GPU files")
     server_axes = _axis_names(c.server.axes for c in cells)
     client_axes = _axis_names(c.client.axes for c in cells)
     rows, requests = [], []
-    for cell, raw_path, gpu_path in zip(cells, raw, gpu, strict=True):
+    stale: list[tuple[str, str, list[str]]] = []
+    expected = list(measured_with) if measured_with is not None else [None] * len(cells)
+    for cell, raw_path, gpu_path, want in zip(cells, raw, gpu, expected, strict=True):
         metrics, figures = read_cell(
-            Path(raw_path), cell=cell, min_retokenized_ratio=min_retokenized_ratio
+            Path(raw_path),
+            cell=cell,
+            min_retokenized_ratio=min_retokenized_ratio,
+            measured_with=want,
+            stale=stale,
         )
         rows.append(
             result_row(
@@ -216,6 +237,7 @@ def collect_results(
             )
         )
         requests.append(figures)
+    provenance.check_current(stale)
     df = pd.DataFrame(rows, columns=result_columns(server_axes, client_axes))
     for col in (*INTEGER_METRICS, "gpu_count"):
         df[col] = pd.to_numeric(df[col]).astype("Int64")

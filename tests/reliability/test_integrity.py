@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from tests.reliability.harness import (
     ACROSS,
@@ -301,3 +303,65 @@ def test_snakemake_gets_sighup(
     checks.check("the cell job wrote `cell-failed`", "cell-failed" in events, events)
     checks.check("onerror stopped the server (last event `stop`)", events[-1] == "stop", events)
     rerun_and_check(checks, run, reference)
+
+
+def _edit_config(run: Run, change: Callable[[dict[str, object]], None]) -> None:
+    config = yaml.safe_load(run.config.read_text())
+    change(config)
+    run.config.write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+def test_config_changed_after_a_run(checks: Checks, make_run: Callable[..., Run]) -> None:
+    checks.scenario(
+        "the config changed after a finished run: warm-up policy (cells rerun), the baseline "
+        "(summary rerun), the client's tokenizer after `.snakemake/` is lost (re-aggregation "
+        "refuses the records)"
+    )
+    run = make_run(ACROSS)
+    targets = [*run.targets, f"results/{run.run_id}/summary.json"]
+    first = run.snakemake("--cores", "1", *targets)
+    checks.check("the first run succeeds", first.returncode == 0, output(first)[-3000:])
+    record = json.loads(run.raw(run.cells[0]).read_text())
+    carried = record.get("servesweep_measured_with") or {}
+    checks.check(
+        "each raw record carries what it was measured with (fingerprint, workload, client "
+        "kind/version/tokenizer, warm-up)",
+        {"fingerprint", "workload", "client", "warmup_after_start"} <= set(carried)
+        and {"kind", "version", "tokenizer"} <= set(carried.get("client", {})),
+        str(carried),
+    )
+
+    n_events = len(run.events())
+    _edit_config(run, lambda c: c.update(warmup_after_start=1))
+    again = run.snakemake("--cores", "1", *targets)
+    checks.check("the run after the warm-up change succeeds", again.returncode == 0, output(again))
+    ran = [f["cell"] for _, e, f in run.events()[n_events:] if e == "cell-start"]
+    checks.check("a warm-up change reruns every cell", sorted(ran) == sorted(run.cells), str(ran))
+
+    summary = run.run_dir / "summary.json"
+    before = summary.stat().st_mtime_ns
+    _edit_config(run, lambda c: c.update(baseline={"moe_runner_backend": "marlin"}))
+    third = run.snakemake("--cores", "1", *targets)
+    checks.check("the run after the baseline change succeeds", third.returncode == 0, output(third))
+    checks.check(
+        "a baseline change reruns summarize (its param)",
+        summary.stat().st_mtime_ns != before,
+        output(third)[-2000:],
+    )
+
+    shutil.rmtree(run.workdir / ".snakemake")
+    _edit_config(run, lambda c: c.setdefault("client", {}).update(tokenizer="other/tokenizer"))
+    table = f"results/{run.run_id}/results.csv"
+    proc = run.snakemake(
+        "--cores", "1", "--forcerun", "collect_results", "--allowed-rules", "collect_results", table
+    )
+    checks.check("re-aggregation exits non-zero", proc.returncode != 0, output(proc)[-3000:])
+    lines = error_lines(output(proc))
+    checks.check("a one-line `servesweep: <Kind>: ...` error", bool(lines), output(proc)[-3000:])
+    line = lines[0]
+    checks.message(line)
+    checks.check(
+        "the error names the cells and the differing key, never relabels",
+        all(c in line for c in run.cells) and "client.tokenizer" in line,
+        line,
+    )

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from servesweep import provenance
 from servesweep.cells import check_prerequisites, client_timeout, run_cell, server_lock
 from servesweep.config import cell_repeats, load_experiment
 from servesweep.errors import CellFailed, ConfigError, PreflightFailed
@@ -123,6 +124,26 @@ def test_a_cell_whose_planned_fingerprint_differs_is_refused(tmp_path: Path) -> 
             repeat=1,
             fingerprint="0" * 12,
             workload=cell.client.workload.model_dump_json(),
+            measured_with=json.dumps(provenance.measured_with(exp, cell)),
+            **_files(paths, cell),
+        )
+
+
+def test_a_cell_planned_with_another_client_is_refused(tmp_path: Path) -> None:
+    from servesweep.jobs import run_cell as run_cell_job
+
+    exp, paths, _, cell = _setup(tmp_path)
+    planned = provenance.measured_with(exp, cell)
+    planned["client"]["kind"] = "bench_serving"
+    with pytest.raises(ConfigError, match="client.kind: 'bench_serving' -> 'builtin'"):
+        run_cell_job(
+            config=exp.model_dump(mode="json"),
+            server=cell.server.id,
+            client=cell.client.id,
+            repeat=1,
+            fingerprint=cell.server.fingerprint,
+            workload=cell.client.workload.model_dump_json(),
+            measured_with=json.dumps(planned),
             **_files(paths, cell),
         )
 
