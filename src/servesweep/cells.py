@@ -28,6 +28,7 @@ from servesweep.paths import RunPaths
 from servesweep.records import BenchRecord, read_record, write_record
 from servesweep.runtime import ONESHOT_DIR, Launch
 from servesweep.servers import ServerManager, ServerState
+from servesweep.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
 
@@ -84,12 +85,23 @@ def run_client(
     )
     bench_log.parent.mkdir(parents=True, exist_ok=True)
     alone = measured_alone(exp=exp, manager=manager, state=state, tag=tag)
+    watchdog = Watchdog(
+        health_url=f"{state.base_url}/health",
+        metric_urls=[r.url for r in state.ranks if r.url] or [state.base_url],
+        server=state.server_id,
+        node=state.ranks[0].node if state.ranks else node,
+        cell=tag,
+        window_s=exp.validation.stall_timeout_s,
+        abort=lambda: isolation.stop_clients(runtime=manager.runtime, node=node, run_id=exp.run_id),
+    )
     try:
         try:
-            result = manager.runtime.run_oneshot(launch, timeout=client_timeout(workload))
+            with watchdog:
+                result = manager.runtime.run_oneshot(launch, timeout=client_timeout(workload))
         finally:
             if not direct:
                 _fetch_log(manager, node=node, remote=node_log, local=bench_log)
+        watchdog.check()
         if not result.ok:
             raise ClientError(
                 f"cell {tag}: client exited {result.returncode} on node {node}; "

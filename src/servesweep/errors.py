@@ -42,5 +42,9 @@ class PreflightFailed(ServesweepError):
     its evidence is missing when a cell is about to run."""
 
 
+class ServerStalled(ServesweepError):
+    """A server stopped making progress (or answering /health) while a cell's client ran."""
+
+
 class ServerBusy(ServesweepError):
     """A server still reports running or queued requests before a cell's client starts."""

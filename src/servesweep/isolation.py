@@ -106,6 +106,12 @@ def remove_stale_clients(
     return handles
 
 
+def stop_clients(*, runtime: Runtime, node: str, run_id: str) -> None:
+    """Stop this run's clients on `node` (the watchdog aborting a stalled cell)."""
+    for handle in runtime.find(node, {"run": run_id, "role": "client"}):
+        runtime.stop(node, handle)
+
+
 def wait_idle(
     *, urls: list[str], server: str, node: str, cell: str, wait_s: float = IDLE_WAIT_S
 ) -> ServerLoad:

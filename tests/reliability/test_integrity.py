@@ -365,3 +365,29 @@ def test_config_changed_after_a_run(checks: Checks, make_run: Callable[..., Run]
         all(c in line for c in run.cells) and "client.tokenizer" in line,
         line,
     )
+
+
+def test_server_freezes_mid_cell(
+    checks: Checks, make_run: Callable[..., Run], shim: FaultShim, reference: pd.DataFrame
+) -> None:
+    checks.scenario(
+        "the server freezes mid-cell (SIGSTOP, as a GPU or NCCL hang): the watchdog aborts the "
+        "cell (validation.stall_timeout_s 3, request_timeout_s 300)"
+    )
+    workload = {
+        "input_len": 512,
+        "output_len": 4,
+        "num_requests": REQUESTS,
+        "request_timeout_s": LONG_REQUEST_TIMEOUT_S,
+    }
+    run = make_run(WITHIN, workload=workload, validation={"stall_timeout_s": 3})
+
+    def freeze(_: subprocess.Popen[str]) -> None:
+        state = json.loads((run.run_dir / "service" / "current.json").read_text())
+        os.killpg(int(state["ranks"][0]["handle"]), signal.SIGSTOP)
+
+    proc = run_during_hang(run, shim, freeze)
+    check_stopped_cleanly(
+        checks, run, proc, cause=r"ServerStalled: .*server \S+ on node local", finished=1
+    )
+    rerun_and_check(checks, run, reference)
