@@ -23,6 +23,7 @@ from servesweep.errors import (
     ServesweepError,
     TransportError,
 )
+from servesweep.events import EventLog
 from servesweep.logsetup import Terminated
 from servesweep.paths import RunPaths
 from servesweep.records import BenchRecord, read_record, write_record
@@ -55,7 +56,7 @@ def run_client(
     node = exp.cluster.nodes[0]
     # Per job: a stale job of the same cell (its Snakemake killed) never removes this one's file.
     local_out = bench_log.with_name(f".{bench_log.stem}.{os.getpid()}.client.jsonl")
-    local_out.unlink(missing_ok=True)
+    remove_partial_client_files(bench_log, events=manager.events, cell=tag)
     # Locally without docker the client writes straight into the run folder; otherwise into
     # the node directory shared with one-shot containers, copied back afterwards.
     direct = exp.cluster.transport == "local" and exp.runtime.kind == "process"
@@ -118,6 +119,22 @@ def run_client(
 
 
 ISOLATION_KEY = "servesweep_isolation"
+
+
+def remove_partial_client_files(bench_log: Path, *, events: EventLog, cell: str) -> list[Path]:
+    """Remove the hidden client files a killed job of this cell left (`.<repeat>.<pid>.client
+    .jsonl` of a pid no longer running, or the older `.<repeat>.client.jsonl`); report each."""
+    removed = []
+    for path in sorted(bench_log.parent.glob(f".{bench_log.stem}.*client.jsonl")):
+        pid = path.name.removeprefix(f".{bench_log.stem}.").removesuffix("client.jsonl")
+        pid = pid.rstrip(".")
+        if pid.isdigit() and Path(f"/proc/{pid}").exists():
+            continue  # a job still running (the server lock keeps it from measuring now)
+        path.unlink(missing_ok=True)
+        removed.append(path)
+        events.emit("partial-removed", cell=cell, file=str(path))
+        logger.warning("cell %s: removed %s, a partial client file of a killed job", cell, path)
+    return removed
 
 
 def measured_alone(
@@ -245,8 +262,9 @@ def run_cell(
     events = manager.events
     started = time.monotonic()
     written: list[Path] = []
-    events.emit("cell-start", cell=cell.key, fp=cell.server.fingerprint)
     try:
+        # Inside: a full disk while logging the event is an error naming the cell too.
+        events.emit("cell-start", cell=cell.key, fp=cell.server.fingerprint)
         state, fresh = manager.ensure(cell.server)
         if fresh and exp.warmup_after_start:
             run_warmup(exp=exp, cell=cell, manager=manager, state=state)
@@ -293,12 +311,15 @@ def run_cell(
             path.unlink(missing_ok=True)
         failure = _naming_cell(exc, cell=cell.key, node=exp.cluster.nodes[0], bench_log=bench_log)
         shown = failure if failure is not None else exc
-        events.emit(
-            "cell-failed",
-            cell=cell.key,
-            fp=cell.server.fingerprint,
-            error=(str(shown).splitlines() or [type(exc).__name__])[0][:300],
-        )
+        try:
+            events.emit(
+                "cell-failed",
+                cell=cell.key,
+                fp=cell.server.fingerprint,
+                error=(str(shown).splitlines() or [type(exc).__name__])[0][:300],
+            )
+        except OSError as emit_exc:  # e.g. the disk is full: the cell's own error matters more
+            logger.warning("cell %s: could not log cell-failed: %s", cell.key, emit_exc)
         if failure is not None and failure is not exc:
             raise failure from exc
         raise

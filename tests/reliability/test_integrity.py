@@ -391,3 +391,44 @@ def test_server_freezes_mid_cell(
         checks, run, proc, cause=r"ServerStalled: .*server \S+ on node local", finished=1
     )
     rerun_and_check(checks, run, reference)
+
+
+def test_cell_job_sigkilled_alone(
+    checks: Checks, make_run: Callable[..., Run], shim: FaultShim, reference: pd.DataFrame
+) -> None:
+    checks.scenario(
+        "the cell's job process alone is SIGKILLed mid-cell; the rerun removes partial client "
+        "files and reports them"
+    )
+    run = make_run(WITHIN)
+
+    def kill_job(proc: subprocess.Popen[str]) -> None:
+        jobs = [p for p in descendants(proc.pid) if "run_cell" in _cmdline(p)]
+        for pid in jobs:
+            os.kill(pid, signal.SIGKILL)
+
+    proc = run_during_hang(run, shim, kill_job)
+    checks.check("the run exits non-zero", proc.returncode != 0, output(proc)[-2000:])
+    cell = next(c for c in run.cells if c not in run.finished())
+    bench = run.run_dir / "bench" / f"{cell}.log"
+    # What a job killed while its client wrote leaves (a hidden per-job file; the older name).
+    partials = [
+        bench.with_name(f".{bench.stem}.{2**22 + 7}.client.jsonl"),
+        bench.with_name(f".{bench.stem}.client.jsonl"),
+    ]
+    for path in partials:
+        path.write_text('{"completed": 1')
+    before, n_events = run.finished(), len(run.events())
+    rerun = run.snakemake()
+    events = run.events()[n_events:]
+    removed = {f["file"] for _, e, f in events if e == "partial-removed"}
+    planted = {str(p.relative_to(run.workdir)) for p in partials}
+    checks.check(
+        "the rerun removes the partial client files and reports each (`partial-removed`)",
+        planted <= removed and not any(p.exists() for p in partials),
+        f"planted {planted}, removed {removed}",
+    )
+    for line in (run.run_dir / "orchestrator.log").read_text().splitlines():
+        if " partial-removed " in line:
+            checks.message(line)
+    check_rerun(checks, run, before, n_events, rerun, reference)
