@@ -105,8 +105,8 @@ def run_client(
         watchdog.check()
         if not result.ok:
             raise ClientError(
-                f"cell {tag}: client exited {result.returncode} on node {node}; "
-                f"bench log {bench_log}"
+                f"cell {tag}: client exited {result.returncode} on node {node}"
+                f"{_client_cause(bench_log)}; bench log {bench_log}"
             )
         if not direct:
             manager.transport.get(node, node_out, local_out)
@@ -165,6 +165,18 @@ def measured_alone(
         source=",".join(load.sources) or "none",
     )
     return alone
+
+
+def _client_cause(bench_log: Path) -> str:
+    """A known cause in the client's log (a full disk where it writes its record), or ""."""
+    try:
+        text = bench_log.read_text(errors="replace")[-20000:]
+    except OSError:
+        return ""
+    for line in reversed(text.splitlines()):
+        if "No space left on device" in line or "[Errno 28]" in line:
+            return f" (its disk is full: {line.strip()[-200:]})"
+    return ""
 
 
 def _fetch_log(manager: ServerManager, *, node: str, remote: str, local: Path) -> None:

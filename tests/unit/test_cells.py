@@ -183,3 +183,13 @@ def test_cell_job_imports_no_heavy_modules() -> None:
         f"servesweep.jobs imports {', '.join(heavy)}: every cell-repeat's process pays it; "
         "keep the analysis jobs' imports in analysisjobs/plotjobs"
     )
+
+
+def test_a_client_enospc_is_named_not_just_its_exit_status(tmp_path: Path) -> None:
+    from servesweep.cells import _client_cause
+
+    log = tmp_path / "r1.log"
+    log.write_text("start\nOSError: [Errno 28] No space left on device: '/tmp/x.jsonl'\n")
+    assert _client_cause(log).startswith(" (its disk is full: OSError: [Errno 28]")
+    log.write_text("start\nTimeoutError\n")
+    assert _client_cause(log) == ""
