@@ -36,6 +36,7 @@ rule all:
 onstart:
     check_secrets_at_start()
     unthrottle_scheduler(workflow)
+    hangup_like_sigterm()
 
 
 onsuccess:

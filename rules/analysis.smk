@@ -20,6 +20,7 @@ checkpoint collect_results:
         f"{LOGS}/collect_results.log",
     params:
         cells=CELL_KEYS,
+        min_retokenized_ratio=EXP.validation.min_retokenized_ratio,
     message:
         "results.csv: one row per cell-repeat; requests.csv: one row per request"
     script:
@@ -40,6 +41,10 @@ rule summarize:
         ),
     log:
         f"{LOGS}/summarize.log",
+    params:
+        baseline=EXP.baseline,
+        server_axes=SERVER_AXES,
+        client_axes=CLIENT_AXES,
     message:
         "summary.json: medians over repeats and deltas vs the baseline"
     script:

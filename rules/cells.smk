@@ -19,6 +19,8 @@ rule run_cell:
     params:
         fingerprint=cell_fingerprint,
         workload=cell_workload,
+        # Client, warm-up: a change reruns the cell (the record carries them too).
+        measured_with=cell_measured_with,
     # No `message:`: a per-job cost at 10k cells (docs/performance.md).
     script:
         "../scripts/run_cell.py"

@@ -1,4 +1,5 @@
 # Load + validate config, apply env narrowing, expand the matrix, constrain wildcards, helpers.
+import json
 import os
 import sys
 
@@ -14,6 +15,8 @@ from servesweep.compare import run_inputs
 from servesweep.engines import check_experiment
 from servesweep.errors import ConfigError
 from servesweep.paths import RunPaths
+from servesweep.provenance import measured_with
+from servesweep.logsetup import hangup_like_sigterm
 from servesweep.ratelimit import unthrottle_scheduler
 
 try:
@@ -33,6 +36,7 @@ CELLS = {cell.key: cell for cell in cell_repeats(EXP)}
 CELL_KEYS = sorted(CELLS)
 PLOT_METRICS = ["ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "input_tps"]
 RESULTS_ROOT = str(PATHS.root.parent)
+SERVER_AXES, CLIENT_AXES = axis_names(EXP)
 PLOT_X = next(iter(axis_names(EXP)[1]), None) if not EXP.cases else None
 
 
@@ -55,6 +59,10 @@ def cell_fingerprint(wildcards):
 
 def cell_workload(wildcards):
     return workload_key(cell_of(wildcards).client.workload)
+
+
+def cell_measured_with(wildcards):
+    return json.dumps(measured_with(EXP, cell_of(wildcards)), sort_keys=True)
 
 
 def cell_priority(wildcards):

@@ -12,6 +12,7 @@ if __name__ == "__main__":
             repeat=int(snakemake.wildcards.repeat),
             fingerprint=snakemake.params.fingerprint,
             workload=snakemake.params.workload,
+            measured_with=snakemake.params.measured_with,
             raw=snakemake.output.raw,
             gpu=snakemake.output.gpu,
             bench_log=snakemake.log.bench,

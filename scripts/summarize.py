@@ -6,7 +6,9 @@ from servesweep.logsetup import job_logging
 if __name__ == "__main__":
     with job_logging(snakemake.log[0]):
         summarize(
-            config=snakemake.config,
+            baseline=snakemake.params.baseline,
+            server_axes=snakemake.params.server_axes,
+            client_axes=snakemake.params.client_axes,
             results_csv=snakemake.input.csv,
             requests_csv=snakemake.input.requests,
             logscan=snakemake.input.logscan,

@@ -10,11 +10,12 @@ from typing import Any
 
 from servesweep import compare
 from servesweep.casetable import case_table, markdown_table
-from servesweep.config import axis_names, cell_repeats, client_specs
+from servesweep.config import cell_repeats, client_specs
 from servesweep.files import write_json_atomic, write_text_atomic
 from servesweep.jobs import PathLike, experiment
 from servesweep.logscan import scan_run
 from servesweep.manifest import build_manifest
+from servesweep.provenance import measured_with
 from servesweep.results import collect_results as collect
 from servesweep.results import (
     read_requests_csv,
@@ -37,11 +38,14 @@ def collect_results(
     """Rule collect_results: results.csv (one row per cell-repeat) and requests.csv (one row
     per request) from the raw records and GPU snapshots, listed in matrix order."""
     exp, _ = experiment(config)
+    cells = cell_repeats(exp)
     results, requests = collect(
         run_id=exp.run_id,
-        cells=cell_repeats(exp),
+        cells=cells,
         raw=[Path(p) for p in raw],
         gpu=[Path(p) for p in gpu],
+        min_retokenized_ratio=exp.validation.min_retokenized_ratio,
+        measured_with=[measured_with(exp, c) for c in cells],
     )
     write_results_csv(results, results_csv)
     write_requests_csv(requests, requests_csv)
@@ -56,22 +60,23 @@ def scan_logs(
 
 def summarize(
     *,
-    config: Mapping[str, Any],
+    baseline: Mapping[str, Any],
+    server_axes: Sequence[str],
+    client_axes: Sequence[str],
     results_csv: PathLike,
     requests_csv: PathLike,
     logscan: PathLike,
     warmup: Sequence[PathLike],
     out: PathLike,
 ) -> None:
-    """Rule summarize: medians, intervals, verdicts, final log scan and warm-ups."""
-    exp, _ = experiment(config)
+    """Rule summarize: medians, intervals, verdicts, final log scan and warm-ups; `baseline`
+    and the axes are the rule's params (a changed baseline reruns it)."""
     results = read_results_csv(results_csv)
-    server_axes, client_axes = axis_names(exp)
     summary = summarize_results(
         results=results,
-        baseline=exp.baseline,
-        server_axes=server_axes,
-        client_axes=client_axes,
+        baseline=dict(baseline),
+        server_axes=list(server_axes),
+        client_axes=list(client_axes),
         requests=load_requests(results=results, requests=read_requests_csv(requests_csv)),
     )
     scan = json.loads(Path(logscan).read_text())

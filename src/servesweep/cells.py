@@ -7,12 +7,14 @@ import fcntl
 import hashlib
 import logging
 import math
+import os
 import shlex
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from servesweep import loadgen, telemetry, validation
+from servesweep import isolation, loadgen, provenance, telemetry, validation
 from servesweep.config import CellRepeat, Experiment, Workload, client_specs
 from servesweep.errors import (
     ClientError,
@@ -21,10 +23,13 @@ from servesweep.errors import (
     ServesweepError,
     TransportError,
 )
+from servesweep.events import EventLog
+from servesweep.logsetup import Terminated
 from servesweep.paths import RunPaths
 from servesweep.records import BenchRecord, read_record, write_record
 from servesweep.runtime import Launch
 from servesweep.servers import ServerManager, ServerState
+from servesweep.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +54,9 @@ def run_client(
 ) -> BenchRecord:
     """Run the configured client on the client node (in the runtime); return its record."""
     node = exp.cluster.nodes[0]
-    local_out = bench_log.with_name(f".{bench_log.stem}.client.jsonl")
-    local_out.unlink(missing_ok=True)
+    # Per job: a stale job of the same cell (its Snakemake killed) never removes this one's file.
+    local_out = bench_log.with_name(f".{bench_log.stem}.{os.getpid()}.client.jsonl")
+    remove_partial_client_files(bench_log, events=manager.events, cell=tag)
     # Locally without docker the client writes straight into the run folder; otherwise into
     # the node directory shared with one-shot containers, copied back afterwards.
     direct = exp.cluster.transport == "local" and exp.runtime.kind == "process"
@@ -60,7 +66,6 @@ def run_client(
     else:
         base = f"{manager.node_dir()}/client/{digest}"
         node_out, node_log = f"{base}.jsonl", f"{base}.log"
-        _remove_stale_clients(exp=exp, manager=manager, node=node)
         manager.transport.run(node, f"rm -f {shlex.quote(node_out)}", timeout=60)
     launch = Launch(
         name=f"servesweep-{manager.owner.tag}-{exp.run_id}-client-{digest}",
@@ -80,24 +85,39 @@ def run_client(
         labels=client_labels(exp=exp, manager=manager),
     )
     bench_log.parent.mkdir(parents=True, exist_ok=True)
+    alone = measured_alone(exp=exp, manager=manager, state=state, tag=tag)
+    watchdog = Watchdog(
+        health_url=f"{state.base_url}/health",
+        metric_urls=[r.url for r in state.ranks if r.url] or [state.base_url],
+        server=state.server_id,
+        node=state.ranks[0].node if state.ranks else node,
+        cell=tag,
+        window_s=exp.validation.stall_timeout_s,
+        abort=lambda: isolation.stop_clients(
+            runtime=manager.runtime, node=node, labels=client_labels(exp=exp, manager=manager)
+        ),
+    )
     try:
         try:
-            result = manager.runtime.run_oneshot(launch, timeout=client_timeout(workload))
+            with watchdog:
+                result = manager.runtime.run_oneshot(launch, timeout=client_timeout(workload))
         finally:
             if not direct:
                 _fetch_log(manager, node=node, remote=node_log, local=bench_log)
+        watchdog.check()
         if not result.ok:
             raise ClientError(
-                f"cell {tag}: client exited {result.returncode} on node {node}; "
-                f"bench log {bench_log}"
+                f"cell {tag}: client exited {result.returncode} on node {node}"
+                f"{_client_cause(bench_log)}; bench log {bench_log}"
             )
         if not direct:
             manager.transport.get(node, node_out, local_out)
         if not local_out.exists():
             raise ClientError(f"cell {tag}: client wrote no record; bench log {bench_log}")
-        return read_record(local_out)
+        record = read_record(local_out)
     finally:
         local_out.unlink(missing_ok=True)
+    return BenchRecord.model_validate({**record.model_dump(), ISOLATION_KEY: alone.to_dict()})
 
 
 def client_labels(*, exp: Experiment, manager: ServerManager) -> dict[str, str]:
@@ -105,12 +125,69 @@ def client_labels(*, exp: Experiment, manager: ServerManager) -> dict[str, str]:
     return {"run": exp.run_id, "role": "client", **manager.owner.labels()}
 
 
-def _remove_stale_clients(*, exp: Experiment, manager: ServerManager, node: str) -> None:
-    """Remove clients of this run still running on `node`: one cell runs at a time, so such a
-    client was left by a killed run (SIGKILL) and would load the server during this cell."""
-    for handle in manager.runtime.find(node, client_labels(exp=exp, manager=manager)):
-        manager.events.emit("stale", node=node, handle=handle, run=exp.run_id, role="client")
-        manager.runtime.stop(node, handle)
+ISOLATION_KEY = "servesweep_isolation"
+
+
+def remove_partial_client_files(bench_log: Path, *, events: EventLog, cell: str) -> list[Path]:
+    """Remove the hidden client files a killed job of this cell left (`.<repeat>.<pid>.client
+    .jsonl` of a pid no longer running, or the older `.<repeat>.client.jsonl`); report each."""
+    removed = []
+    for path in sorted(bench_log.parent.glob(f".{bench_log.stem}.*client.jsonl")):
+        pid = path.name.removeprefix(f".{bench_log.stem}.").removesuffix("client.jsonl")
+        pid = pid.rstrip(".")
+        if pid.isdigit() and Path(f"/proc/{pid}").exists():
+            continue  # a job still running (the server lock keeps it from measuring now)
+        path.unlink(missing_ok=True)
+        removed.append(path)
+        events.emit("partial-removed", cell=cell, file=str(path))
+        logger.warning("cell %s: removed %s, a partial client file of a killed job", cell, path)
+    return removed
+
+
+def measured_alone(
+    *, exp: Experiment, manager: ServerManager, state: ServerState, tag: str
+) -> isolation.Isolation:
+    """Before a client starts: remove stale clients of this run (any runtime), then wait until
+    the server reports no running or queued request; both checks go into the record."""
+    node = exp.cluster.nodes[0]
+    removed = isolation.remove_stale_clients(
+        runtime=manager.runtime,
+        events=manager.events,
+        node=node,
+        labels=client_labels(exp=exp, manager=manager),
+        cell=tag,
+    )
+    urls = [r.url for r in state.ranks if r.url]
+    load = isolation.wait_idle(
+        urls=urls or [state.base_url], server=state.server_id, node=node, cell=tag
+    )
+    alone = isolation.Isolation(
+        stale_clients_removed=removed,
+        running=load.running if load.known else None,
+        queued=load.queued if load.known else None,
+        load_sources=load.sources,
+    )
+    manager.events.emit(
+        "alone",
+        cell=tag,
+        stale_clients=len(removed),
+        running=alone.running,
+        queued=alone.queued,
+        source=",".join(load.sources) or "none",
+    )
+    return alone
+
+
+def _client_cause(bench_log: Path) -> str:
+    """A known cause in the client's log (a full disk where it writes its record), or ""."""
+    try:
+        text = bench_log.read_text(errors="replace")[-20000:]
+    except OSError:
+        return ""
+    for line in reversed(text.splitlines()):
+        if "No space left on device" in line or "[Errno 28]" in line:
+            return f" (its disk is full: {line.strip()[-200:]})"
+    return ""
 
 
 def _fetch_log(manager: ServerManager, *, node: str, remote: str, local: Path) -> None:
@@ -212,8 +289,9 @@ def run_cell(
     events = manager.events
     started = time.monotonic()
     written: list[Path] = []
-    events.emit("cell-start", cell=cell.key, fp=cell.server.fingerprint)
     try:
+        # Inside: a full disk while logging the event is an error naming the cell too.
+        events.emit("cell-start", cell=cell.key, fp=cell.server.fingerprint)
         state, fresh = manager.ensure(cell.server)
         if fresh and exp.warmup_after_start:
             run_warmup(exp=exp, cell=cell, manager=manager, state=state)
@@ -250,6 +328,9 @@ def run_cell(
             min_retokenized_ratio=exp.validation.min_retokenized_ratio,
         )
         snapshot = before + after
+        record = BenchRecord.model_validate(
+            {**record.model_dump(), provenance.KEY: provenance.measured_with(exp, cell)}
+        )
         _write(gpu_out, lambda: telemetry.write_snapshot(gpu_out, snapshot), written)
         _write(raw_out, lambda: write_record(raw_out, record), written)
     except BaseException as exc:
@@ -257,12 +338,15 @@ def run_cell(
             path.unlink(missing_ok=True)
         failure = _naming_cell(exc, cell=cell.key, node=exp.cluster.nodes[0], bench_log=bench_log)
         shown = failure if failure is not None else exc
-        events.emit(
-            "cell-failed",
-            cell=cell.key,
-            fp=cell.server.fingerprint,
-            error=(str(shown).splitlines() or [type(exc).__name__])[0][:300],
-        )
+        try:
+            events.emit(
+                "cell-failed",
+                cell=cell.key,
+                fp=cell.server.fingerprint,
+                error=(str(shown).splitlines() or [type(exc).__name__])[0][:300],
+            )
+        except OSError as emit_exc:  # e.g. the disk is full: the cell's own error matters more
+            logger.warning("cell %s: could not log cell-failed: %s", cell.key, emit_exc)
         if failure is not None and failure is not exc:
             raise failure from exc
         raise
@@ -313,6 +397,11 @@ def _naming_cell(
         return OSError(
             exc.errno,
             f"cell {cell}: {exc.strerror or exc} on the workflow host; bench log {bench_log}",
+        )
+    if isinstance(exc, Terminated):
+        why = " (hang-up: the session dropped)" if exc.signum == signal.SIGHUP else ""
+        return Terminated(
+            f"cell {cell} {exc}{why}; client on node {node}; bench log {bench_log}", exc.signum
         )
     if isinstance(exc, KeyboardInterrupt):
         return KeyboardInterrupt(

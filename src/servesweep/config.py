@@ -260,6 +260,8 @@ class ValidationConfig(Strict):
     """Thresholds that tell a silent failure from re-tokenization drift (docs/validation.md)."""
 
     min_retokenized_ratio: float = Field(default=MIN_RETOKENIZED_RATIO, ge=0, le=1)
+    # Liveness during a cell: the server's counters flat this long, or /health failing, aborts.
+    stall_timeout_s: float = Field(default=120.0, gt=0)
 
 
 class Matrix(Strict):

@@ -44,3 +44,11 @@ class PreflightFailed(ServesweepError):
 
 class ServerConflict(ServesweepError):
     """Another owner's server holds a node or port a server of this run needs."""
+
+
+class ServerStalled(ServesweepError):
+    """A server stopped making progress (or answering /health) while a cell's client ran."""
+
+
+class ServerBusy(ServesweepError):
+    """A server still reports running or queued requests before a cell's client starts."""

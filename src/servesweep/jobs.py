@@ -9,11 +9,13 @@ so that a cell's process imports neither pandas nor seaborn.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from servesweep import provenance
 from servesweep.cells import check_prerequisites, server_lock
 from servesweep.cells import run_cell as run_cell_repeat
 from servesweep.config import (
@@ -66,6 +68,7 @@ def run_cell(
     repeat: int,
     fingerprint: str,
     workload: str,
+    measured_with: str,
     raw: PathLike,
     gpu: PathLike,
     bench_log: PathLike,
@@ -90,6 +93,10 @@ def run_cell(
             f"the one the workflow planned ({workload})"
         )
     cell = CellRepeat(server=specs[0], client=clients[0], repeat=int(repeat))
+    planned, now = json.loads(measured_with), provenance.measured_with(exp, cell)
+    if planned != now:
+        diff = ", ".join(provenance.differences(planned, now))
+        raise ConfigError(f"cell {cell.key}: the workflow planned it with other settings: {diff}")
     check_prerequisites(exp=exp, paths=paths, cell=cell.key)
     with server_lock(paths.server_lock(exp.cluster.nodes)), connect(exp, paths) as manager:
         run_cell_repeat(

@@ -6,6 +6,7 @@ import contextlib
 import errno
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -23,12 +24,42 @@ HOST_ERRNOS = frozenset(
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP (a dropped SSH session) ended a job: raised like KeyboardInterrupt, so
+    the cleanup of Ctrl-C runs (cell-failed event, partial files removed)."""
+
+    def __init__(self, message: str, signum: int = signal.SIGTERM) -> None:
+        super().__init__(message)
+        self.signum = signum
+
+
+def _raise_terminated(signum: int, _frame: object) -> None:
+    raise Terminated(f"stopped by {signal.Signals(signum).name}", signum)
+
+
+def terminate_on_hangup() -> None:
+    """SIGTERM and SIGHUP raise Terminated in a job's process (main thread only; elsewhere,
+    as in a test's thread, the handlers stay as they are)."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(ValueError):
+            signal.signal(sig, _raise_terminated)
+
+
+def hangup_like_sigterm() -> None:
+    """Snakemake's process (`onstart:`): SIGHUP gets the SIGTERM handler Snakemake installed
+    (graceful stop: jobs ended, `onerror` stops the servers); by default SIGHUP kills it at once
+    and leaves servers and the lock behind."""
+    signal.signal(signal.SIGHUP, signal.getsignal(signal.SIGTERM))
+
+
 def _failure(exc: BaseException) -> tuple[str, int] | None:
     """The one line and exit status of an expected failure; None for a bug."""
     if isinstance(exc, ServesweepError):
         return f"servesweep: {type(exc).__name__}: {exc}", 1
     if isinstance(exc, OSError) and exc.errno in HOST_ERRNOS:
         return f"servesweep: {type(exc).__name__}: {exc}", 1
+    if isinstance(exc, Terminated):
+        return f"servesweep: Terminated: {exc}", 128 + int(exc.signum)
     if isinstance(exc, KeyboardInterrupt):
         return f"servesweep: Interrupted: {str(exc) or 'stopped by SIGINT (Ctrl-C)'}", INTERRUPTED
     return None
@@ -62,6 +93,7 @@ def job_logging(log_path: str | Path) -> Iterator[None]:
         started = time.monotonic()
         logger.info("job started (pid %d)", os.getpid())
         try:
+            terminate_on_hangup()
             yield
             logger.info("job done in %.2f s", time.monotonic() - started)
         except SystemExit:

@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 from pydantic import ValidationError
 
-from servesweep import stats, telemetry
-from servesweep.config import CellRepeat
+from servesweep import provenance, stats, telemetry, validation
+from servesweep.config import MIN_RETOKENIZED_RATIO, CellRepeat
 from servesweep.errors import CellFailed
 from servesweep.files import atomic_open
 from servesweep.records import BenchRecord, read_record
@@ -98,41 +98,75 @@ def check_record(record: BenchRecord | Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def read_cell(path: Path, *, cell: CellRepeat) -> tuple[dict[str, float | int], Requests]:
-    """Read and check one raw cell-repeat file: its metrics and its per-request figures (None
-    without usable details); CellFailed names the cell and the file."""
+def read_cell(
+    path: Path,
+    *,
+    cell: CellRepeat,
+    min_retokenized_ratio: float = MIN_RETOKENIZED_RATIO,
+    measured_with: Mapping[str, Any] | None = None,
+    stale: list[tuple[str, str, list[str]]] | None = None,
+) -> tuple[dict[str, float | int], Requests]:
+    """Read and check one raw cell-repeat file with the cell's own checks (validation.
+    judge_record against its workload): its metrics and its per-request figures (None without
+    usable details); CellFailed names the cell and the file, and says to delete it.
+    With `measured_with` (provenance.measured_with of the current config), a record measured
+    with anything else is added to `stale` (cell, file, differences)."""
+    delete = f"; delete {path} to rerun the cell"
     try:
-        data = read_record(path, keys=READ_KEYS).model_dump()
-        metrics = record_metrics(data)
+        record = read_record(path)
+        metrics = record_metrics(record)
     except FileNotFoundError:
         raise CellFailed(f"cell {cell.key}: raw record {path} is missing") from None
     except (ValueError, ValidationError) as exc:  # JSON, line count, field types
         first = str(exc).strip().splitlines()[0]
-        raise CellFailed(f"cell {cell.key}: raw record {path} is invalid: {first}") from None
-    problems = check_record(data)
+        raise CellFailed(
+            f"cell {cell.key}: raw record {path} is invalid: {first}{delete}"
+        ) from None
+    problems = check_record(record)
+    if not problems:
+        # The cell's checks; only the presence of per-request details is not required again
+        # (requests.csv, and so the bootstrap, falls back to repeats without them).
+        verdict = validation.judge_record(
+            record,
+            workload=cell.client.workload,
+            min_retokenized_ratio=min_retokenized_ratio,
+            need_details=False,
+        )
+        problems = verdict.problems
     if problems:
-        raise CellFailed(f"cell {cell.key}: raw record {path} is invalid: {'; '.join(problems)}")
-    return metrics, _request_figures(path)
+        shown = "; ".join(problems[: validation.MAX_SHOWN])
+        raise CellFailed(f"cell {cell.key}: raw record {path} is invalid: {shown}{delete}")
+    if measured_with is not None and stale is not None:
+        diff = provenance.differences((record.model_extra or {}).get(provenance.KEY), measured_with)
+        if diff:
+            stale.append((cell.key, str(path), diff))
+    return metrics, _request_figures(path, record)
 
 
-def _request_figures(path: Path) -> Requests:
-    """Per-request figures of a checked raw file; None (with a warning) when its details do
+def _request_figures(path: Path, record: BenchRecord) -> Requests:
+    """Per-request figures of a checked record; None (with a warning) when its details do
     not validate: results.csv does not need them, the bootstrap falls back to repeats."""
     try:
-        return stats.request_figures(read_record(path, keys=stats.REQUEST_KEYS))
+        return stats.request_figures(record)
     except (ValueError, ValidationError) as exc:
         log.warning("%s: no per-request data (%s)", path, str(exc).splitlines()[0])
         return None
 
 
 def cell_gpu(path: Path, *, cell: CellRepeat) -> dict[str, Any]:
-    """GPU figures of one cell-repeat; a missing snapshot file gives NaN and status `missing`."""
+    """GPU figures of one cell-repeat; a missing snapshot file gives NaN and status `missing`,
+    one cut short `incomplete`; a malformed one is CellFailed naming the cell and the file."""
     try:
         rows = telemetry.read_snapshot(path)
     except FileNotFoundError:
         log.warning("cell %s: no GPU snapshot %s", cell.key, path)
         return {**telemetry.gpu_figures([]), "gpu_status": "missing"}
-    return telemetry.gpu_figures(rows)
+    except ValueError as exc:  # names the file
+        raise CellFailed(f"cell {cell.key}: {exc}; delete {path} to rerun the cell") from None
+    figures = telemetry.cell_figures(rows)
+    if figures["gpu_status"] == telemetry.STATUS_INCOMPLETE:
+        log.warning("cell %s: GPU snapshot %s lacks before or after rows", cell.key, path)
+    return figures
 
 
 def _axis_names(axes: Iterable[Mapping[str, Any]]) -> list[str]:
@@ -169,23 +203,41 @@ def result_row(
 
 
 def collect_results(
-    *, run_id: str, cells: Sequence[CellRepeat], raw: Sequence[Path], gpu: Sequence[Path]
+    *,
+    run_id: str,
+    cells: Sequence[CellRepeat],
+    raw: Sequence[Path],
+    gpu: Sequence[Path],
+    min_retokenized_ratio: float = MIN_RETOKENIZED_RATIO,
+    measured_with: Sequence[Mapping[str, Any]] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """results.csv (one row per cell-repeat) and requests.csv (one row per successful request)
-    of a run, from the raw records and GPU snapshots of `cells` (in the same order)."""
+    of a run, from the raw records and GPU snapshots of `cells` (in the same order).
+
+    `measured_with`: per cell, what the current config measures it with; records measured
+    with anything else are one CellFailed naming the cells and the differing keys."""
     if not len(cells) == len(raw) == len(gpu):
         raise ValueError(f"{len(cells)} cells, {len(raw)} raw files, {len(gpu)} GPU files")
     server_axes = _axis_names(c.server.axes for c in cells)
     client_axes = _axis_names(c.client.axes for c in cells)
     rows, requests = [], []
-    for cell, raw_path, gpu_path in zip(cells, raw, gpu, strict=True):
-        metrics, figures = read_cell(Path(raw_path), cell=cell)
+    stale: list[tuple[str, str, list[str]]] = []
+    expected = list(measured_with) if measured_with is not None else [None] * len(cells)
+    for cell, raw_path, gpu_path, want in zip(cells, raw, gpu, expected, strict=True):
+        metrics, figures = read_cell(
+            Path(raw_path),
+            cell=cell,
+            min_retokenized_ratio=min_retokenized_ratio,
+            measured_with=want,
+            stale=stale,
+        )
         rows.append(
             result_row(
                 run_id=run_id, cell=cell, metrics=metrics, gpu=cell_gpu(Path(gpu_path), cell=cell)
             )
         )
         requests.append(figures)
+    provenance.check_current(stale)
     df = pd.DataFrame(rows, columns=result_columns(server_axes, client_axes))
     for col in (*INTEGER_METRICS, "gpu_count"):
         df[col] = pd.to_numeric(df[col]).astype("Int64")

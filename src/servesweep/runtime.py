@@ -23,6 +23,7 @@ logger = logging.getLogger(__name__)
 
 LABEL_PREFIX = "servesweep."
 ENV_LABEL_PREFIX = "SERVESWEEP_LABEL_"
+CLIENT_ENV = f"{ENV_LABEL_PREFIX}ROLE=client"  # a one-shot client's label
 COMMAND_TIMEOUT_S = 60.0
 # Node directory shared with one-shot containers (client records, logs).
 ONESHOT_DIR = "/tmp/servesweep"
@@ -76,6 +77,16 @@ class Runtime(Protocol):
 
     def labelled(self, node: str, labels: dict[str, str]) -> list[Labelled]:
         """Every process on `node` carrying all `labels`, with all its labels (any owner)."""
+        ...
+
+    def identity(self, node: str, handle: str) -> str:
+        """What tells this process from a later one with the same handle (its start time);
+        "" when it is gone."""
+        ...
+
+    def owns(self, node: str, handle: str, labels: dict[str, str], identity: str) -> bool:
+        """Whether `handle` is still the process we started: it carries all `labels` and (when
+        `identity` is known) the same identity. Checked before any signal."""
         ...
 
     def oneshot_line(self, launch: Launch, *, gpus: bool = False) -> str:
@@ -137,17 +148,39 @@ class ProcessRuntime:
         return res.stdout
 
     def stop(self, node: str, handle: str, grace_s: float = 10.0) -> None:
+        # A server leads its group (setsid); a client is one process of its job's group.
         pgid = int(handle)
-        self.transport.run(node, f"kill -TERM -{pgid} 2>/dev/null", timeout=COMMAND_TIMEOUT_S)
+        kill = "kill -{sig} -{pgid} 2>/dev/null || kill -{sig} {pgid} 2>/dev/null"
+        self.transport.run(node, kill.format(sig="TERM", pgid=pgid), timeout=COMMAND_TIMEOUT_S)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
             if not self.is_running(node, handle):
                 return
             time.sleep(0.1)
-        self.transport.run(node, f"kill -KILL -{pgid} 2>/dev/null", timeout=COMMAND_TIMEOUT_S)
+        self.transport.run(node, kill.format(sig="KILL", pgid=pgid), timeout=COMMAND_TIMEOUT_S)
+
+    def identity(self, node: str, handle: str) -> str:
+        # Field 22 of /proc/PID/stat: start time in clock ticks since boot (after "comm) ").
+        cmd = f"sed 's/.*) //' /proc/{int(handle)}/stat 2>/dev/null | cut -d' ' -f20"
+        res = self.transport.run(node, cmd, timeout=COMMAND_TIMEOUT_S)
+        return res.stdout.strip() if res.ok else ""
+
+    def owns(self, node: str, handle: str, labels: dict[str, str], identity: str) -> bool:
+        pid = int(handle)
+        wanted = [f"{k}={v}" for k, v in label_env(labels).items()]
+        greps = " && ".join(f'grep -qxF {shlex.quote(w)} "$t"' for w in wanted) or "true"
+        script = (
+            f't=$(mktemp); tr "\\0" "\\n" < /proc/{pid}/environ > "$t" 2>/dev/null && '
+            f'{greps}; rc=$?; rm -f "$t"; exit $rc'
+        )
+        res = self.transport.run(node, script, timeout=COMMAND_TIMEOUT_S)
+        if not res.ok:
+            return False
+        return not identity or self.identity(node, handle) == identity
 
     def oneshot_line(self, launch: Launch, *, gpus: bool = False) -> str:
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in launch.env.items())
+        assigns = {**launch.env, **label_env(launch.labels)}
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in assigns.items())
         log = shlex.quote(launch.log_path)
         argv = shlex.join(launch.argv)
         return f"{node_dir_prep(launch.log_path)} && env {env} {argv} > {log} 2>&1"
@@ -162,10 +195,22 @@ class ProcessRuntime:
             "t=$(mktemp); for p in /proc/[0-9]*; do "
             'tr "\\0" "\\n" < $p/environ > "$t" 2>/dev/null || continue; '
             f"if {greps}; then pid=${{p#/proc/}}; "
-            '[ "$(ps -o pgid= -p $pid | tr -d " ")" = "$pid" ] && echo $pid; fi; done; rm -f "$t"'
+            'echo "$pid $(ps -o ppid=,pgid= -p $pid) $(grep -cxF '
+            f'{CLIENT_ENV} "$t")"; fi; done; rm -f "$t"'
         )
         res = self.transport.run(node, script, timeout=COMMAND_TIMEOUT_S)
-        return [line for line in res.stdout.split() if line.isdigit()]
+        found: dict[str, tuple[str, str, bool]] = {}
+        for line in res.stdout.splitlines():
+            fields = line.split()
+            if len(fields) == 4 and fields[0].isdigit():
+                found[fields[0]] = (fields[1], fields[2], fields[3] != "0")
+        # A server leads its process group (setsid); a client is one process of its job's
+        # group, the top labelled one of its tree (its children inherit the labels).
+        return [
+            pid
+            for pid, (ppid, pgid, client) in found.items()
+            if pgid == pid or (client and ppid not in found)
+        ]
 
     def labelled(self, node: str, labels: dict[str, str]) -> list[Labelled]:
         wanted = [f"{k}={v}" for k, v in label_env(labels).items()]
@@ -339,6 +384,25 @@ class DockerRuntime:
         if not res.ok and _NO_SUCH not in res.stderr.lower():
             res.check(f"docker rm -f {handle[:12]}")
         logger.info("node %s: removed container %s", node, handle[:12])
+
+    def identity(self, node: str, handle: str) -> str:
+        fmt = shlex.quote("{{.Created}}")
+        res = self.run_docker(node, f"inspect --type container -f {fmt} {shlex.quote(handle)}")
+        return res.stdout.strip() if res.ok else ""
+
+    def owns(self, node: str, handle: str, labels: dict[str, str], identity: str) -> bool:
+        fmt = shlex.quote("{{json .Config.Labels}}|{{.Created}}")
+        res = self.run_docker(node, f"inspect --type container -f {fmt} {shlex.quote(handle)}")
+        if not res.ok or "|" not in res.stdout:
+            return False
+        text, created = res.stdout.strip().rsplit("|", 1)
+        try:
+            found = json.loads(text) or {}
+        except ValueError:
+            return False
+        if any(found.get(f"{LABEL_PREFIX}{k}") != v for k, v in labels.items()):
+            return False
+        return not identity or created == identity
 
     def find(self, node: str, labels: dict[str, str]) -> list[str]:
         filters = " ".join(

@@ -60,6 +60,7 @@ class RankState:
     handle: str
     log_path: str
     url: str | None = None  # the role's HTTP endpoint, on rank 0 and the router
+    identity: str = ""  # Runtime.identity at start: a reused pid or id is not ours
 
 
 @dataclass
@@ -303,6 +304,7 @@ class ServerManager:
                             handle,
                             launch.log_path,
                             self._url(spec, cmd),
+                            self.runtime.identity(cmd.node, handle),
                         )
                     )
                     write_json_atomic(state_file, state.to_dict())
@@ -443,7 +445,7 @@ class ServerManager:
                 text = self.runtime.logs(rank.node, rank.handle, rank.log_path)
                 self._save_log(state.server_id, rank, text)
             finally:
-                self.runtime.stop(rank.node, rank.handle)
+                self._stop_if_ours(state, rank)
 
         with ThreadPoolExecutor(max_workers=max(1, len(state.ranks))) as pool:
             list(pool.map(_stop, state.ranks))
@@ -454,6 +456,26 @@ class ServerManager:
             if current is not None and current.fingerprint == state.fingerprint:
                 self.paths.current_server.unlink(missing_ok=True)
         self.events.emit("stop", fp=state.fingerprint, server=state.server_id, reason=reason)
+
+    def _stop_if_ours(self, state: ServerState, rank: RankState) -> None:
+        """Signal a rank only if it provably is the one we started (labels in its env or on its
+        container, and its start time); a reused pid of another process is left alone."""
+        labels = {"run": self.exp.run_id, "fingerprint": state.fingerprint}
+        if self.runtime.owns(rank.node, rank.handle, labels, rank.identity):
+            self.runtime.stop(rank.node, rank.handle)
+            return
+        if not self.runtime.is_running(rank.node, rank.handle):
+            return  # gone: nothing to signal
+        kind = "process" if self.exp.runtime.kind == "process" else "container"
+        self.events.emit("not-ours", node=rank.node, handle=rank.handle, server=state.server_id)
+        logger.warning(
+            "node %s: %s %s is not server %s of run %s (labels or start time differ): left alone",
+            rank.node,
+            kind,
+            rank.handle,
+            state.server_id,
+            self.exp.run_id,
+        )
 
     def _remove_stale(self) -> None:
         """Remove this owner's processes/containers of this run found by label (after a hard

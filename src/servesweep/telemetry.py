@@ -81,6 +81,8 @@ PHASES = ("before", "after")
 STATUS_OK = "ok"
 STATUS_UNAVAILABLE = "unavailable"
 STATUS_PARTIAL = "partial"
+STATUS_INCOMPLETE = "incomplete"  # a node's before or after rows are missing (a cut file)
+STATUSES = (STATUS_OK, STATUS_UNAVAILABLE)
 GPU_FIGURES = (
     "gpu_count",
     "gpu_mem_used_peak_mib",
@@ -300,15 +302,28 @@ def parse_snapshot(text: str) -> list[dict[str, Any]]:
                 row[col] = _number(field, text)
             except ValueError as exc:
                 raise ValueError(f"row {n}: {exc}") from None
+        if row["phase"] not in PHASES:
+            raise ValueError(f"row {n}: phase {row['phase']!r} is not one of {PHASES}")
+        if row["status"] not in STATUSES:
+            raise ValueError(f"row {n}: status {row['status']!r} is not one of {STATUSES}")
+        if not row["node"]:
+            raise ValueError(f"row {n}: no node")
         rows.append(row)
+    missing = [c for c in META_COLUMNS if c not in header]
+    if missing:
+        raise ValueError(f"header lacks {', '.join(missing)}")
     return rows
 
 
 def read_snapshot(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a snapshot file (see parse_snapshot); `snapshot_frame` makes a typed frame."""
+    """Rows of a snapshot file (see parse_snapshot); `snapshot_frame` makes a typed frame.
+    Undecodable bytes and malformed rows are a ValueError naming the file."""
     try:
-        return parse_snapshot(Path(path).read_text())
-    except ValueError as exc:
+        return parse_snapshot(Path(path).read_bytes().decode("utf-8"))
+    except ValueError as exc:  # UnicodeDecodeError and csv.Error included
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ValueError(f"GPU snapshot {path}: {first}") from None
+    except csv.Error as exc:
         raise ValueError(f"GPU snapshot {path}: {exc}") from None
 
 
@@ -329,6 +344,25 @@ def _values(rows: Iterable[Mapping[str, Any]], column: str) -> list[float]:
     """The values of a numeric column that are present (missing ones left out)."""
     values = (_present(r.get(column)) for r in rows)
     return [v for v in values if v is not None]
+
+
+def cell_figures(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """gpu_figures of a cell's whole snapshot (before + after rows); `incomplete` (never `ok`)
+    when a node's before and after rows do not pair up (a file cut short)."""
+    figures = gpu_figures(rows)
+    if not _paired(rows):
+        figures["gpu_status"] = STATUS_INCOMPLETE
+    return figures
+
+
+def _paired(rows: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether every node has as many rows after the client as before it (and some)."""
+    counts: dict[tuple[str, str], int] = {}
+    for r in rows:
+        key = (_text(r.get("node")), _text(r.get("phase")))
+        counts[key] = counts.get(key, 0) + 1
+    nodes = {node for node, _ in counts}
+    return all(counts.get((n, "before"), 0) == counts.get((n, "after"), 0) > 0 for n in nodes)
 
 
 def gpu_figures(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:

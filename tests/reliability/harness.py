@@ -783,7 +783,7 @@ def check_rerun_after_sigkill(checks: Checks, run: Run, reference: pd.DataFrame)
     passes the rerun checks."""
     before, n_events = run.finished(), len(run.events())
     checks.check("the finished cell is kept", len(before) == 1, str(before))
-    rerun = _rerun_unlocked(checks, run)
+    rerun = rerun_unlocked(checks, run)
     events = run.events()[n_events:]
     handled = [e for _, e, _ in events if e in ("reuse", "stale", "unhealthy")]
     checks.check(
@@ -794,7 +794,7 @@ def check_rerun_after_sigkill(checks: Checks, run: Run, reference: pd.DataFrame)
     check_rerun(checks, run, before, n_events, rerun, reference)
 
 
-def _rerun_unlocked(checks: Checks, run: Run) -> subprocess.CompletedProcess[str]:
+def rerun_unlocked(checks: Checks, run: Run) -> subprocess.CompletedProcess[str]:
     """Rerun after snakemake was SIGKILLed: if Snakemake kept its lock, the plain rerun must
     refuse without touching anything, then `--unlock` and rerun (README: hard kill)."""
     n_events = len(run.events())

@@ -168,6 +168,16 @@ ORDER = (
     "snakemake_is_sigkilled_then_rerun",
     "snakemake_is_sigkilled_then_rerun_with_containers",
     "disk_fills_while_writing_a_raw_file",
+    # issue 17: data integrity
+    "snakemake_and_cell_job_sigkilled_client_left",
+    "cell_job_sigkilled_alone",
+    "record_edited_completed",
+    "record_edited_error_string",
+    "gpu_snapshot_cut_corrupted_deleted",
+    "config_changed_after_a_run",
+    "stale_pid_of_an_unrelated_process_is_left_alone",
+    "server_freezes_mid_cell",
+    "snakemake_gets_sighup",
 )
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import yaml
+
 from servesweep import telemetry
-from servesweep.config import cell_repeats, load_experiment_file
+from servesweep.config import cell_repeats, load_experiment, load_experiment_file
 from servesweep.paths import RunPaths
 from servesweep.records import write_record
 
@@ -28,8 +30,19 @@ def template(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def experiment(**env: str):
-    return load_experiment_file(CONFIG, env)
+def experiment(*, workload_of: Path | None = None, **env: str):
+    """The default experiment; `workload_of`: with the workload a template record was run with
+    (collect_results checks each record against its cell's workload)."""
+    if workload_of is None:
+        return load_experiment_file(CONFIG, env)
+    raw = yaml.safe_load(CONFIG.read_text())
+    rec = template(workload_of)
+    raw["workload"] |= {
+        "input_len": rec["random_input_len"],
+        "output_len": rec["random_output_len"],
+        "num_requests": rec["completed"],
+    }
+    return load_experiment(raw, env)
 
 
 def cell_record(cell, base: dict, backend: dict[str, float]) -> dict:

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from servesweep import provenance
 from servesweep.cells import check_prerequisites, client_timeout, run_cell, server_lock
-from servesweep.config import cell_repeats, load_experiment
+from servesweep.config import cell_repeats, load_experiment, workload_key
 from servesweep.errors import CellFailed, ConfigError, PreflightFailed
 from servesweep.events import read_events
 from servesweep.paths import RunPaths
@@ -122,7 +123,27 @@ def test_a_cell_whose_planned_fingerprint_differs_is_refused(tmp_path: Path) -> 
             client=cell.client.id,
             repeat=1,
             fingerprint="0" * 12,
-            workload=cell.client.workload.model_dump_json(),
+            workload=workload_key(cell.client.workload),
+            measured_with=json.dumps(provenance.measured_with(exp, cell)),
+            **_files(paths, cell),
+        )
+
+
+def test_a_cell_planned_with_another_client_is_refused(tmp_path: Path) -> None:
+    from servesweep.jobs import run_cell as run_cell_job
+
+    exp, paths, _, cell = _setup(tmp_path)
+    planned = provenance.measured_with(exp, cell)
+    planned["client"]["kind"] = "bench_serving"
+    with pytest.raises(ConfigError, match="client.kind: 'bench_serving' -> 'builtin'"):
+        run_cell_job(
+            config=exp.model_dump(mode="json"),
+            server=cell.server.id,
+            client=cell.client.id,
+            repeat=1,
+            fingerprint=cell.server.fingerprint,
+            workload=workload_key(cell.client.workload),
+            measured_with=json.dumps(planned),
             **_files(paths, cell),
         )
 
@@ -162,3 +183,13 @@ def test_cell_job_imports_no_heavy_modules() -> None:
         f"servesweep.jobs imports {', '.join(heavy)}: every cell-repeat's process pays it; "
         "keep the analysis jobs' imports in analysisjobs/plotjobs"
     )
+
+
+def test_a_client_enospc_is_named_not_just_its_exit_status(tmp_path: Path) -> None:
+    from servesweep.cells import _client_cause
+
+    log = tmp_path / "r1.log"
+    log.write_text("start\nOSError: [Errno 28] No space left on device: '/tmp/x.jsonl'\n")
+    assert _client_cause(log).startswith(" (its disk is full: OSError: [Errno 28]")
+    log.write_text("start\nTimeoutError\n")
+    assert _client_cause(log) == ""

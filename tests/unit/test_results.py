@@ -186,3 +186,68 @@ def test_requests_csv_round_trips_every_float_exactly(tmp_path):
     for col in ("ttft_ms", "e2e_ms", "tpot_ms"):
         assert back[col].to_numpy().tobytes() == table[col].to_numpy(dtype=float).tobytes(), col
     assert back["tpot_ms"].isna().sum() == 1, "a one-token output has no TPOT"
+
+
+def _details(n: int) -> dict:
+    return {
+        "input_lens": [16384] * n,
+        "output_lens": [1] * n,
+        "ttfts": [0.5] * n,
+        "itls": [[]] * n,
+        "generated_texts": ["x"] * n,
+        "errors": [""] * n,
+    }
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        ({"completed": 39}, "completed 39 of 40 requests"),
+        ({"errors": ["HTTP 500: boom"] + [""] * 39}, "HTTP 500: boom"),
+    ],
+    ids=["completed_39", "error_string"],
+)
+def test_edited_record_is_rejected_like_the_cell_rejects_it(tmp_path, edit, problem):
+    exp = experiment()
+    paths = make_run(tmp_path, exp)
+    cells = cell_repeats(exp)
+    victim = paths.raw(cells[3])
+    write_record(victim, {**template(REC_0523), **_details(40)})
+    collect(cells, paths)  # the untouched record passes
+    write_record(victim, {**template(REC_0523), **_details(40), **edit})
+    with pytest.raises(CellFailed) as err:
+        collect(cells, paths)
+    text = str(err.value)
+    assert "\n" not in text and problem in text
+    assert text.startswith(f"cell {cells[3].key}: raw record {victim} is invalid")
+    assert text.endswith(f"delete {victim} to rerun the cell")
+
+
+def test_gpu_snapshot_cut_before_its_after_rows_is_incomplete(tmp_path):
+    exp = experiment()
+    paths = make_run(tmp_path, exp)
+    cells = cell_repeats(exp)
+    gpu = paths.gpu(cells[2])
+    lines = gpu.read_text().splitlines(keepends=True)
+    gpu.write_text("".join(line for line in lines if ",after," not in line))
+    row = collect(cells, paths)[0].iloc[2]
+    assert row["gpu_status"] == "incomplete"
+
+
+@pytest.mark.parametrize(
+    "corrupt",
+    [b"\xff\xfe\x00garbage", b"node,phase\nlocal,during\n"],
+    ids=["bytes", "bad_phase"],
+)
+def test_corrupt_gpu_snapshot_is_one_line_naming_the_file(tmp_path, corrupt):
+    exp = experiment()
+    paths = make_run(tmp_path, exp)
+    cells = cell_repeats(exp)
+    gpu = paths.gpu(cells[2])
+    gpu.write_bytes(gpu.read_bytes()[:200] + corrupt)
+    with pytest.raises(CellFailed) as err:
+        collect(cells, paths)
+    text = str(err.value)
+    assert "\n" not in text
+    assert text.startswith(f"cell {cells[2].key}: GPU snapshot {gpu}: ")
+    assert text.endswith(f"delete {gpu} to rerun the cell")

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from servesweep import logscan
+from servesweep import isolation, logscan
 from tests.support.simprocess import SimProcess, free_port, start_sim
 
 FAST = ["--sim-time-scale", "0.001", "--sim-startup-s", "1"]
@@ -336,3 +336,20 @@ def test_zero_cost_mode_serves_concurrent_requests_exactly(tmp_path: Path) -> No
     assert len({m["id"] for m in metas}) == 200
     assert bench_parse(iter(lines))["output_len"] == 1
     assert "Capture cuda graph end. Time elapsed: 0.00 s." in proc.log()
+
+
+def test_loads_report_running_requests_like_sglang(server: SimProcess) -> None:
+    """`/v1/loads` (SGLang 0.5.23): a streaming request counts as running until it ends."""
+    body = {"input_ids": [1] * 100, "stream": True, "sampling_params": {"max_new_tokens": 50000}}
+    request = urllib.request.Request(
+        server.url + "/generate", data=json.dumps(body).encode(), method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        assert resp.readline().startswith(b"data: ")
+        running, queued, source = isolation.endpoint_load(server.url) or (0, 0, "")
+        assert (running, queued, source) == (1, 0, server.url + "/v1/loads")
+    for _ in range(200):  # client gone -> request aborted -> idle
+        if isolation.endpoint_load(server.url) == (0, 0, server.url + "/v1/loads"):
+            break
+        time.sleep(0.05)
+    assert isolation.endpoint_load(server.url) == (0, 0, server.url + "/v1/loads")

@@ -10,6 +10,7 @@ import pytest
 
 from servesweep import summary
 from servesweep.config import cell_repeats
+from servesweep.errors import CellFailed
 from servesweep.paths import RunPaths
 from servesweep.records import write_record
 from servesweep.results import read_results_csv, write_results_csv
@@ -123,7 +124,7 @@ def test_worse_candidate_and_client_axis_baseline(default_results):
 
 
 def test_tpot_is_summarized_when_requests_produce_tokens(tmp_path):
-    exp = experiment()
+    exp = experiment(workload_of=REC_BUILTIN)
     paths = make_run(tmp_path, exp, base=REC_BUILTIN)
     df = collect(cell_repeats(exp), paths)[0]
     s = summary_of(exp, df)
@@ -219,15 +220,17 @@ def test_each_stage_reads_only_the_record_keys_it_needs(tmp_path):
     n = 40
     details = {"ttfts": [0.5] * n, "itls": [[]] * n, "output_lens": [1] * n, "errors": [""] * n}
     write_record(paths.raw(cells[0]), {**template(REC_0523), **details})
-    # Details that do not validate: results.csv does not read them, the bootstrap cannot.
-    broken = json.dumps({**template(REC_0523), **details, "itls": "garbage"})
-    paths.raw(cells[1]).write_text(broken + "\n")
     df, table = collect(cells, paths)
     assert len(df) == 24
     reqs = summary.load_requests(results=df.iloc[:2], requests=table)
     first, second = ((c.server.id, c.client.id, c.repeat) for c in cells[:2])
     assert reqs[first].ttft == pytest.approx([500.0] * n)
-    assert reqs[second] is None
+    assert reqs[second] is None  # no details: the bootstrap falls back to repeats
+    # Details that do not validate: the cell's check rejects the record, so does collect.
+    broken = json.dumps({**template(REC_0523), **details, "itls": "garbage"})
+    paths.raw(cells[1]).write_text(broken + "\n")
+    with pytest.raises(CellFailed, match=f"delete {paths.raw(cells[1])} to rerun the cell"):
+        collect(cells, paths)
 
 
 def test_empty_run():

@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
@@ -140,6 +141,7 @@ class SimServer:
         r.add_post("/generate", self.generate)
         r.add_post("/v1/completions", self.completions)
         r.add_get("/metrics", self.metrics)
+        r.add_get("/v1/loads", self.loads)
         return app
 
     # ------------------------------------------------------------------ info
@@ -227,6 +229,26 @@ class SimServer:
             text="Cache not flushed. Please check backend logs for more details. "
             "(When there are running or waiting requests, the operation will not be "
             "performed.)\n",
+        )
+
+    async def loads(self, request: web.Request) -> web.Response:
+        """SGLang's `/v1/loads` (newer versions): per-DP running and waiting requests."""
+        sched = self.engine.scheduler
+        load = {
+            "dp_rank": 0,
+            "num_running_reqs": len(sched.running),
+            "num_waiting_reqs": len(sched.waiting),
+            "num_used_tokens": 0,
+            "token_usage": sched.token_usage,
+        }
+        return web.json_response(
+            {
+                "timestamp": datetime.now(UTC).isoformat(),
+                "version": VERSION,
+                "accelerator": "sim",
+                "num_accelerators": 1,
+                "loads": [load],
+            }
         )
 
     async def metrics(self, request: web.Request) -> web.Response:

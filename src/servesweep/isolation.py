@@ -1,0 +1,134 @@
+"""A cell is measured alone: no other client of ours, and an idle server, before its client."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from servesweep.errors import ServerBusy
+from servesweep.events import EventLog
+from servesweep.runtime import Runtime
+
+IDLE_WAIT_S = 60.0
+POLL_S = 0.2
+_METRIC = re.compile(r"^sglang:(num_running_reqs|num_queue_reqs)(?:\{[^}]*\})?\s+(\S+)", re.M)
+
+
+@dataclass(frozen=True)
+class ServerLoad:
+    """Running and queued requests one server set reports, and where they were read."""
+
+    running: int
+    queued: int
+    sources: list[str] = field(default_factory=list)  # e.g. "http://x:30000/v1/loads"
+
+    @property
+    def known(self) -> bool:
+        return bool(self.sources)
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """The two checks made before a cell's client starts (recorded in its raw record)."""
+
+    stale_clients_removed: list[str]
+    running: int | None
+    queued: int | None
+    load_sources: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _get(url: str, timeout: float) -> str | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError, TimeoutError):
+        return None
+
+
+def endpoint_load(url: str, *, timeout: float = 5.0) -> tuple[int, int, str] | None:
+    """(running, queued, source) from SGLang's `/v1/loads` (newer versions) or `/metrics`
+    (with --enable-metrics); None when the server exposes neither."""
+    text = _get(f"{url}/v1/loads", timeout)
+    if text is not None:
+        try:
+            loads = json.loads(text)["loads"]
+            running = sum(int(x.get("num_running_reqs", 0)) for x in loads)
+            queued = sum(int(x.get("num_waiting_reqs", 0)) for x in loads)
+            return running, queued, f"{url}/v1/loads"
+        except (ValueError, KeyError, TypeError, AttributeError):
+            pass
+    text = _get(f"{url}/metrics", timeout)
+    if text is not None:
+        found: dict[str, float] = {}
+        for name, value in _METRIC.findall(text):
+            try:
+                found[name] = found.get(name, 0.0) + float(value)
+            except ValueError:
+                continue
+        if found:
+            return (
+                int(found.get("num_running_reqs", 0)),
+                int(found.get("num_queue_reqs", 0)),
+                f"{url}/metrics",
+            )
+    return None
+
+
+def server_load(urls: list[str]) -> ServerLoad:
+    """The summed load of every endpoint of a server set that reports one."""
+    running = queued = 0
+    sources = []
+    for url in urls:
+        got = endpoint_load(url)
+        if got is not None:
+            running, queued = running + got[0], queued + got[1]
+            sources.append(got[2])
+    return ServerLoad(running, queued, sources)
+
+
+def remove_stale_clients(
+    *, runtime: Runtime, events: EventLog, node: str, labels: dict[str, str], cell: str
+) -> list[str]:
+    """Remove clients with `labels` (this owner's, of this run) still running on `node`: cells
+    hold the server lock one at a time, so such a client outlived its killed job (SIGKILL) and
+    would load the server."""
+    handles = runtime.find(node, labels)
+    for handle in handles:
+        events.emit(
+            "stale", node=node, handle=handle, run=labels.get("run"), role="client", cell=cell
+        )
+        runtime.stop(node, handle)
+    return handles
+
+
+def stop_clients(*, runtime: Runtime, node: str, labels: dict[str, str]) -> None:
+    """Stop the clients with `labels` on `node` (the watchdog aborting a stalled cell)."""
+    for handle in runtime.find(node, labels):
+        runtime.stop(node, handle)
+
+
+def wait_idle(
+    *, urls: list[str], server: str, node: str, cell: str, wait_s: float = IDLE_WAIT_S
+) -> ServerLoad:
+    """Wait until the server reports no running or queued request (aborted requests of a removed
+    client drain within moments); ServerBusy after `wait_s`. Unknown load passes, recorded."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        load = server_load(urls)
+        if not load.known or (load.running == 0 and load.queued == 0):
+            return load
+        if time.monotonic() >= deadline:
+            raise ServerBusy(
+                f"cell {cell}: server {server} on node {node} still reports {load.running} "
+                f"running and {load.queued} queued request(s) after {wait_s:.0f}s before the "
+                f"client starts ({', '.join(load.sources)}); another client is using it"
+            )
+        time.sleep(POLL_S)

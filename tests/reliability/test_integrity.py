@@ -1,0 +1,434 @@
+"""Data integrity (issue 17): a record counts only if it was measured alone, with the
+configuration it claims, and cleanup never touches a process that is not ours."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from tests.reliability.harness import (
+    ACROSS,
+    REQUESTS,
+    SECOND_CELL_INDEX,
+    SNAKEMAKE_TIMEOUT_S,
+    TARGET,
+    WITHIN,
+    Checks,
+    FaultShim,
+    Run,
+    check_rerun,
+    check_stopped_cleanly,
+    descendants,
+    error_lines,
+    hang_started,
+    kill_group,
+    output,
+    rerun_and_check,
+    rerun_unlocked,
+    run_during_hang,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.reliability, pytest.mark.workflow]
+
+# Long enough that the killed cell's client still waits on its hung request when the rerun's
+# cell starts (the rerun removes it long before).
+LONG_REQUEST_TIMEOUT_S = 300
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_snakemake_and_cell_job_sigkilled_client_left(
+    checks: Checks, make_run: Callable[..., Run], shim: FaultShim, reference: pd.DataFrame
+) -> None:
+    checks.scenario(
+        "snakemake and the cell's job are SIGKILLed (the OOM killer), the load client keeps "
+        "running; `--unlock` and rerun: the cell is measured alone"
+    )
+    workload = {
+        "input_len": 512,
+        "output_len": 4,
+        "num_requests": REQUESTS,
+        "request_timeout_s": LONG_REQUEST_TIMEOUT_S,
+    }
+    run = make_run(WITHIN, workload=workload)
+    shim.inject(TARGET, f"--sim-hang-at {SECOND_CELL_INDEX}")
+    proc = run.start()
+    clients: list[int] = []
+    try:
+        wait_for(hang_started(run), limit_s=120, what=f"request #{SECOND_CELL_INDEX} to hang")
+        tree = descendants(proc.pid)
+        jobs = [p for p in tree if "run_cell" in _cmdline(p) and "loadgen" not in _cmdline(p)]
+        clients = [p for p in tree if "servesweep.loadgen" in _cmdline(p)]
+        checks.check("the cell's job and its client run", bool(jobs and clients), str(tree))
+        for pid in [proc.pid, *jobs]:  # snakemake and the job alone, not their group
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.communicate(timeout=SNAKEMAKE_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            kill_group(proc, signal.SIGKILL)
+            proc.communicate()
+    shim.clear()
+    checks.check(
+        "the killed cell's client keeps running", any(_alive(p) for p in clients), str(clients)
+    )
+    before, n_events = run.finished(), len(run.events())
+    checks.check("the finished cell is kept", len(before) == 1, str(before))
+    rerun = rerun_unlocked(checks, run)
+    events = run.events()[n_events:]
+    stale = [f for _, e, f in events if e == "stale" and f.get("role") == "client"]
+    checks.check(
+        "the rerun removes the stale client before its cell's client starts",
+        bool(stale) and all(f["handle"] in {str(p) for p in clients} for f in stale),
+        str(events),
+    )
+    checks.check("the stale client is gone", not any(_alive(p) for p in clients), str(clients))
+    lines = (run.run_dir / "orchestrator.log").read_text().splitlines()[-len(events) :]
+    for line in lines:
+        if any(f" {e} " in f" {line} " for e in ("stale", "alone", "reuse", "cell-done")):
+            checks.message(line)
+    missing = [c for c in run.cells if c not in before]
+    record = json.loads(run.raw(missing[0]).read_text())
+    alone = record.get("servesweep_isolation") or {}
+    checks.check(
+        "the rerun's raw record holds both checks: the stale client removed, the server idle "
+        "(0 running, 0 queued, read from the server)",
+        bool(alone.get("stale_clients_removed"))
+        and alone.get("running") == 0
+        and alone.get("queued") == 0
+        and bool(alone.get("load_sources")),
+        str(alone),
+    )
+    check_rerun(checks, run, before, n_events, rerun, reference)
+
+
+def _finished(checks: Checks, run: Run) -> None:
+    first = run.snakemake()
+    checks.check("the first run succeeds", first.returncode == 0, output(first)[-3000:])
+
+
+def _rejected(checks: Checks, run: Run, path: Path) -> str:
+    """Re-aggregation fails with one line naming the file and saying to delete it."""
+    proc = run.snakemake()
+    checks.check("re-aggregation exits non-zero", proc.returncode != 0, output(proc)[-3000:])
+    lines = error_lines(output(proc))
+    checks.check("a one-line `servesweep: <Kind>: ...` error", bool(lines), output(proc)[-3000:])
+    line = lines[0]
+    checks.message(line)
+    rel = str(path.relative_to(run.workdir))
+    checks.check(
+        "the error names the file and says to delete it",
+        f"delete {rel}" in line or f"delete {path}" in line,
+        line,
+    )
+    return line
+
+
+def _deleted_reruns_its_cell(checks: Checks, run: Run, path: Path, cell: str) -> None:
+    n_events = len(run.events())
+    path.unlink()
+    proc = run.snakemake()
+    checks.check("the rerun after deleting it succeeds", proc.returncode == 0, output(proc)[-3000:])
+    ran = [f["cell"] for _, e, f in run.events()[n_events:] if e == "cell-start"]
+    checks.check("the rerun runs that cell alone", ran == [cell], str(ran))
+    df = pd.read_csv(run.run_dir / "results.csv")
+    checks.check("results.csv has every cell", len(df) == len(run.cells), str(df))
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        ({"completed": REQUESTS - 1}, f"completed {REQUESTS - 1} of {REQUESTS} requests"),
+        ({"errors": ["Traceback: boom"] + [""] * (REQUESTS - 1)}, "Traceback: boom"),
+    ],
+    ids=["record_edited_completed", "record_edited_error_string"],
+)
+def test_edited_record_rejected_by_aggregation(
+    edit: dict[str, object],
+    problem: str,
+    checks: Checks,
+    make_run: Callable[..., Run],
+) -> None:
+    what = "`completed` lowered by one" if "completed" in edit else "an error string added"
+    checks.scenario(f"a finished raw record edited ({what}), then re-aggregated")
+    run = make_run(ACROSS)
+    _finished(checks, run)
+    cell = run.cells[0]
+    raw = run.raw(cell)
+    record = json.loads(raw.read_text())
+    raw.write_text(json.dumps({**record, **edit}) + "\n")
+    line = _rejected(checks, run, raw)
+    checks.check("the error names the cell and the problem", cell in line and problem in line, line)
+    _deleted_reruns_its_cell(checks, run, raw, cell)
+
+
+def test_gpu_snapshot_cut_corrupted_deleted(checks: Checks, make_run: Callable[..., Run]) -> None:
+    checks.scenario("a finished GPU snapshot cut before its after rows, corrupted, then deleted")
+    run = make_run(ACROSS)
+    _finished(checks, run)
+    cell = run.cells[0]
+    gpu = run.gpu(cell)
+    original = gpu.read_bytes()
+    kept = [ln for ln in original.decode().splitlines(keepends=True) if ",after," not in ln]
+    gpu.write_text("".join(kept))
+    proc = run.snakemake()
+    checks.check("re-aggregation of the cut file succeeds", proc.returncode == 0, output(proc))
+    df = pd.read_csv(run.run_dir / "results.csv")
+    status = df.loc[df["server_id"] == cell.split("/")[0], "gpu_status"].tolist()
+    checks.check("the cut snapshot is `incomplete`, never `ok`", status == ["incomplete"], status)
+    gpu.write_bytes(original[:40] + b"\xff\xfe\x00\x81" + original[44:])
+    line = _rejected(checks, run, gpu)
+    checks.check(
+        "the error names the cell and the snapshot, no traceback",
+        cell in line and "GPU snapshot" in line and "Traceback" not in line,
+        line,
+    )
+    _deleted_reruns_its_cell(checks, run, gpu, cell)
+
+
+def _stale_handle(run: Run, pid: int) -> None:
+    """current.json as a killed run leaves it, naming `pid` as its server (the PID reused)."""
+    backend = TARGET
+    state = {
+        "fingerprint": "0123456789ab",
+        "server_id": f"moe_runner_backend~{backend},chunked_prefill_size~8192",
+        "base_url": f"http://127.0.0.1:{run.port}",
+        "ranks": [
+            {
+                "role": "server",
+                "node": "local",
+                "rank": 0,
+                "handle": str(pid),
+                "log_path": str(run.workdir / "gone.log"),
+                "url": f"http://127.0.0.1:{run.port}",
+            }
+        ],
+        "started_at": 0.0,
+        "ready_at": 1.0,
+    }
+    current = run.run_dir / "service" / "current.json"
+    current.parent.mkdir(parents=True, exist_ok=True)
+    current.write_text(json.dumps(state))
+
+
+def test_stale_pid_of_an_unrelated_process_is_left_alone(
+    checks: Checks, make_run: Callable[..., Run]
+) -> None:
+    checks.scenario(
+        "current.json names a PID now owned by an unrelated process group (`setsid sleep`): "
+        "the rerun and `servesweep down` leave it alone"
+    )
+    run = make_run(ACROSS)
+    _finished(checks, run)
+    sleeper = subprocess.Popen(["setsid", "sleep", "600"])  # its own group, as from a shell
+    try:
+        wait_for(lambda: _alive(sleeper.pid), what="sleep to start")
+        _stale_handle(run, sleeper.pid)
+        run.raw(run.cells[-1]).unlink()
+        n_events = len(run.events())
+        rerun = run.snakemake()
+        checks.check("the rerun succeeds", rerun.returncode == 0, output(rerun)[-3000:])
+        checks.check("the unrelated process survives the rerun", _alive(sleeper.pid))
+        events = run.events()[n_events:]
+        left = [f for _, e, f in events if e == "not-ours"]
+        checks.check(
+            "the rerun says it left it alone (`not-ours` event)",
+            [f.get("handle") for f in left] == [str(sleeper.pid)],
+            str(events),
+        )
+        for line in (run.run_dir / "orchestrator.log").read_text().splitlines():
+            if " not-ours " in f" {line} ":
+                checks.message(line)
+        _stale_handle(run, sleeper.pid)
+        down = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from servesweep.cli import main; sys.exit(main(sys.argv[1:]))",
+                "down",
+                "--configfile",
+                str(run.config),
+                "--results",
+                str(run.workdir / "results"),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=run.workdir,
+            env=run.full_env(),
+            timeout=120,
+        )
+        checks.check("`servesweep down` succeeds", down.returncode == 0, output(down))
+        checks.check("the unrelated process survives `servesweep down`", _alive(sleeper.pid))
+        said = [ln for ln in output(down).splitlines() if "left alone" in ln]
+        checks.check("`servesweep down` says it left it alone", bool(said), output(down))
+        checks.message(said[0])
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_snakemake_gets_sighup(
+    checks: Checks, make_run: Callable[..., Run], shim: FaultShim, reference: pd.DataFrame
+) -> None:
+    checks.scenario("snakemake's process group gets SIGHUP (the SSH session drops) mid-cell")
+    run = make_run(WITHIN)
+    proc = run_during_hang(run, shim, lambda p: kill_group(p, signal.SIGHUP))
+    check_stopped_cleanly(checks, run, proc, cause=r"Terminated: .*SIGHUP", finished=1)
+    events = [e for _, e, _ in run.events()]
+    checks.check("the cell job wrote `cell-failed`", "cell-failed" in events, events)
+    checks.check("onerror stopped the server (last event `stop`)", events[-1] == "stop", events)
+    rerun_and_check(checks, run, reference)
+
+
+def _edit_config(run: Run, change: Callable[[dict[str, object]], None]) -> None:
+    config = yaml.safe_load(run.config.read_text())
+    change(config)
+    run.config.write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+def test_config_changed_after_a_run(checks: Checks, make_run: Callable[..., Run]) -> None:
+    checks.scenario(
+        "the config changed after a finished run: warm-up policy (cells rerun), the baseline "
+        "(summary rerun), the client's tokenizer after `.snakemake/` is lost (re-aggregation "
+        "refuses the records)"
+    )
+    run = make_run(ACROSS)
+    targets = [*run.targets, f"results/{run.run_id}/summary.json"]
+    first = run.snakemake("--cores", "1", *targets)
+    checks.check("the first run succeeds", first.returncode == 0, output(first)[-3000:])
+    record = json.loads(run.raw(run.cells[0]).read_text())
+    carried = record.get("servesweep_measured_with") or {}
+    checks.check(
+        "each raw record carries what it was measured with (fingerprint, workload, client "
+        "kind/version/tokenizer, warm-up)",
+        {"fingerprint", "workload", "client", "warmup_after_start"} <= set(carried)
+        and {"kind", "version", "tokenizer"} <= set(carried.get("client", {})),
+        str(carried),
+    )
+
+    n_events = len(run.events())
+    _edit_config(run, lambda c: c.update(warmup_after_start=1))
+    again = run.snakemake("--cores", "1", *targets)
+    checks.check("the run after the warm-up change succeeds", again.returncode == 0, output(again))
+    ran = [f["cell"] for _, e, f in run.events()[n_events:] if e == "cell-start"]
+    checks.check("a warm-up change reruns every cell", sorted(ran) == sorted(run.cells), str(ran))
+
+    summary = run.run_dir / "summary.json"
+    before = summary.stat().st_mtime_ns
+    _edit_config(run, lambda c: c.update(baseline={"moe_runner_backend": "marlin"}))
+    third = run.snakemake("--cores", "1", *targets)
+    checks.check("the run after the baseline change succeeds", third.returncode == 0, output(third))
+    checks.check(
+        "a baseline change reruns summarize (its param)",
+        summary.stat().st_mtime_ns != before,
+        output(third)[-2000:],
+    )
+
+    shutil.rmtree(run.workdir / ".snakemake")
+    _edit_config(run, lambda c: c.setdefault("client", {}).update(tokenizer="other/tokenizer"))
+    table = f"results/{run.run_id}/results.csv"
+    proc = run.snakemake(
+        "--cores", "1", "--forcerun", "collect_results", "--allowed-rules", "collect_results", table
+    )
+    checks.check("re-aggregation exits non-zero", proc.returncode != 0, output(proc)[-3000:])
+    lines = error_lines(output(proc))
+    checks.check("a one-line `servesweep: <Kind>: ...` error", bool(lines), output(proc)[-3000:])
+    line = lines[0]
+    checks.message(line)
+    checks.check(
+        "the error names the cells and the differing key, never relabels",
+        all(c in line for c in run.cells) and "client.tokenizer" in line,
+        line,
+    )
+
+
+def test_server_freezes_mid_cell(
+    checks: Checks, make_run: Callable[..., Run], shim: FaultShim, reference: pd.DataFrame
+) -> None:
+    checks.scenario(
+        "the server freezes mid-cell (SIGSTOP, as a GPU or NCCL hang): the watchdog aborts the "
+        "cell (validation.stall_timeout_s 3, request_timeout_s 300)"
+    )
+    workload = {
+        "input_len": 512,
+        "output_len": 4,
+        "num_requests": REQUESTS,
+        "request_timeout_s": LONG_REQUEST_TIMEOUT_S,
+    }
+    run = make_run(WITHIN, workload=workload, validation={"stall_timeout_s": 3})
+
+    def freeze(_: subprocess.Popen[str]) -> None:
+        state = json.loads((run.run_dir / "service" / "current.json").read_text())
+        os.killpg(int(state["ranks"][0]["handle"]), signal.SIGSTOP)
+
+    proc = run_during_hang(run, shim, freeze)
+    check_stopped_cleanly(
+        checks, run, proc, cause=r"ServerStalled: .*server \S+ on node local", finished=1
+    )
+    rerun_and_check(checks, run, reference)
+
+
+def test_cell_job_sigkilled_alone(
+    checks: Checks, make_run: Callable[..., Run], shim: FaultShim, reference: pd.DataFrame
+) -> None:
+    checks.scenario(
+        "the cell's job process alone is SIGKILLed mid-cell; the rerun removes partial client "
+        "files and reports them"
+    )
+    run = make_run(WITHIN)
+
+    def kill_job(proc: subprocess.Popen[str]) -> None:
+        jobs = [p for p in descendants(proc.pid) if "run_cell" in _cmdline(p)]
+        for pid in jobs:
+            os.kill(pid, signal.SIGKILL)
+
+    proc = run_during_hang(run, shim, kill_job)
+    checks.check("the run exits non-zero", proc.returncode != 0, output(proc)[-2000:])
+    cell = next(c for c in run.cells if c not in run.finished())
+    bench = run.run_dir / "bench" / f"{cell}.log"
+    # What a job killed while its client wrote leaves (a hidden per-job file; the older name).
+    partials = [
+        bench.with_name(f".{bench.stem}.{2**22 + 7}.client.jsonl"),
+        bench.with_name(f".{bench.stem}.client.jsonl"),
+    ]
+    for path in partials:
+        path.write_text('{"completed": 1')
+    before, n_events = run.finished(), len(run.events())
+    rerun = run.snakemake()
+    events = run.events()[n_events:]
+    removed = {f["file"] for _, e, f in events if e == "partial-removed"}
+    planted = {str(p.relative_to(run.workdir)) for p in partials}
+    checks.check(
+        "the rerun removes the partial client files and reports each (`partial-removed`)",
+        planted <= removed and not any(p.exists() for p in partials),
+        f"planted {planted}, removed {removed}",
+    )
+    for line in (run.run_dir / "orchestrator.log").read_text().splitlines():
+        if " partial-removed " in line:
+            checks.message(line)
+    check_rerun(checks, run, before, n_events, rerun, reference)
