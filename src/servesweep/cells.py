@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from servesweep import loadgen, telemetry, validation
+from servesweep import gpusampling, loadgen, telemetry, validation
 from servesweep.config import CellRepeat, Experiment, Workload
 from servesweep.errors import (
     ClientError,
@@ -121,6 +121,28 @@ def server_logs(manager: ServerManager, state: ServerState) -> list[str]:
     return [str(manager.local_log_path(state.server_id, r.role, r.node)) for r in state.ranks]
 
 
+def gpu_sampler(
+    *, exp: Experiment, manager: ServerManager, state: ServerState, tag: str
+) -> gpusampling.NvidiaSmiSampler | gpusampling.SimulatedSampler:
+    """The cell's GPU sampler: the sim's curve for the sim on this machine (no GPU does its
+    work), else an nvidia-smi loop on every node."""
+    interval_ms = exp.telemetry.gpu_interval_ms
+    if exp.engine.kind == "sim" and exp.cluster.transport == "local":
+        return gpusampling.SimulatedSampler(
+            base_url=state.base_url,
+            nodes=exp.cluster.nodes,
+            gpus_per_node=exp.cluster.gpus_per_node,
+            interval_s=interval_ms / 1000 * exp.engine.sim.time_scale,
+        )
+    digest = hashlib.sha256(tag.encode()).hexdigest()[:12]
+    return gpusampling.NvidiaSmiSampler(
+        transport=manager.transport,
+        nodes=exp.cluster.nodes,
+        interval_ms=interval_ms,
+        remote_dir=f"{ONESHOT_DIR}/{exp.run_id}/gpu/{digest}",
+    )
+
+
 def run_warmup(
     *, exp: Experiment, cell: CellRepeat, manager: ServerManager, state: ServerState
 ) -> None:
@@ -213,6 +235,8 @@ def run_cell(
         before = telemetry.take_snapshot(
             transport=manager.transport, nodes=nodes, phase="before", timeout=SNAPSHOT_TIMEOUT_S
         )
+        sampler = gpu_sampler(exp=exp, manager=manager, state=state, tag=cell.key)
+        sampler.start()
         try:
             record = run_client(
                 exp=exp,
@@ -222,11 +246,17 @@ def run_cell(
                 tag=cell.key,
                 bench_log=bench_log,
             )
+            client_end = time.time()
         except (ClientError, TransportError) as exc:
             cause = _server_cause(manager, state)
             if cause is None:
                 raise
             raise cause from exc
+        finally:
+            samples = sampler.stop()
+        # The client's clock stops at its last response (its `duration`); the window ends when
+        # it returned here (process exit, container removal: well under one sample apart).
+        window = gpusampling.window_rows(client_end - (record.duration or 0.0), client_end)
         after = telemetry.take_snapshot(
             transport=manager.transport, nodes=nodes, phase="after", timeout=SNAPSHOT_TIMEOUT_S
         )
@@ -240,7 +270,7 @@ def run_cell(
             node=nodes[0],
             min_retokenized_ratio=exp.validation.min_retokenized_ratio,
         )
-        snapshot = before + after
+        snapshot = before + after + window + samples
         _write(gpu_out, lambda: telemetry.write_snapshot(gpu_out, snapshot), written)
         _write(raw_out, lambda: write_record(raw_out, record), written)
     except BaseException as exc:

@@ -243,6 +243,12 @@ class ValidationConfig(Strict):
     min_retokenized_ratio: float = Field(default=MIN_RETOKENIZED_RATIO, ge=0, le=1)
 
 
+class TelemetryConfig(Strict):
+    """GPU sampling during a cell (docs/architecture.md, GPU telemetry)."""
+
+    gpu_interval_ms: int = Field(default=1000, ge=20, le=60000)
+
+
 class Matrix(Strict):
     """Axes: lists of values for server arguments (restart) and workload fields (no restart)."""
 
@@ -274,6 +280,7 @@ class Experiment(Strict):
     engine: EngineConfig
     client: ClientConfig = ClientConfig()
     validation: ValidationConfig = ValidationConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
     server: ServerArgs = ServerArgs()
     matrix: Matrix = Matrix()
     workload: Workload

@@ -13,13 +13,14 @@ import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from servesweep import stats, telemetry
+from servesweep import stats
 from servesweep.checks import CheckInputError
 from servesweep.config import MIN_RETOKENIZED_RATIO, NAME_PATTERN
 from servesweep.files import write_json_atomic, write_text_atomic
 from servesweep.records import BenchRecord
 from servesweep.results import (
     INTEGER_METRICS,
+    gpu_figures,
     record_metrics,
     request_table,
     result_columns,
@@ -233,7 +234,7 @@ def import_run(
                     **entry["server"],
                     **entry["client"],
                     **record_metrics(entry["data"]),
-                    **telemetry.gpu_figures([]),
+                    **gpu_figures([]),
                     "gpu_status": "missing",
                 }
             )

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 from pydantic import ValidationError
 
-from servesweep import stats, telemetry
+from servesweep import gpusampling, stats, telemetry
 from servesweep.config import CellRepeat
 from servesweep.errors import CellFailed
 from servesweep.files import atomic_open
@@ -60,6 +60,8 @@ REQUIRED_KEYS = (
 # The record keys collect_results reads (records are parsed with these only): the metrics, the
 # re-tokenized count and the per-request details (stats.REQUEST_KEYS).
 READ_KEYS = frozenset({*METRICS.values(), *REQUIRED_KEYS, "total_output_tokens_retokenized"})
+# GPU columns of results.csv: snapshot figures, then the sampled ones (servesweep.gpusampling).
+GPU_COLUMNS = tuple(dict.fromkeys((*telemetry.GPU_FIGURES, *gpusampling.SAMPLE_FIGURES)))
 ID_COLUMNS = ("run_id", "server_id", "client_id", "repeat", "fingerprint")
 # requests.csv: one row per successful request of every cell-repeat (stats.request_figures).
 REQUEST_ID_COLUMNS = ("server_id", "client_id", "repeat")
@@ -131,8 +133,20 @@ def cell_gpu(path: Path, *, cell: CellRepeat) -> dict[str, Any]:
         rows = telemetry.read_snapshot(path)
     except FileNotFoundError:
         log.warning("cell %s: no GPU snapshot %s", cell.key, path)
-        return {**telemetry.gpu_figures([]), "gpu_status": "missing"}
-    return telemetry.gpu_figures(rows)
+        return {**gpu_figures([]), "gpu_status": "missing"}
+    return gpu_figures(rows)
+
+
+def gpu_figures(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """GPU_COLUMNS of one GPU file: count and status from the snapshots; power, memory and
+    utilisation from the loop samples over the measured window (the snapshots' where a file
+    has no samples, e.g. one written before sampling existed)."""
+    snapshot = telemetry.gpu_figures(rows)
+    samples = gpusampling.sample_figures(rows)
+    if not samples["gpu_samples"]:
+        kept = ("gpu_power_peak_w", "gpu_mem_used_peak_mib", "gpu_util_mean_pct")
+        samples.update({k: snapshot[k] for k in kept})
+    return {col: samples.get(col, snapshot.get(col)) for col in GPU_COLUMNS}
 
 
 def _axis_names(axes: Iterable[Mapping[str, Any]]) -> list[str]:
@@ -144,7 +158,7 @@ def _axis_names(axes: Iterable[Mapping[str, Any]]) -> list[str]:
 
 def result_columns(server_axes: Sequence[str], client_axes: Sequence[str]) -> list[str]:
     """Column order of results.csv: ids, server axes, client axes, metrics, GPU figures."""
-    return [*ID_COLUMNS, *server_axes, *client_axes, *METRICS, *DERIVED, *telemetry.GPU_FIGURES]
+    return [*ID_COLUMNS, *server_axes, *client_axes, *METRICS, *DERIVED, *GPU_COLUMNS]
 
 
 def result_row(

@@ -338,7 +338,7 @@ def gpu_figures(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     `gpu_status` is `ok` when every node answered, `unavailable` when none did, and `partial`
     when some did (figures then cover the GPUs that answered).
     """
-    snapshot = list(rows)
+    snapshot = [r for r in rows if _text(r.get("phase")) in PHASES]  # not loop samples
     ok = [r for r in snapshot if _text(r.get("status")) == STATUS_OK]
     if not ok:
         return {

@@ -8,7 +8,7 @@ import math
 import pandas as pd
 import pytest
 
-from servesweep import results, telemetry
+from servesweep import results
 from servesweep.config import cell_repeats
 from servesweep.errors import CellFailed
 from servesweep.records import BenchRecord, read_record, write_record
@@ -83,7 +83,7 @@ def test_collect_results_default_matrix(tmp_path):
         "concurrency",
         *results.METRICS,
         *results.DERIVED,
-        *telemetry.GPU_FIGURES,
+        *results.GPU_COLUMNS,
     ]
     assert set(df["run_id"]) == {"moe-prefill-sim"}
     assert list(df["server_id"]) == [c.server.id for c in cells]
