@@ -20,6 +20,7 @@ checkpoint collect_results:
         f"{LOGS}/collect_results.log",
     params:
         cells=CELL_KEYS,
+        slo=SLO,
     message:
         "results.csv: one row per cell-repeat; requests.csv: one row per request"
     script:

@@ -22,6 +22,8 @@ LOGS = str(PATHS.logs)
 CELLS = {cell.key: cell for cell in cell_repeats(EXP)}
 # The set of cells as a param: rules over all cells rerun when it changes (no `input` trigger).
 CELL_KEYS = sorted(CELLS)
+# A params entry of collect_results: a changed SLO recomputes results.csv, never a cell.
+SLO = EXP.slo.model_dump()
 PLOT_METRICS = ["ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "input_tps"]
 RESULTS_ROOT = str(PATHS.root.parent)
 PLOT_X = next(iter(axis_names(EXP)[1]), None) if not EXP.cases else None

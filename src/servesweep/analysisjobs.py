@@ -42,6 +42,7 @@ def collect_results(
         cells=cell_repeats(exp),
         raw=[Path(p) for p in raw],
         gpu=[Path(p) for p in gpu],
+        slo=exp.slo,
     )
     write_results_csv(results, results_csv)
     write_requests_csv(requests, requests_csv)

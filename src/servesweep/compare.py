@@ -14,6 +14,7 @@ from servesweep.files import atomic_open
 from servesweep.paths import RunPaths
 from servesweep.results import (
     DERIVED,
+    FIGURE_COLUMNS,
     GPU_COLUMNS,
     ID_COLUMNS,
     METRICS,
@@ -81,7 +82,7 @@ def load_run(
 
 def axis_columns(results: pd.DataFrame) -> list[str]:
     """The matrix-axis columns of a results table (neither ids, metrics nor GPU figures)."""
-    other = {*ID_COLUMNS, *METRICS, *DERIVED, *GPU_COLUMNS}
+    other = {*ID_COLUMNS, *METRICS, *DERIVED, *GPU_COLUMNS, *FIGURE_COLUMNS}
     return [c for c in results.columns if c not in other]
 
 

@@ -249,6 +249,14 @@ class TelemetryConfig(Strict):
     gpu_interval_ms: int = Field(default=1000, ge=20, le=60000)
 
 
+class SloConfig(Strict):
+    """Service-level objectives per request (any subset); goodput counts requests meeting all."""
+
+    ttft_ms: float | None = Field(default=None, gt=0)
+    tpot_ms: float | None = Field(default=None, gt=0)
+    e2e_ms: float | None = Field(default=None, gt=0)
+
+
 class Matrix(Strict):
     """Axes: lists of values for server arguments (restart) and workload fields (no restart)."""
 
@@ -281,6 +289,7 @@ class Experiment(Strict):
     client: ClientConfig = ClientConfig()
     validation: ValidationConfig = ValidationConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
+    slo: SloConfig = SloConfig()
     server: ServerArgs = ServerArgs()
     matrix: Matrix = Matrix()
     workload: Workload

@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 from pydantic import ValidationError
 
-from servesweep import gpusampling, stats, telemetry
-from servesweep.config import CellRepeat
+from servesweep import figures, gpusampling, stats, telemetry
+from servesweep.config import CellRepeat, SloConfig
 from servesweep.errors import CellFailed
 from servesweep.files import atomic_open
 from servesweep.records import BenchRecord, read_record
@@ -41,10 +41,16 @@ METRICS: dict[str, str] = {
     "completed": "completed",
     "total_input_tokens": "total_input_tokens",
     "total_output_tokens": "total_output_tokens",
-    "concurrency_mean": "concurrency",
+    "concurrency_mean": "concurrency",  # Little's law: sum of request latencies / duration
+    "concurrency_peak": "max_concurrent_requests",  # bench 0.5.14+ and builtin; else NaN
+    "output_tps_peak": "max_output_tokens_per_s",  # highest 1-s bucket (bench's method)
 }
 # Figures derived from several record keys (docs/validation.md), after the METRICS columns.
 DERIVED = ("retokenized_ratio",)
+# Tail percentiles from the per-request details that the record does not hold already.
+TAIL_COLUMNS = tuple(c for c in figures.TAIL_COLUMNS if c not in METRICS)
+# Per-request, energy and SLO figures (servesweep.figures), after the GPU columns.
+FIGURE_COLUMNS = (*TAIL_COLUMNS, *figures.EFFICIENCY_COLUMNS, *figures.GOODPUT_COLUMNS)
 INTEGER_METRICS = ("completed", "total_input_tokens", "total_output_tokens")
 # Keys every supported record version (0.5.9..0.5.23, builtin) has; absent = invalid record.
 REQUIRED_KEYS = (
@@ -100,9 +106,11 @@ def check_record(record: BenchRecord | Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def read_cell(path: Path, *, cell: CellRepeat) -> tuple[dict[str, float | int], Requests]:
-    """Read and check one raw cell-repeat file: its metrics and its per-request figures (None
-    without usable details); CellFailed names the cell and the file."""
+def read_cell(
+    path: Path, *, cell: CellRepeat
+) -> tuple[dict[str, float | int], tuple[Requests, figures.RequestDetails | None]]:
+    """Read and check one raw cell-repeat file: its metrics, its per-request figures and
+    details (None without usable details); CellFailed names the cell and the file."""
     try:
         data = read_record(path, keys=READ_KEYS).model_dump()
         metrics = record_metrics(data)
@@ -117,14 +125,16 @@ def read_cell(path: Path, *, cell: CellRepeat) -> tuple[dict[str, float | int], 
     return metrics, _request_figures(path)
 
 
-def _request_figures(path: Path) -> Requests:
-    """Per-request figures of a checked raw file; None (with a warning) when its details do
-    not validate: results.csv does not need them, the bootstrap falls back to repeats."""
+def _request_figures(path: Path) -> tuple[Requests, figures.RequestDetails | None]:
+    """Per-request figures of a checked raw file (requests.csv, the bootstrap) and its details
+    (tails, goodput); None (with a warning) when its details do not validate: the bootstrap
+    then falls back to repeats, and tails and goodput are NaN."""
     try:
-        return stats.request_figures(read_record(path, keys=stats.REQUEST_KEYS))
+        record = read_record(path, keys=stats.REQUEST_KEYS)
     except (ValueError, ValidationError) as exc:
         log.warning("%s: no per-request data (%s)", path, str(exc).splitlines()[0])
-        return None
+        return None, None
+    return stats.request_figures(record), figures.request_details(record)
 
 
 def cell_gpu(path: Path, *, cell: CellRepeat) -> dict[str, Any]:
@@ -157,8 +167,45 @@ def _axis_names(axes: Iterable[Mapping[str, Any]]) -> list[str]:
 
 
 def result_columns(server_axes: Sequence[str], client_axes: Sequence[str]) -> list[str]:
-    """Column order of results.csv: ids, server axes, client axes, metrics, GPU figures."""
-    return [*ID_COLUMNS, *server_axes, *client_axes, *METRICS, *DERIVED, *GPU_COLUMNS]
+    """Column order of results.csv: ids, server axes, client axes, metrics, GPU figures, the
+    per-request, energy and SLO figures."""
+    return [
+        *ID_COLUMNS,
+        *server_axes,
+        *client_axes,
+        *METRICS,
+        *DERIVED,
+        *GPU_COLUMNS,
+        *FIGURE_COLUMNS,
+    ]
+
+
+def role_gpus(cell: CellRepeat) -> tuple[int, int]:
+    """GPUs that did the prefill and the decode work of a cell's server: a PD set's prefill
+    and decode roles; every GPU of the server for both otherwise (tp_size*pp_size per role)."""
+    gpus = {r.name: r.args.tp_size * r.args.pp_size for r in cell.server.roles}
+    total = sum(gpus.values())
+    return gpus.get("prefill", total), gpus.get("decode", total)
+
+
+def cell_figures(
+    *,
+    cell: CellRepeat,
+    metrics: Mapping[str, Any],
+    gpu: Mapping[str, Any],
+    details: figures.RequestDetails | None,
+    slo: SloConfig,
+) -> dict[str, Any]:
+    """FIGURE_COLUMNS of one cell-repeat (pure)."""
+    prefill, decode = role_gpus(cell)
+    tails = figures.tail_figures(details)
+    return {
+        **{c: tails[c] for c in TAIL_COLUMNS},
+        **figures.efficiency_figures(
+            metrics=metrics, gpu=gpu, prefill_gpus=prefill, decode_gpus=decode
+        ),
+        **figures.goodput_figures(details, slo=slo, duration_s=float(metrics["duration_s"])),
+    }
 
 
 def result_row(
@@ -183,23 +230,28 @@ def result_row(
 
 
 def collect_results(
-    *, run_id: str, cells: Sequence[CellRepeat], raw: Sequence[Path], gpu: Sequence[Path]
+    *,
+    run_id: str,
+    cells: Sequence[CellRepeat],
+    raw: Sequence[Path],
+    gpu: Sequence[Path],
+    slo: SloConfig | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """results.csv (one row per cell-repeat) and requests.csv (one row per successful request)
-    of a run, from the raw records and GPU snapshots of `cells` (in the same order)."""
+    of a run, from the raw records and GPU files of `cells` (in the same order); goodput
+    against `slo` (NaN without one)."""
+    slo = slo or SloConfig()
     if not len(cells) == len(raw) == len(gpu):
         raise ValueError(f"{len(cells)} cells, {len(raw)} raw files, {len(gpu)} GPU files")
     server_axes = _axis_names(c.server.axes for c in cells)
     client_axes = _axis_names(c.client.axes for c in cells)
     rows, requests = [], []
     for cell, raw_path, gpu_path in zip(cells, raw, gpu, strict=True):
-        metrics, figures = read_cell(Path(raw_path), cell=cell)
-        rows.append(
-            result_row(
-                run_id=run_id, cell=cell, metrics=metrics, gpu=cell_gpu(Path(gpu_path), cell=cell)
-            )
-        )
-        requests.append(figures)
+        metrics, (per_request, details) = read_cell(Path(raw_path), cell=cell)
+        gpu_row = cell_gpu(Path(gpu_path), cell=cell)
+        extra = cell_figures(cell=cell, metrics=metrics, gpu=gpu_row, details=details, slo=slo)
+        rows.append(result_row(run_id=run_id, cell=cell, metrics=metrics, gpu={**gpu_row, **extra}))
+        requests.append(per_request)
     df = pd.DataFrame(rows, columns=result_columns(server_axes, client_axes))
     for col in (*INTEGER_METRICS, "gpu_count"):
         df[col] = pd.to_numeric(df[col]).astype("Int64")

@@ -84,6 +84,7 @@ def test_collect_results_default_matrix(tmp_path):
         *results.METRICS,
         *results.DERIVED,
         *results.GPU_COLUMNS,
+        *results.FIGURE_COLUMNS,
     ]
     assert set(df["run_id"]) == {"moe-prefill-sim"}
     assert list(df["server_id"]) == [c.server.id for c in cells]
