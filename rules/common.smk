@@ -51,7 +51,7 @@ def cell_workload(wildcards):
 
 
 def cell_priority(wildcards):
-    return cell_of(wildcards).server.priority
+    return cell_of(wildcards).priority
 
 
 # Computed once (10k cells: ~1 s per listing), in matrix order; `all` and collect_results list
@@ -69,7 +69,7 @@ BUILDS = [str(p) for p in PATHS.builds(EXP)]
 # constant list, not an input function: 10k calls of one cost ~0.4x a plain dry-run
 # (docs/architecture.md).
 PREREQUISITES = [*BUILDS, str(PATHS.preflight)]
-PREREQUISITE_PRIORITY = max(spec.priority for spec in SPECS) + 1
+PREREQUISITE_PRIORITY = max(cell.priority for cell in CELLS.values()) + 1
 FRESH_RUN = next((PATHS.root / "raw").glob("*/*/r*.jsonl"), None) is None
 CELL_PREREQUISITES = [p for p in PREREQUISITES if not os.path.exists(p)] if FRESH_RUN else []
 # Preflight checks every server config: a new or changed one reruns it.

@@ -43,6 +43,7 @@ def collect_results(
         raw=[Path(p) for p in raw],
         gpu=[Path(p) for p in gpu],
         slo=exp.slo,
+        saturation=exp.client.saturation,
     )
     write_results_csv(results, results_csv)
     write_requests_csv(requests, requests_csv)

@@ -21,6 +21,7 @@ from servesweep.errors import (
     ServesweepError,
     TransportError,
 )
+from servesweep.loadgen import selfcheck
 from servesweep.paths import RunPaths
 from servesweep.records import BenchRecord, read_record, write_record
 from servesweep.runtime import ONESHOT_DIR, Launch
@@ -270,6 +271,7 @@ def run_cell(
             node=nodes[0],
             min_retokenized_ratio=exp.validation.min_retokenized_ratio,
         )
+        _check_client(exp=exp, record=record, cell=cell.key, bench_log=bench_log)
         snapshot = before + after + window + samples
         _write(gpu_out, lambda: telemetry.write_snapshot(gpu_out, snapshot), written)
         _write(raw_out, lambda: write_record(raw_out, record), written)
@@ -294,6 +296,26 @@ def run_cell(
         seconds=f"{time.monotonic() - started:.2f}",
         client_seconds=f"{client_seconds:.2f}",
     )
+
+
+def _check_client(*, exp: Experiment, record: BenchRecord, cell: str, bench_log: Path) -> None:
+    """Warn when the builtin client's self-check says it was saturated (results.csv flags the
+    cell); with `client.saturation.invalid` the cell fails instead."""
+    limits = exp.client.saturation
+    extra = record.model_extra or {}
+    if not selfcheck.saturated(
+        extra, loop_lag_p99_ms=limits.loop_lag_p99_ms, cpu_pct=limits.cpu_pct
+    ):
+        return
+    text = (
+        f"cell {cell}: client saturated (event-loop lag p99 "
+        f"{extra.get('client_loop_lag_p99_ms', math.nan):.1f} ms, limit "
+        f"{limits.loop_lag_p99_ms:g}; CPU {extra.get('client_cpu_pct', math.nan):.0f}% of a "
+        f"core, limit {limits.cpu_pct:g}); bench log {bench_log}"
+    )
+    if limits.invalid:
+        raise ClientError(text)
+    logger.warning("%s", text)
 
 
 def _write(path: Path, write: Callable[[], None], written: list[Path]) -> None:

@@ -225,11 +225,21 @@ class Workload(Strict):
         return math.inf if value is None else value
 
 
+class SaturationConfig(Strict):
+    """When the builtin client's self-check calls its cell client-saturated (not the server's
+    figures): event-loop lag p99 or CPU above these; `invalid` fails such a cell."""
+
+    loop_lag_p99_ms: float = Field(default=5.0, gt=0)
+    cpu_pct: float = Field(default=90.0, gt=0)
+    invalid: bool = False
+
+
 class ClientConfig(Strict):
     """Which load generator runs: ours (builtin) or SGLang's bench_serving in the image."""
 
     kind: Literal["builtin", "bench_serving"] = "builtin"
     tokenizer: str | None = None
+    saturation: SaturationConfig = SaturationConfig()
 
 
 # Default of validation.min_retokenized_ratio (docs/validation.md): healthy published records
@@ -612,10 +622,18 @@ class CellRepeat:
     server: ServerSpec
     client: ClientSpec
     repeat: int
+    repeats: int = 1  # of the experiment: the priority interleaves repeats
 
     @property
     def key(self) -> str:
         return f"{self.server.id}/{self.client.id}/r{self.repeat}"
+
+    @property
+    def priority(self) -> int:
+        """Snakemake priority: every cell of a server config above the next config's (one
+        start per config), and within it repeat 1 of every client cell before repeat 2, ...
+        (interleaved against drift, as AIPerf's REPEATED mode)."""
+        return self.server.priority * (self.repeats + 1) + self.repeats + 1 - self.repeat
 
 
 def fingerprint(exp: Experiment, roles: tuple[RoleSpec, ...]) -> str:
@@ -705,7 +723,7 @@ def client_specs(exp: Experiment) -> list[ClientSpec]:
 def cell_repeats(exp: Experiment) -> list[CellRepeat]:
     """Every cell-repeat, grouped by server config (the order servers are started in)."""
     return [
-        CellRepeat(server=s, client=c, repeat=r)
+        CellRepeat(server=s, client=c, repeat=r, repeats=exp.repeats)
         for s in server_specs(exp)
         for c in client_specs(exp)
         for r in range(1, exp.repeats + 1)

@@ -48,6 +48,9 @@ GOODPUT_COLUMNS = (
 )
 
 
+CLIENT_COLUMNS = ("client_saturated",)  # loadgen.selfcheck.saturated against the config
+
+
 @dataclass(frozen=True)
 class RequestDetails:
     """Per-request figures (ms) of every request sent, in record order; NaN where undefined

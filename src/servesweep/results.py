@@ -13,9 +13,10 @@ import pandas as pd
 from pydantic import ValidationError
 
 from servesweep import figures, gpusampling, stats, telemetry
-from servesweep.config import CellRepeat, SloConfig
+from servesweep.config import CellRepeat, SaturationConfig, SloConfig
 from servesweep.errors import CellFailed
 from servesweep.files import atomic_open
+from servesweep.loadgen import selfcheck
 from servesweep.records import BenchRecord, read_record
 
 log = logging.getLogger(__name__)
@@ -44,13 +45,23 @@ METRICS: dict[str, str] = {
     "concurrency_mean": "concurrency",  # Little's law: sum of request latencies / duration
     "concurrency_peak": "max_concurrent_requests",  # bench 0.5.14+ and builtin; else NaN
     "output_tps_peak": "max_output_tokens_per_s",  # highest 1-s bucket (bench's method)
+    # the builtin client's self-check (loadgen.selfcheck); NaN for bench_serving
+    "client_cpu_pct": "client_cpu_pct",
+    "client_loop_lag_p99_ms": "client_loop_lag_p99_ms",
+    "client_loop_lag_max_ms": "client_loop_lag_max_ms",
+    "client_gc_pause_ms": "client_gc_pause_ms",
 }
 # Figures derived from several record keys (docs/validation.md), after the METRICS columns.
 DERIVED = ("retokenized_ratio",)
 # Tail percentiles from the per-request details that the record does not hold already.
 TAIL_COLUMNS = tuple(c for c in figures.TAIL_COLUMNS if c not in METRICS)
 # Per-request, energy and SLO figures (servesweep.figures), after the GPU columns.
-FIGURE_COLUMNS = (*TAIL_COLUMNS, *figures.EFFICIENCY_COLUMNS, *figures.GOODPUT_COLUMNS)
+FIGURE_COLUMNS = (
+    *TAIL_COLUMNS,
+    *figures.EFFICIENCY_COLUMNS,
+    *figures.GOODPUT_COLUMNS,
+    *figures.CLIENT_COLUMNS,
+)
 INTEGER_METRICS = ("completed", "total_input_tokens", "total_output_tokens")
 # Keys every supported record version (0.5.9..0.5.23, builtin) has; absent = invalid record.
 REQUIRED_KEYS = (
@@ -188,6 +199,14 @@ def role_gpus(cell: CellRepeat) -> tuple[int, int]:
     return gpus.get("prefill", total), gpus.get("decode", total)
 
 
+def _saturated(metrics: Mapping[str, Any], limits: SaturationConfig) -> float | bool:
+    """client_saturated of one cell-repeat: True/False, NaN without a self-check."""
+    flag = selfcheck.saturated(
+        metrics, loop_lag_p99_ms=limits.loop_lag_p99_ms, cpu_pct=limits.cpu_pct
+    )
+    return math.nan if flag is None else flag
+
+
 def cell_figures(
     *,
     cell: CellRepeat,
@@ -195,6 +214,7 @@ def cell_figures(
     gpu: Mapping[str, Any],
     details: figures.RequestDetails | None,
     slo: SloConfig,
+    saturation: SaturationConfig,
 ) -> dict[str, Any]:
     """FIGURE_COLUMNS of one cell-repeat (pure)."""
     prefill, decode = role_gpus(cell)
@@ -205,6 +225,7 @@ def cell_figures(
             metrics=metrics, gpu=gpu, prefill_gpus=prefill, decode_gpus=decode
         ),
         **figures.goodput_figures(details, slo=slo, duration_s=float(metrics["duration_s"])),
+        "client_saturated": _saturated(metrics, saturation),
     }
 
 
@@ -236,11 +257,12 @@ def collect_results(
     raw: Sequence[Path],
     gpu: Sequence[Path],
     slo: SloConfig | None = None,
+    saturation: SaturationConfig | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """results.csv (one row per cell-repeat) and requests.csv (one row per successful request)
     of a run, from the raw records and GPU files of `cells` (in the same order); goodput
-    against `slo` (NaN without one)."""
-    slo = slo or SloConfig()
+    against `slo` (NaN without one); `client_saturated` against `saturation`."""
+    slo, saturation = slo or SloConfig(), saturation or SaturationConfig()
     if not len(cells) == len(raw) == len(gpu):
         raise ValueError(f"{len(cells)} cells, {len(raw)} raw files, {len(gpu)} GPU files")
     server_axes = _axis_names(c.server.axes for c in cells)
@@ -249,7 +271,14 @@ def collect_results(
     for cell, raw_path, gpu_path in zip(cells, raw, gpu, strict=True):
         metrics, (per_request, details) = read_cell(Path(raw_path), cell=cell)
         gpu_row = cell_gpu(Path(gpu_path), cell=cell)
-        extra = cell_figures(cell=cell, metrics=metrics, gpu=gpu_row, details=details, slo=slo)
+        extra = cell_figures(
+            cell=cell,
+            metrics=metrics,
+            gpu=gpu_row,
+            details=details,
+            slo=slo,
+            saturation=saturation,
+        )
         rows.append(result_row(run_id=run_id, cell=cell, metrics=metrics, gpu={**gpu_row, **extra}))
         requests.append(per_request)
     df = pd.DataFrame(rows, columns=result_columns(server_axes, client_axes))

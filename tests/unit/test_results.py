@@ -30,6 +30,9 @@ def test_record_metrics_of_bench_serving_0523():
     m = results.record_metrics(read_record(REC_0523))
     assert list(m) == [*results.METRICS, *results.DERIVED]
     for column, key in results.METRICS.items():
+        if key.startswith("client_"):  # the builtin's self-check: bench_serving has none
+            assert math.isnan(m[column]), column
+            continue
         assert m[column] == pytest.approx(raw[key]), column
     assert m["ttft_p50_ms"] == raw["median_ttft_ms"]
     assert m["input_tps"] == raw["input_throughput"]

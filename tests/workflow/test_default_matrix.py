@@ -56,6 +56,13 @@ def test_full_matrix_starts_each_server_config_once(run_dir: Path) -> None:
     assert events.count("ready") == 4
     assert events.count("stop") == 4
     assert events.count("cell-done") == 24
+    # Repeats interleaved within each server config (r1 of both client cells, then r2, r3);
+    # orchestrator.log's cell-start events record the order.
+    order = [
+        f["cell"] for _, e, f in read_events(run_dir / "orchestrator.log") if e == "cell-start"
+    ]
+    first = [c for c in order if c.startswith(order[0].split("/")[0] + "/")]
+    assert [c.rsplit("/", 1)[1] for c in first[:6]] == ["r1", "r1", "r2", "r2", "r3", "r3"]
 
 
 def test_results_and_summary(run_dir: Path) -> None:
