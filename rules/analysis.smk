@@ -98,6 +98,10 @@ rule plot_results:
             )
             for p in METRIC_VS_PLOTS.values()
         ],
+        energy=[
+            report(p, caption="../report/energy.rst", category="Energy and goodput")
+            for p in ENERGY_PLOTS
+        ],
     log:
         f"{LOGS}/plot_results.log",
     params:

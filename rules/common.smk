@@ -8,6 +8,7 @@ from servesweep.engines import check_experiment
 from servesweep.errors import ConfigError
 from servesweep.paths import RunPaths
 from servesweep.ratelimit import unthrottle_scheduler
+from servesweep.summary import plot_metrics
 
 try:
     EXP = load_experiment(config, os.environ)
@@ -24,7 +25,7 @@ CELLS = {cell.key: cell for cell in cell_repeats(EXP)}
 CELL_KEYS = sorted(CELLS)
 # A params entry of collect_results: a changed SLO recomputes results.csv, never a cell.
 SLO = EXP.slo.model_dump()
-PLOT_METRICS = ["ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "input_tps"]
+PLOT_METRICS = plot_metrics(EXP)
 RESULTS_ROOT = str(PATHS.root.parent)
 PLOT_X = next(iter(axis_names(EXP)[1]), None) if not EXP.cases else None
 
@@ -80,6 +81,7 @@ DELTA_PLOTS = {m: f"{RUN_DIR}/plots/delta_{m}.png" for m in PLOT_METRICS}
 METRIC_VS_PLOTS = (
     {m: f"{RUN_DIR}/plots/{m}_vs_{PLOT_X}.png" for m in PLOT_METRICS} if PLOT_X else {}
 )
+ENERGY_PLOTS = [f"{RUN_DIR}/plots/energy_goodput_vs_{PLOT_X}.png"] if PLOT_X else []
 
 
 def all_case_tables():

@@ -267,6 +267,15 @@ class SloConfig(Strict):
     e2e_ms: float | None = Field(default=None, gt=0)
 
 
+class PlotsConfig(Strict):
+    """Which summary metrics get a delta plot and a metric-vs-client-axis plot."""
+
+    metrics: list[str] = Field(
+        default_factory=lambda: ["ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "input_tps"],
+        min_length=1,
+    )
+
+
 class Matrix(Strict):
     """Axes: lists of values for server arguments (restart) and workload fields (no restart)."""
 
@@ -300,6 +309,7 @@ class Experiment(Strict):
     validation: ValidationConfig = ValidationConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
     slo: SloConfig = SloConfig()
+    plots: PlotsConfig = PlotsConfig()
     server: ServerArgs = ServerArgs()
     matrix: Matrix = Matrix()
     workload: Workload

@@ -14,6 +14,8 @@ import numpy as np
 import pandas as pd
 
 from servesweep import stats
+from servesweep.config import Experiment
+from servesweep.errors import ConfigError
 from servesweep.files import write_text_atomic
 from servesweep.records import read_record
 
@@ -62,6 +64,17 @@ OUTPUT_DEPENDENT = (
     "joules_per_output_token",
     "output_tokens_per_watt",
 )
+
+
+def plot_metrics(exp: Experiment) -> list[str]:
+    """The run's plotted metrics (config `plots.metrics`), each a summary metric."""
+    for metric in exp.plots.metrics:
+        if metric not in SUMMARY_METRICS:
+            raise ConfigError(
+                f"config key 'plots.metrics': {metric!r} is not a summary metric "
+                f"(one of {', '.join(SUMMARY_METRICS)})"
+            )
+    return list(exp.plots.metrics)
 
 
 # ---------------------------------------------------------------- cells, medians, deltas

@@ -170,3 +170,13 @@ def test_committed_json_schema_matches_the_models() -> None:
     assert committed == json.loads(json.dumps(json_schema())), (
         "regenerate schemas/experiment.schema.json from servesweep.config.json_schema()"
     )
+
+
+def test_plot_metrics_must_be_summary_metrics(raw: dict) -> None:
+    from servesweep.errors import ConfigError
+    from servesweep.summary import plot_metrics
+
+    assert plot_metrics(load_experiment(raw, {}))[0] == "ttft_p50_ms"
+    bad = copy.deepcopy(raw) | {"plots": {"metrics": ["goodput_rps", "nope"]}}
+    with pytest.raises(ConfigError, match=r"^config key 'plots.metrics': 'nope' is not a summary"):
+        plot_metrics(load_experiment(bad, {}))
