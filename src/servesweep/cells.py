@@ -14,6 +14,7 @@ from pathlib import Path
 
 from servesweep import gpusampling, loadgen, telemetry, validation
 from servesweep.config import CellRepeat, Experiment, Workload
+from servesweep.engines import ROUTER_ROLE
 from servesweep.errors import (
     ClientError,
     PreflightFailed,
@@ -123,15 +124,21 @@ def server_logs(manager: ServerManager, state: ServerState) -> list[str]:
 
 
 def gpu_sampler(
-    *, exp: Experiment, manager: ServerManager, state: ServerState, tag: str
+    *, exp: Experiment, manager: ServerManager, state: ServerState, cell: CellRepeat
 ) -> gpusampling.NvidiaSmiSampler | gpusampling.SimulatedSampler:
     """The cell's GPU sampler: the sim's curve for the sim on this machine (no GPU does its
-    work), else an nvidia-smi loop on every node."""
+    work; each node follows the load of its role's rank 0), else an nvidia-smi loop on every
+    node."""
     interval_ms = exp.telemetry.gpu_interval_ms
+    tag = cell.key
     if exp.engine.kind == "sim" and exp.cluster.transport == "local":
+        urls = {r.role: r.url for r in state.ranks if r.url and r.role != ROUTER_ROLE}
+        loads: dict[str, str | None] = dict.fromkeys(exp.cluster.nodes)
+        for role in cell.server.roles:
+            for node in role.nodes:
+                loads[node] = loads[node] or urls.get(role.name)
         return gpusampling.SimulatedSampler(
-            base_url=state.base_url,
-            nodes=exp.cluster.nodes,
+            loads=loads,
             gpus_per_node=exp.cluster.gpus_per_node,
             interval_s=interval_ms / 1000 * exp.engine.sim.time_scale,
         )
@@ -236,7 +243,7 @@ def run_cell(
         before = telemetry.take_snapshot(
             transport=manager.transport, nodes=nodes, phase="before", timeout=SNAPSHOT_TIMEOUT_S
         )
-        sampler = gpu_sampler(exp=exp, manager=manager, state=state, tag=cell.key)
+        sampler = gpu_sampler(exp=exp, manager=manager, state=state, cell=cell)
         sampler.start()
         try:
             record = run_client(

@@ -188,10 +188,12 @@ class SimulatedSampler:
     It samples every `interval_s` of wall time from a thread in the cell's process."""
 
     def __init__(
-        self, *, base_url: str, nodes: Sequence[str], gpus_per_node: int, interval_s: float
+        self, *, loads: Mapping[str, str | None], gpus_per_node: int, interval_s: float
     ) -> None:
-        self.url = f"{base_url}/get_load"
-        self.nodes = list(nodes)
+        # node -> the base URL whose load its GPUs follow (its role's rank 0; None: idle)
+        self.loads = dict(loads)
+        self.url = ", ".join(sorted({f"{u}/get_load" for u in self.loads.values() if u}))
+        self.nodes = list(loads)
         self.gpus = gpus_per_node
         self.interval_s = max(SIM_MIN_INTERVAL_S, interval_s)
         self.rows: list[dict[str, Any]] = []
@@ -199,16 +201,18 @@ class SimulatedSampler:
         self._thread = threading.Thread(target=self._loop, name="sim-gpu-sampler", daemon=True)
         self._error = ""
 
-    def _held(self) -> float:
-        with urllib.request.urlopen(self.url, timeout=5) as resp:
+    def _held(self, base_url: str) -> float:
+        with urllib.request.urlopen(f"{base_url}/get_load", timeout=5) as resp:
             data = json.loads(resp.read())
         return float(sum(d.get("num_reqs", 0) for d in data))
 
     def sample(self) -> None:
         """Append one simulated line per GPU of every node."""
-        busy = sim_busy(self._held())
+        held = {url: self._held(url) for url in set(self.loads.values()) if url}
         stamp = format_timestamp(time.time())
         for node in self.nodes:
+            url = self.loads[node]
+            busy = sim_busy(held[url]) if url else 0.0
             for index in range(self.gpus):
                 self.rows.append(
                     {

@@ -164,13 +164,15 @@ def test_stop_leaves_a_pid_that_is_not_a_loop_alone(tmp_path):
 
 def test_simulated_curve_follows_the_load(monkeypatch):
     sampler = gpusampling.SimulatedSampler(
-        base_url="http://127.0.0.1:1", nodes=["local"], gpus_per_node=2, interval_s=0.001
+        loads={"local": "http://127.0.0.1:1", "router": None}, gpus_per_node=2, interval_s=0.001
     )
     loads = iter([0, 4, 0])
-    monkeypatch.setattr(sampler, "_held", lambda: float(next(loads)))
+    monkeypatch.setattr(sampler, "_held", lambda url: float(next(loads)))
     for _ in range(3):
         sampler.sample()
-    power = [r["power_draw_w"] for r in sampler.rows if r["index"] == 0]
+    power = [r["power_draw_w"] for r in sampler.rows if r["index"] == 0 and r["node"] == "local"]
+    idle = [r["power_draw_w"] for r in sampler.rows if r["node"] == "router"]
+    assert idle == [gpusampling.SIM_IDLE_W] * 6  # a node without a role: idle GPUs
     assert power[0] == pytest.approx(gpusampling.SIM_IDLE_W)
     assert power[1] > 600 and power[2] == power[0]
     assert {r["status"] for r in sampler.rows} == {"simulated"}

@@ -45,7 +45,8 @@ def test_every_cell_repeat_has_its_files(run_dir: Path) -> None:
     assert len(samples) and set(samples["status"]) == {"simulated"}, "the sim's power curve"
     for name in ("results.csv", "summary.json", "manifest.json"):
         assert (run_dir / name).stat().st_size > 0
-    assert len(list(run_dir.glob("plots/*.png"))) == 8
+    assert len(list(run_dir.glob("plots/*.png"))) == 9
+    assert (run_dir / "plots" / "energy_goodput_vs_concurrency.png").stat().st_size > 0
 
 
 def test_full_matrix_starts_each_server_config_once(run_dir: Path) -> None:
