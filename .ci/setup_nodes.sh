@@ -160,19 +160,34 @@ chmod 644 "$DIR/authorized_keys/root" "$DIR/authorized_keys/sweeper"
 
 # ------------------------------------------------------------------ fake nvidia-smi
 # The test nodes have no GPU: a fake nvidia-smi on their PATH replays real output recorded on an
-# H200 (tests/data), as 8 GPUs. It answers only the query the workflow sends.
+# H200 (tests/data), as 8 GPUs. It answers the snapshot query and the sampling loop
+# (`--loop-ms=N`): the loop replays the recorded 500 ms series (idle, load, idle; values with
+# their units stripped, as `nounits` prints them) round and round, one line per GPU every N ms,
+# stamped with the current time (the loop runs with TZ=UTC).
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$DIR/bin"
 cp "$REPO/tests/data/nvidia-smi-8gpu/query-load-8gpu-noheader-nounits.csv" "$DIR/bin/query.csv"
+tail -n +2 "$REPO/tests/data/nvidia-smi-series/loop-500ms-idle-load-idle.csv" |
+    cut -d, -f2- | sed -e 's/^ [0-9]*, //' -e 's/ \(W\|%\|MiB\|MHz\)//g' >"$DIR/bin/series.csv"
 cat >"$DIR/bin/nvidia-smi" <<FAKE
 #!/bin/sh
 case "\$*" in
+  *--query-gpu=timestamp,index,uuid,power.draw,*--format=csv,noheader,nounits*--loop-ms=*)
+    ms=\$(echo "\$*" | sed 's/.*--loop-ms=\([0-9]*\).*/\1/')
+    pause=\$(awk "BEGIN { print \$ms / 1000 }")
+    while :; do
+      while IFS= read -r line; do
+        now=\$(date '+%Y/%m/%d %H:%M:%S.%3N')
+        for i in 0 1 2 3 4 5 6 7; do echo "\$now, \$i, \$line"; done
+        sleep "\$pause"
+      done <"$DIR/bin/series.csv"
+    done ;;
   *--query-gpu=*--format=csv,noheader,nounits*) exec cat "$DIR/bin/query.csv" ;;
   *) echo "fake nvidia-smi: unsupported arguments: \$*" >&2; exit 2 ;;
 esac
 FAKE
 chmod 755 "$DIR/bin" "$DIR/bin/nvidia-smi"
-chmod 644 "$DIR/bin/query.csv"
+chmod 644 "$DIR/bin/query.csv" "$DIR/bin/series.csv"
 
 # ------------------------------------------------------------------ sshd
 {

@@ -7,6 +7,11 @@ sim computes nothing), client CPU per request inside its event loop and garbage-
 pauses. A streaming run gives client CPU per streamed token. Figures of one run.
 
     python benchmarks/client.py [--concurrencies 1,64,256] [--client-core 0 --server-core 1]
+    python benchmarks/client.py --self-check-only      # only the self-check's cost at C=256
+
+The builtin's self-check (CPU time, event-loop lag, GC pauses: servesweep.loadgen.selfcheck)
+is on in the workflow; its cost is measured as the builtin's request throughput at C=256 with
+and without it (`--no-self-check`), alternating, the median of `--self-check-pairs` pairs.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ def probe_argv(
     probe_out: Path,
     tokenizer: Path,
     vocab_size: int,
+    self_check: bool = True,
 ) -> list[str]:
     """The workflow's client command, run under the CPU/GC probe."""
     argv = client_argv(
@@ -76,6 +82,8 @@ def probe_argv(
     flags.append("--disable-tqdm")
     if kind == "builtin":  # the same id range as bench's tokenizer
         flags += ["--vocab-size", str(vocab_size)]
+    if not self_check:
+        flags.append("--no-self-check")
     return [python, str(PROBE), str(probe_out), module, *flags]
 
 
@@ -89,6 +97,7 @@ def run_client(
     tokenizer: Path,
     vocab_size: int,
     core: int | None,
+    self_check: bool = True,
 ) -> dict[str, Any]:
     """One client invocation; its record's figures plus CPU, GC and server load."""
     name = f"{kind}-c{workload.concurrency}-o{workload.output_len}"
@@ -105,6 +114,7 @@ def run_client(
             probe_out=probe_out,
             tokenizer=tokenizer,
             vocab_size=vocab_size,
+            self_check=self_check,
         ),
     ]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -126,6 +136,9 @@ def run_client(
     process_cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     run = {
         "client": kind,
+        "self_check": self_check,
+        "client_loop_lag_p99_ms": record.get("client_loop_lag_p99_ms"),
+        "client_cpu_pct": record.get("client_cpu_pct"),
         "concurrency": workload.concurrency,
         "input_len": workload.input_len,
         "output_len": workload.output_len,
@@ -224,8 +237,38 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--client-core", type=int, default=0)
     p.add_argument("--server-core", type=int, default=1)
     p.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE)
+    p.add_argument("--self-check-pairs", type=int, default=3, help="0: no self-check cost")
+    p.add_argument("--self-check-only", action="store_true")
     add_common_args(p)
     return p.parse_args(argv)
+
+
+def self_check_cost(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The self-check's cost: 1 - median rps with it / median rps without it (C=256)."""
+    with_rps = sorted(r["request_rps"] for r in runs if r["self_check"])
+    without = sorted(r["request_rps"] for r in runs if not r["self_check"])
+    on, off = with_rps[len(with_rps) // 2], without[len(without) // 2]
+    cost = 1.0 - on / off
+    # The client's CPU per request (its event loop, the probe's figure) is what bounds its
+    # throughput at C=256 and is less sensitive to a busy machine than req/s.
+    cpu_on = sorted(r["cpu_us_per_request"] for r in runs if r["self_check"])
+    cpu_off = sorted(r["cpu_us_per_request"] for r in runs if not r["self_check"])
+    cpu_cost = cpu_on[len(cpu_on) // 2] / cpu_off[len(cpu_off) // 2] - 1.0
+    print(
+        f"self-check cost at C=256: {100 * cost:.1f}% of client throughput "
+        f"(median {on:.0f} req/s with it, {off:.0f} without; {len(with_rps)} pairs); "
+        f"client CPU per request {100 * cpu_cost:+.1f}% (median {cpu_on[len(cpu_on) // 2]:.0f} "
+        f"vs {cpu_off[len(cpu_off) // 2]:.0f} us)"
+    )
+    return {
+        "rps_with": with_rps,
+        "rps_without": without,
+        "cost": cost,
+        "cpu_us_per_request_with": cpu_on,
+        "cpu_us_per_request_without": cpu_off,
+        "cpu_cost": cpu_cost,
+        "goal_below": 0.05,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -261,8 +304,32 @@ def main(argv: list[str] | None = None) -> int:
                     warmup_requests=1,
                 )
             )
-        runs = []
+        if args.self_check_only:
+            clients, plan = ["builtin"], []
+        runs, check_runs = [], []
         with zero_cost_sim(workdir=tmp, core=args.server_core) as sim:
+            c256 = Workload(
+                input_len=args.input_len,
+                output_len=args.output_len,
+                num_requests=args.requests or default_requests(256),
+                concurrency=256,
+                warmup_requests=1,
+            )
+            for _ in range(args.self_check_pairs if "builtin" in clients else 0):
+                for on in (True, False):
+                    check_runs.append(
+                        run_client(
+                            kind="builtin",
+                            sim=sim,
+                            workload=c256,
+                            workdir=tmp,
+                            env=envs["builtin"],
+                            tokenizer=tokenizer,
+                            vocab_size=args.vocab_size,
+                            core=args.client_core,
+                            self_check=on,
+                        )
+                    )
             for workload in plan:
                 for kind in clients:  # interleaved: both clients see the same machine load
                     runs.append(
@@ -297,13 +364,14 @@ def main(argv: list[str] | None = None) -> int:
             "prompts": "random-ids as input_ids, warmup 1 request, request rate inf",
         },
         "runs": runs,
+        "self_check": self_check_cost(check_runs) if check_runs else None,
         **compare(
             runs,
             concurrencies=concurrencies,
             stream_output_len=args.stream_output_len or None,
         ),
     }
-    write_result("client", result, args.out)
+    write_result("client_selfcheck" if args.self_check_only else "client", result, args.out)
     print(json.dumps(result["goals"], indent=2))
     return 0
 

@@ -21,6 +21,7 @@ checkpoint collect_results:
     params:
         cells=CELL_KEYS,
         min_retokenized_ratio=EXP.validation.min_retokenized_ratio,
+        slo=SLO,
     message:
         "results.csv: one row per cell-repeat; requests.csv: one row per request"
     script:
@@ -101,6 +102,10 @@ rule plot_results:
                 p, caption="../report/metric_vs.rst", category="Metrics vs client axis"
             )
             for p in METRIC_VS_PLOTS.values()
+        ],
+        energy=[
+            report(p, caption="../report/energy.rst", category="Energy and goodput")
+            for p in ENERGY_PLOTS
         ],
     log:
         f"{LOGS}/plot_results.log",

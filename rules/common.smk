@@ -18,6 +18,7 @@ from servesweep.paths import RunPaths
 from servesweep.provenance import measured_with
 from servesweep.logsetup import hangup_like_sigterm
 from servesweep.ratelimit import unthrottle_scheduler
+from servesweep.summary import plot_metrics
 
 try:
     EXP = load_experiment(
@@ -34,7 +35,9 @@ LOGS = str(PATHS.logs)
 CELLS = {cell.key: cell for cell in cell_repeats(EXP)}
 # The set of cells as a param: rules over all cells rerun when it changes (no `input` trigger).
 CELL_KEYS = sorted(CELLS)
-PLOT_METRICS = ["ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "input_tps"]
+# A params entry of collect_results: a changed SLO recomputes results.csv, never a cell.
+SLO = EXP.slo.model_dump()
+PLOT_METRICS = plot_metrics(EXP)
 RESULTS_ROOT = str(PATHS.root.parent)
 SERVER_AXES, CLIENT_AXES = axis_names(EXP)
 PLOT_X = next(iter(axis_names(EXP)[1]), None) if not EXP.cases else None
@@ -66,7 +69,7 @@ def cell_measured_with(wildcards):
 
 
 def cell_priority(wildcards):
-    return cell_of(wildcards).server.priority
+    return cell_of(wildcards).priority
 
 
 # Computed once (10k cells: ~1 s per listing), in matrix order; `all` and collect_results list
@@ -84,7 +87,7 @@ BUILDS = [str(p) for p in PATHS.builds(EXP)]
 # constant list, not an input function: 10k calls of one cost ~0.4x a plain dry-run
 # (docs/architecture.md).
 PREREQUISITES = [*BUILDS, str(PATHS.preflight)]
-PREREQUISITE_PRIORITY = max(spec.priority for spec in SPECS) + 1
+PREREQUISITE_PRIORITY = max(cell.priority for cell in CELLS.values()) + 1
 FRESH_RUN = next((PATHS.root / "raw").glob("*/*/r*.jsonl"), None) is None
 CELL_PREREQUISITES = (
     [p for p in PREREQUISITES if not os.path.exists(p)] if FRESH_RUN else []
@@ -97,6 +100,7 @@ DELTA_PLOTS = {m: f"{RUN_DIR}/plots/delta_{m}.png" for m in PLOT_METRICS}
 METRIC_VS_PLOTS = (
     {m: f"{RUN_DIR}/plots/{m}_vs_{PLOT_X}.png" for m in PLOT_METRICS} if PLOT_X else {}
 )
+ENERGY_PLOTS = [f"{RUN_DIR}/plots/energy_goodput_vs_{PLOT_X}.png"] if PLOT_X else []
 
 
 def all_case_tables():

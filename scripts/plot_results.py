@@ -14,4 +14,5 @@ if __name__ == "__main__":
                 zip(snakemake.params.metric_vs, snakemake.output.metric_vs, strict=True)
             ),
             x=snakemake.params.x,
+            energy=snakemake.output.energy,
         )

@@ -46,6 +46,8 @@ def collect_results(
         gpu=[Path(p) for p in gpu],
         min_retokenized_ratio=exp.validation.min_retokenized_ratio,
         measured_with=[measured_with(exp, c) for c in cells],
+        slo=exp.slo,
+        saturation=exp.client.saturation,
     )
     write_results_csv(results, results_csv)
     write_requests_csv(requests, requests_csv)

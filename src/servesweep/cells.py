@@ -14,8 +14,9 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from servesweep import isolation, loadgen, provenance, telemetry, validation
+from servesweep import gpusampling, isolation, loadgen, provenance, telemetry, validation
 from servesweep.config import CellRepeat, Experiment, Workload, client_specs
+from servesweep.engines import ROUTER_ROLE
 from servesweep.errors import (
     ClientError,
     PreflightFailed,
@@ -24,6 +25,7 @@ from servesweep.errors import (
     TransportError,
 )
 from servesweep.events import EventLog
+from servesweep.loadgen import selfcheck
 from servesweep.logsetup import Terminated
 from servesweep.paths import RunPaths
 from servesweep.records import BenchRecord, read_record, write_record
@@ -203,6 +205,34 @@ def server_logs(manager: ServerManager, state: ServerState) -> list[str]:
     return [str(manager.local_log_path(state.server_id, r.role, r.node)) for r in state.ranks]
 
 
+def gpu_sampler(
+    *, exp: Experiment, manager: ServerManager, state: ServerState, cell: CellRepeat
+) -> gpusampling.NvidiaSmiSampler | gpusampling.SimulatedSampler:
+    """The cell's GPU sampler: the sim's curve for the sim on this machine (no GPU does its
+    work; each node follows the load of its role's rank 0), else an nvidia-smi loop on every
+    node."""
+    interval_ms = exp.telemetry.gpu_interval_ms
+    tag = cell.key
+    if exp.engine.kind == "sim" and exp.cluster.transport == "local":
+        urls = {r.role: r.url for r in state.ranks if r.url and r.role != ROUTER_ROLE}
+        loads: dict[str, str | None] = dict.fromkeys(exp.cluster.nodes)
+        for role in cell.server.roles:
+            for node in role.nodes:
+                loads[node] = loads[node] or urls.get(role.name)
+        return gpusampling.SimulatedSampler(
+            loads=loads,
+            gpus_per_node=exp.cluster.gpus_per_node,
+            interval_s=interval_ms / 1000 * exp.engine.sim.time_scale,
+        )
+    digest = hashlib.sha256(tag.encode()).hexdigest()[:12]
+    return gpusampling.NvidiaSmiSampler(
+        transport=manager.transport,
+        nodes=exp.cluster.nodes,
+        interval_ms=interval_ms,
+        remote_dir=f"{manager.node_dir()}/gpu/{digest}",
+    )
+
+
 def run_warmup(
     *, exp: Experiment, cell: CellRepeat, manager: ServerManager, state: ServerState
 ) -> None:
@@ -300,6 +330,8 @@ def run_cell(
         before = telemetry.take_snapshot(
             transport=manager.transport, nodes=nodes, phase="before", timeout=SNAPSHOT_TIMEOUT_S
         )
+        sampler = gpu_sampler(exp=exp, manager=manager, state=state, cell=cell)
+        sampler.start()
         try:
             record = run_client(
                 exp=exp,
@@ -309,11 +341,17 @@ def run_cell(
                 tag=cell.key,
                 bench_log=bench_log,
             )
+            client_end = time.time()
         except (ClientError, TransportError) as exc:
             cause = _server_cause(manager, state)
             if cause is None:
                 raise
             raise cause from exc
+        finally:
+            samples = sampler.stop()
+        # The client's clock stops at its last response (its `duration`); the window ends when
+        # it returned here (process exit, container removal: well under one sample apart).
+        window = gpusampling.window_rows(client_end - (record.duration or 0.0), client_end)
         after = telemetry.take_snapshot(
             transport=manager.transport, nodes=nodes, phase="after", timeout=SNAPSHOT_TIMEOUT_S
         )
@@ -327,7 +365,8 @@ def run_cell(
             node=nodes[0],
             min_retokenized_ratio=exp.validation.min_retokenized_ratio,
         )
-        snapshot = before + after
+        _check_client(exp=exp, record=record, cell=cell.key, bench_log=bench_log)
+        snapshot = before + after + window + samples
         record = BenchRecord.model_validate(
             {**record.model_dump(), provenance.KEY: provenance.measured_with(exp, cell)}
         )
@@ -357,6 +396,26 @@ def run_cell(
         seconds=f"{time.monotonic() - started:.2f}",
         client_seconds=f"{client_seconds:.2f}",
     )
+
+
+def _check_client(*, exp: Experiment, record: BenchRecord, cell: str, bench_log: Path) -> None:
+    """Warn when the builtin client's self-check says it was saturated (results.csv flags the
+    cell); with `client.saturation.invalid` the cell fails instead."""
+    limits = exp.client.saturation
+    extra = record.model_extra or {}
+    if not selfcheck.saturated(
+        extra, loop_lag_p99_ms=limits.loop_lag_p99_ms, cpu_pct=limits.cpu_pct
+    ):
+        return
+    text = (
+        f"cell {cell}: client saturated (event-loop lag p99 "
+        f"{extra.get('client_loop_lag_p99_ms', math.nan):.1f} ms, limit "
+        f"{limits.loop_lag_p99_ms:g}; CPU {extra.get('client_cpu_pct', math.nan):.0f}% of a "
+        f"core, limit {limits.cpu_pct:g}); bench log {bench_log}"
+    )
+    if limits.invalid:
+        raise ClientError(text)
+    logger.warning("%s", text)
 
 
 def _write(path: Path, write: Callable[[], None], written: list[Path]) -> None:

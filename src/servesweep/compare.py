@@ -9,10 +9,18 @@ from typing import Any
 
 import pandas as pd
 
-from servesweep import stats, summary, telemetry
+from servesweep import stats, summary
 from servesweep.files import atomic_open
 from servesweep.paths import RunPaths
-from servesweep.results import DERIVED, ID_COLUMNS, METRICS, read_requests_csv, read_results_csv
+from servesweep.results import (
+    DERIVED,
+    FIGURE_COLUMNS,
+    GPU_COLUMNS,
+    ID_COLUMNS,
+    METRICS,
+    read_requests_csv,
+    read_results_csv,
+)
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +82,7 @@ def load_run(
 
 def axis_columns(results: pd.DataFrame) -> list[str]:
     """The matrix-axis columns of a results table (neither ids, metrics nor GPU figures)."""
-    other = {*ID_COLUMNS, *METRICS, *DERIVED, *telemetry.GPU_FIGURES}
+    other = {*ID_COLUMNS, *METRICS, *DERIVED, *GPU_COLUMNS, *FIGURE_COLUMNS}
     return [c for c in results.columns if c not in other]
 
 

@@ -244,11 +244,21 @@ class Workload(Strict):
         return math.inf if value is None else value
 
 
+class SaturationConfig(Strict):
+    """When the builtin client's self-check calls its cell client-saturated (not the server's
+    figures): event-loop lag p99 or CPU above these; `invalid` fails such a cell."""
+
+    loop_lag_p99_ms: float = Field(default=5.0, gt=0)
+    cpu_pct: float = Field(default=90.0, gt=0)
+    invalid: bool = False
+
+
 class ClientConfig(Strict):
     """Which load generator runs: ours (builtin) or SGLang's bench_serving in the image."""
 
     kind: Literal["builtin", "bench_serving"] = "builtin"
     tokenizer: str | None = None
+    saturation: SaturationConfig = SaturationConfig()
 
 
 # Default of validation.min_retokenized_ratio (docs/validation.md): healthy published records
@@ -262,6 +272,29 @@ class ValidationConfig(Strict):
     min_retokenized_ratio: float = Field(default=MIN_RETOKENIZED_RATIO, ge=0, le=1)
     # Liveness during a cell: the server's counters flat this long, or /health failing, aborts.
     stall_timeout_s: float = Field(default=120.0, gt=0)
+
+
+class TelemetryConfig(Strict):
+    """GPU sampling during a cell (docs/architecture.md, GPU telemetry)."""
+
+    gpu_interval_ms: int = Field(default=1000, ge=20, le=60000)
+
+
+class SloConfig(Strict):
+    """Service-level objectives per request (any subset); goodput counts requests meeting all."""
+
+    ttft_ms: float | None = Field(default=None, gt=0)
+    tpot_ms: float | None = Field(default=None, gt=0)
+    e2e_ms: float | None = Field(default=None, gt=0)
+
+
+class PlotsConfig(Strict):
+    """Which summary metrics get a delta plot and a metric-vs-client-axis plot."""
+
+    metrics: list[str] = Field(
+        default_factory=lambda: ["ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "input_tps"],
+        min_length=1,
+    )
 
 
 class Matrix(Strict):
@@ -298,6 +331,9 @@ class Experiment(Strict):
     engine: EngineConfig
     client: ClientConfig = ClientConfig()
     validation: ValidationConfig = ValidationConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
+    slo: SloConfig = SloConfig()
+    plots: PlotsConfig = PlotsConfig()
     server: ServerArgs = ServerArgs()
     matrix: Matrix = Matrix()
     workload: Workload
@@ -648,10 +684,18 @@ class CellRepeat:
     server: ServerSpec
     client: ClientSpec
     repeat: int
+    repeats: int = 1  # of the experiment: the priority interleaves repeats
 
     @property
     def key(self) -> str:
         return f"{self.server.id}/{self.client.id}/r{self.repeat}"
+
+    @property
+    def priority(self) -> int:
+        """Snakemake priority: every cell of a server config above the next config's (one
+        start per config), and within it repeat 1 of every client cell before repeat 2, ...
+        (interleaved against drift, as AIPerf's REPEATED mode)."""
+        return self.server.priority * (self.repeats + 1) + self.repeats + 1 - self.repeat
 
 
 # The identity split (docs/identity.md): these fields say how a server set is reached or
@@ -789,7 +833,7 @@ def client_specs(exp: Experiment) -> list[ClientSpec]:
 def cell_repeats(exp: Experiment) -> list[CellRepeat]:
     """Every cell-repeat, grouped by server config (the order servers are started in)."""
     return [
-        CellRepeat(server=s, client=c, repeat=r)
+        CellRepeat(server=s, client=c, repeat=r, repeats=exp.repeats)
         for s in server_specs(exp)
         for c in client_specs(exp)
         for r in range(1, exp.repeats + 1)

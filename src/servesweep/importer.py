@@ -13,13 +13,15 @@ import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from servesweep import stats, telemetry
+from servesweep import figures, stats
 from servesweep.checks import CheckInputError
 from servesweep.config import MIN_RETOKENIZED_RATIO, NAME_PATTERN
 from servesweep.files import write_json_atomic, write_text_atomic
 from servesweep.records import BenchRecord
 from servesweep.results import (
     INTEGER_METRICS,
+    TAIL_COLUMNS,
+    gpu_figures,
     record_metrics,
     request_table,
     result_columns,
@@ -233,8 +235,9 @@ def import_run(
                     **entry["server"],
                     **entry["client"],
                     **record_metrics(entry["data"]),
-                    **telemetry.gpu_figures([]),
+                    **gpu_figures([]),
                     "gpu_status": "missing",
+                    **_tails(entry["record"]),
                 }
             )
             request_keys.append((server_id, client_id, repeat))
@@ -289,3 +292,9 @@ def _plots(
         hue=hue,
         col=col,
     )
+
+
+def _tails(record: BenchRecord) -> dict[str, float]:
+    """The tail percentiles of an imported record's details (no GPU or SLO figures)."""
+    tails = figures.tail_figures(figures.request_details(record))
+    return {c: tails[c] for c in TAIL_COLUMNS}

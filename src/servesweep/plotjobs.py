@@ -21,8 +21,10 @@ def plot_results(
     deltas: Mapping[str, PathLike],
     metric_vs: Mapping[str, PathLike],
     x: str | None,
+    energy: Sequence[PathLike] = (),
 ) -> None:
-    """Rule plot_results: every figure of the run in one job (metric -> file)."""
+    """Rule plot_results: every figure of the run in one job (metric -> file); `energy`: the
+    energy and goodput page's file, if the run has a client axis."""
     exp, _ = experiment(config)
     hue, col = plots.series_axes(list(exp.matrix.server), exp.baseline)
     plots.write_run_plots(
@@ -33,6 +35,7 @@ def plot_results(
         x=x,
         hue=hue,
         col=col,
+        energy=energy[0] if energy else None,
     )
 
 

@@ -310,6 +310,51 @@ def plot_metric_vs(
     return fig
 
 
+# The energy and goodput page (report category "Energy and goodput"): results.csv columns.
+ENERGY_PAGE_METRICS = (
+    "gpu_power_mean_w",
+    "joules_per_input_token",
+    "joules_per_output_token",
+    "output_tokens_per_watt",
+    "goodput_rps",
+    "slo_pct",
+)
+
+
+def plot_energy_goodput(
+    results: pd.DataFrame, *, x: str = "concurrency", hue: str | None = None
+) -> Figure:
+    """Energy, efficiency and goodput against a client axis, one panel a metric (medians over
+    repeats, dots = repeats). The title says where the power came from (`gpu_source`):
+    figures of the local sim are simulated, never measured."""
+    metrics = ENERGY_PAGE_METRICS
+    fig = Figure(figsize=(13, 7.5), layout="constrained")
+    axes = fig.subplots(2, 3, squeeze=False).ravel()
+    sources = sorted({str(v) for v in results.get("gpu_source", pd.Series(dtype=str)).dropna()})
+    fig.suptitle(
+        f"Energy and goodput vs {x} (GPU power: {', '.join(sources) or 'none'}); "
+        "dots = repeats, line = median"
+    )
+    data = results.copy()
+    if hue and hue in data.columns:
+        data[hue] = data[hue].map(str)
+    else:
+        hue = None
+    for ax, metric in zip(axes, metrics, strict=False):
+        sub = data.dropna(subset=[metric]) if metric in data.columns else data.iloc[:0]
+        ax.set_title(f"{metric} ({_direction(metric) or 'see docs/energy.md'} is better)")
+        if sub.empty or x not in sub.columns:
+            _message(ax, f"no {metric} values" + (" (no SLO configured)" if "slo" in metric
+                                                   or "goodput" in metric else ""))  # fmt: skip
+            continue
+        keys = [hue, x] if hue else [x]
+        medians = sub.groupby(keys, sort=True)[metric].median().reset_index()
+        sns.lineplot(data=medians, x=x, y=metric, hue=hue, marker="o", ax=ax)
+        sns.scatterplot(data=sub, x=x, y=metric, hue=hue, alpha=0.55, s=24, ax=ax, legend=False)
+        ax.grid(True, alpha=0.3)
+    return fig
+
+
 def save_figure(fig: Figure, path: str | Path) -> None:
     """Write a figure as PNG atomically."""
     with atomic_open(path, "wb") as fh:
@@ -335,11 +380,16 @@ def write_run_plots(
     x: str | None,
     hue: str | None,
     col: str | None,
+    energy: str | Path | None = None,
 ) -> None:
     """Every figure of a run in one process (seaborn is imported once): a delta plot per
-    metric in `deltas` and, against client axis `x`, a metric-vs plot per metric in `metric_vs`."""
+    metric in `deltas` and, against client axis `x`, a metric-vs plot per metric in `metric_vs`
+    and the energy and goodput page (`energy`)."""
     for metric, path in deltas.items():
         save_figure(plot_deltas(summary, metric=metric), path)
     for metric, path in metric_vs.items():
         assert x is not None, "metric-vs plots need a client axis"
         save_figure(plot_metric_vs(results, metric=metric, x=x, hue=hue, col=col), path)
+    if energy is not None:
+        assert x is not None, "the energy page needs a client axis"
+        save_figure(plot_energy_goodput(results, x=x, hue=hue), energy)

@@ -12,10 +12,11 @@ import numpy as np
 import pandas as pd
 from pydantic import ValidationError
 
-from servesweep import provenance, stats, telemetry, validation
-from servesweep.config import MIN_RETOKENIZED_RATIO, CellRepeat
+from servesweep import figures, gpusampling, provenance, stats, telemetry, validation
+from servesweep.config import MIN_RETOKENIZED_RATIO, CellRepeat, SaturationConfig, SloConfig
 from servesweep.errors import CellFailed
 from servesweep.files import atomic_open
+from servesweep.loadgen import selfcheck
 from servesweep.records import BenchRecord, read_record
 
 log = logging.getLogger(__name__)
@@ -41,10 +42,26 @@ METRICS: dict[str, str] = {
     "completed": "completed",
     "total_input_tokens": "total_input_tokens",
     "total_output_tokens": "total_output_tokens",
-    "concurrency_mean": "concurrency",
+    "concurrency_mean": "concurrency",  # Little's law: sum of request latencies / duration
+    "concurrency_peak": "max_concurrent_requests",  # bench 0.5.14+ and builtin; else NaN
+    "output_tps_peak": "max_output_tokens_per_s",  # highest 1-s bucket (bench's method)
+    # the builtin client's self-check (loadgen.selfcheck); NaN for bench_serving
+    "client_cpu_pct": "client_cpu_pct",
+    "client_loop_lag_p99_ms": "client_loop_lag_p99_ms",
+    "client_loop_lag_max_ms": "client_loop_lag_max_ms",
+    "client_gc_pause_ms": "client_gc_pause_ms",
 }
 # Figures derived from several record keys (docs/validation.md), after the METRICS columns.
 DERIVED = ("retokenized_ratio",)
+# Tail percentiles from the per-request details that the record does not hold already.
+TAIL_COLUMNS = tuple(c for c in figures.TAIL_COLUMNS if c not in METRICS)
+# Per-request, energy and SLO figures (servesweep.figures), after the GPU columns.
+FIGURE_COLUMNS = (
+    *TAIL_COLUMNS,
+    *figures.EFFICIENCY_COLUMNS,
+    *figures.GOODPUT_COLUMNS,
+    *figures.CLIENT_COLUMNS,
+)
 INTEGER_METRICS = ("completed", "total_input_tokens", "total_output_tokens")
 # Keys every supported record version (0.5.9..0.5.23, builtin) has; absent = invalid record.
 REQUIRED_KEYS = (
@@ -60,6 +77,8 @@ REQUIRED_KEYS = (
 # The record keys collect_results reads (records are parsed with these only): the metrics, the
 # re-tokenized count and the per-request details (stats.REQUEST_KEYS).
 READ_KEYS = frozenset({*METRICS.values(), *REQUIRED_KEYS, "total_output_tokens_retokenized"})
+# GPU columns of results.csv: snapshot figures, then the sampled ones (servesweep.gpusampling).
+GPU_COLUMNS = tuple(dict.fromkeys((*telemetry.GPU_FIGURES, *gpusampling.SAMPLE_FIGURES)))
 ID_COLUMNS = ("run_id", "server_id", "client_id", "repeat", "fingerprint")
 # requests.csv: one row per successful request of every cell-repeat (stats.request_figures).
 REQUEST_ID_COLUMNS = ("server_id", "client_id", "repeat")
@@ -105,10 +124,10 @@ def read_cell(
     min_retokenized_ratio: float = MIN_RETOKENIZED_RATIO,
     measured_with: Mapping[str, Any] | None = None,
     stale: list[tuple[str, str, list[str]]] | None = None,
-) -> tuple[dict[str, float | int], Requests]:
+) -> tuple[dict[str, float | int], tuple[Requests, figures.RequestDetails | None]]:
     """Read and check one raw cell-repeat file with the cell's own checks (validation.
-    judge_record against its workload): its metrics and its per-request figures (None without
-    usable details); CellFailed names the cell and the file, and says to delete it.
+    judge_record against its workload): its metrics, its per-request figures and details (None
+    without usable details); CellFailed names the cell and the file, and says to delete it.
     With `measured_with` (provenance.measured_with of the current config), a record measured
     with anything else is added to `stale` (cell, file, differences)."""
     delete = f"; delete {path} to rerun the cell"
@@ -143,14 +162,18 @@ def read_cell(
     return metrics, _request_figures(path, record)
 
 
-def _request_figures(path: Path, record: BenchRecord) -> Requests:
-    """Per-request figures of a checked record; None (with a warning) when its details do
-    not validate: results.csv does not need them, the bootstrap falls back to repeats."""
+def _request_figures(
+    path: Path, record: BenchRecord
+) -> tuple[Requests, figures.RequestDetails | None]:
+    """Per-request figures of a checked record (requests.csv, the bootstrap) and its details
+    (tails, goodput); None (with a warning) when its details do not validate: the bootstrap
+    then falls back to repeats, and tails and goodput are NaN."""
     try:
-        return stats.request_figures(record)
+        return stats.request_figures(record), figures.request_details(record)
     except (ValueError, ValidationError) as exc:
         log.warning("%s: no per-request data (%s)", path, str(exc).splitlines()[0])
-        return None
+        return None, None
+    return stats.request_figures(record), figures.request_details(record)
 
 
 def cell_gpu(path: Path, *, cell: CellRepeat) -> dict[str, Any]:
@@ -160,13 +183,26 @@ def cell_gpu(path: Path, *, cell: CellRepeat) -> dict[str, Any]:
         rows = telemetry.read_snapshot(path)
     except FileNotFoundError:
         log.warning("cell %s: no GPU snapshot %s", cell.key, path)
-        return {**telemetry.gpu_figures([]), "gpu_status": "missing"}
+        return {**gpu_figures([]), "gpu_status": "missing"}
     except ValueError as exc:  # names the file
         raise CellFailed(f"cell {cell.key}: {exc}; delete {path} to rerun the cell") from None
-    figures = telemetry.cell_figures(rows)
-    if figures["gpu_status"] == telemetry.STATUS_INCOMPLETE:
+    found = gpu_figures(rows)
+    if found["gpu_status"] == telemetry.STATUS_INCOMPLETE:
         log.warning("cell %s: GPU snapshot %s lacks before or after rows", cell.key, path)
-    return figures
+    return found
+
+
+def gpu_figures(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """GPU_COLUMNS of one GPU file: count and status from the snapshots (`incomplete` when a
+    node's before and after rows do not pair up); power, memory and utilisation from the loop
+    samples over the measured window (the snapshots' where a file has no samples, e.g. one
+    written before sampling existed)."""
+    snapshot = telemetry.cell_figures(rows)
+    samples = gpusampling.sample_figures(rows)
+    if not samples["gpu_samples"]:
+        kept = ("gpu_power_peak_w", "gpu_mem_used_peak_mib", "gpu_util_mean_pct")
+        samples.update({k: snapshot[k] for k in kept})
+    return {col: samples.get(col, snapshot.get(col)) for col in GPU_COLUMNS}
 
 
 def _axis_names(axes: Iterable[Mapping[str, Any]]) -> list[str]:
@@ -177,8 +213,55 @@ def _axis_names(axes: Iterable[Mapping[str, Any]]) -> list[str]:
 
 
 def result_columns(server_axes: Sequence[str], client_axes: Sequence[str]) -> list[str]:
-    """Column order of results.csv: ids, server axes, client axes, metrics, GPU figures."""
-    return [*ID_COLUMNS, *server_axes, *client_axes, *METRICS, *DERIVED, *telemetry.GPU_FIGURES]
+    """Column order of results.csv: ids, server axes, client axes, metrics, GPU figures, the
+    per-request, energy and SLO figures."""
+    return [
+        *ID_COLUMNS,
+        *server_axes,
+        *client_axes,
+        *METRICS,
+        *DERIVED,
+        *GPU_COLUMNS,
+        *FIGURE_COLUMNS,
+    ]
+
+
+def role_gpus(cell: CellRepeat) -> tuple[int, int]:
+    """GPUs that did the prefill and the decode work of a cell's server: a PD set's prefill
+    and decode roles; every GPU of the server for both otherwise (tp_size*pp_size per role)."""
+    gpus = {r.name: r.args.tp_size * r.args.pp_size for r in cell.server.roles}
+    total = sum(gpus.values())
+    return gpus.get("prefill", total), gpus.get("decode", total)
+
+
+def _saturated(metrics: Mapping[str, Any], limits: SaturationConfig) -> float | bool:
+    """client_saturated of one cell-repeat: True/False, NaN without a self-check."""
+    flag = selfcheck.saturated(
+        metrics, loop_lag_p99_ms=limits.loop_lag_p99_ms, cpu_pct=limits.cpu_pct
+    )
+    return math.nan if flag is None else flag
+
+
+def cell_figures(
+    *,
+    cell: CellRepeat,
+    metrics: Mapping[str, Any],
+    gpu: Mapping[str, Any],
+    details: figures.RequestDetails | None,
+    slo: SloConfig,
+    saturation: SaturationConfig,
+) -> dict[str, Any]:
+    """FIGURE_COLUMNS of one cell-repeat (pure)."""
+    prefill, decode = role_gpus(cell)
+    tails = figures.tail_figures(details)
+    return {
+        **{c: tails[c] for c in TAIL_COLUMNS},
+        **figures.efficiency_figures(
+            metrics=metrics, gpu=gpu, prefill_gpus=prefill, decode_gpus=decode
+        ),
+        **figures.goodput_figures(details, slo=slo, duration_s=float(metrics["duration_s"])),
+        "client_saturated": _saturated(metrics, saturation),
+    }
 
 
 def result_row(
@@ -210,12 +293,16 @@ def collect_results(
     gpu: Sequence[Path],
     min_retokenized_ratio: float = MIN_RETOKENIZED_RATIO,
     measured_with: Sequence[Mapping[str, Any]] | None = None,
+    slo: SloConfig | None = None,
+    saturation: SaturationConfig | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """results.csv (one row per cell-repeat) and requests.csv (one row per successful request)
-    of a run, from the raw records and GPU snapshots of `cells` (in the same order).
+    of a run, from the raw records and GPU files of `cells` (in the same order); goodput
+    against `slo` (NaN without one); `client_saturated` against `saturation`.
 
     `measured_with`: per cell, what the current config measures it with; records measured
     with anything else are one CellFailed naming the cells and the differing keys."""
+    slo, saturation = slo or SloConfig(), saturation or SaturationConfig()
     if not len(cells) == len(raw) == len(gpu):
         raise ValueError(f"{len(cells)} cells, {len(raw)} raw files, {len(gpu)} GPU files")
     server_axes = _axis_names(c.server.axes for c in cells)
@@ -224,19 +311,24 @@ def collect_results(
     stale: list[tuple[str, str, list[str]]] = []
     expected = list(measured_with) if measured_with is not None else [None] * len(cells)
     for cell, raw_path, gpu_path, want in zip(cells, raw, gpu, expected, strict=True):
-        metrics, figures = read_cell(
+        metrics, (per_request, details) = read_cell(
             Path(raw_path),
             cell=cell,
             min_retokenized_ratio=min_retokenized_ratio,
             measured_with=want,
             stale=stale,
         )
-        rows.append(
-            result_row(
-                run_id=run_id, cell=cell, metrics=metrics, gpu=cell_gpu(Path(gpu_path), cell=cell)
-            )
+        gpu_row = cell_gpu(Path(gpu_path), cell=cell)
+        extra = cell_figures(
+            cell=cell,
+            metrics=metrics,
+            gpu=gpu_row,
+            details=details,
+            slo=slo,
+            saturation=saturation,
         )
-        requests.append(figures)
+        rows.append(result_row(run_id=run_id, cell=cell, metrics=metrics, gpu={**gpu_row, **extra}))
+        requests.append(per_request)
     provenance.check_current(stale)
     df = pd.DataFrame(rows, columns=result_columns(server_axes, client_axes))
     for col in (*INTEGER_METRICS, "gpu_count"):

@@ -40,6 +40,8 @@ REQUEST_METRICS: dict[str, tuple[str, float | str]] = {
     "e2e_mean_ms": ("e2e", "mean"),
     "tpot_p50_ms": ("tpot", 50.0),
     "tpot_p95_ms": ("tpot", 95.0),
+    "ttft_p99_9_ms": ("ttft", 99.9),
+    "tpot_p99_ms": ("tpot", 99.0),
 }
 FIGURES = ("ttft", "e2e", "tpot")
 # The record keys requests_of reads (records are read with these only).

@@ -14,6 +14,8 @@ import numpy as np
 import pandas as pd
 
 from servesweep import stats
+from servesweep.config import Experiment
+from servesweep.errors import ConfigError
 from servesweep.files import write_text_atomic
 from servesweep.records import read_record
 
@@ -27,8 +29,52 @@ SUMMARY_METRICS: dict[str, str] = {
     "e2e_p50_ms": "lower",
     "input_tps": "higher",
     "tpot_p50_ms": "lower",  # only for cells whose requests produced more than one token
+    "ttft_p99_9_ms": "lower",
+    "e2e_p99_ms": "lower",
+    "tpot_p99_ms": "lower",
+    "itl_p99_ms": "lower",
+    "output_tps_peak": "higher",
+    "concurrency_mean": "higher",  # achieved (Little's law) under the same client cap
+    "input_tps_per_gpu": "higher",
+    "output_tps_per_gpu": "higher",
+    "interactivity_tps": "higher",
+    "gpu_energy_j": "lower",
+    "gpu_power_mean_w": "lower",
+    "joules_per_output_token": "lower",
+    "joules_per_input_token": "lower",
+    "output_tokens_per_watt": "higher",
+    "goodput_rps": "higher",
+    "goodput_tps": "higher",
+    "slo_pct": "higher",
 }
-OUTPUT_DEPENDENT = ("tpot_p50_ms",)
+# Listed for every cell even without a value; the others (energy without GPU samples, goodput
+# without an SLO, tails without per-request details) only where a repeat has one.
+ALWAYS_LISTED = frozenset(
+    {"ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "e2e_p50_ms", "input_tps", "tpot_p50_ms"}
+)
+# Metrics that need outputs of more than one token (TPOT, ITL; output rates, which are the
+# request rate for 1-token outputs, and 0 for a cell's 1-s peak when no bucket has a second token).
+OUTPUT_DEPENDENT = (
+    "tpot_p50_ms",
+    "tpot_p99_ms",
+    "itl_p99_ms",
+    "interactivity_tps",
+    "output_tps_peak",
+    "output_tps_per_gpu",
+    "joules_per_output_token",
+    "output_tokens_per_watt",
+)
+
+
+def plot_metrics(exp: Experiment) -> list[str]:
+    """The run's plotted metrics (config `plots.metrics`), each a summary metric."""
+    for metric in exp.plots.metrics:
+        if metric not in SUMMARY_METRICS:
+            raise ConfigError(
+                f"config key 'plots.metrics': {metric!r} is not a summary metric "
+                f"(one of {', '.join(SUMMARY_METRICS)})"
+            )
+    return list(exp.plots.metrics)
 
 
 # ---------------------------------------------------------------- cells, medians, deltas
@@ -94,8 +140,18 @@ def _metric_names(multi_token: np.ndarray) -> list[str]:
 
 
 def cell_metric_names(rows: pd.DataFrame) -> list[str]:
-    """SUMMARY_METRICS that apply to a cell: TPOT only if requests produced > 1 token."""
-    return _metric_names(_multi_token(rows))
+    """SUMMARY_METRICS that apply to a cell: TPOT only if requests produced > 1 token; the
+    metrics beyond ALWAYS_LISTED only where a repeat has a value."""
+    return [
+        m
+        for m in _metric_names(_multi_token(rows))
+        if m in rows.columns and _listed(m, _floats(rows[m]))
+    ]
+
+
+def _listed(metric: str, values: np.ndarray) -> bool:
+    """Whether a cell lists `metric` given its repeats' values (see ALWAYS_LISTED)."""
+    return metric in ALWAYS_LISTED or bool(np.isfinite(values).any())
 
 
 def _floats(values: pd.Series | np.ndarray | Sequence[float]) -> np.ndarray:
@@ -329,7 +385,11 @@ def _cells(
     cells = []
     for axes, pos in positions:
         rows = np.asarray(pos, dtype=np.intp)
-        metrics = _metric_names(multi[rows])
+        metrics = [
+            m
+            for m in _metric_names(multi[rows])
+            if m in columns and _listed(m, columns[m][rows])  # an older results.csv lacks some
+        ]
         cells.append(
             _Cell(
                 axes=axes,

@@ -82,7 +82,15 @@ STATUS_OK = "ok"
 STATUS_UNAVAILABLE = "unavailable"
 STATUS_PARTIAL = "partial"
 STATUS_INCOMPLETE = "incomplete"  # a node's before or after rows are missing (a cut file)
-STATUSES = (STATUS_OK, STATUS_UNAVAILABLE)
+STATUS_SIMULATED = "simulated"  # the local sim's power curve (gpusampling), never measured
+STATUSES = (STATUS_OK, STATUS_UNAVAILABLE, STATUS_SIMULATED)
+# Rows of a GPU file besides the before/after snapshots: loop samples during the cell, and the
+# client's measured window (timestamp only; gpusampling writes and reads them).
+PHASE_SAMPLE = "sample"
+PHASE_WINDOW_START = "window-start"
+PHASE_WINDOW_END = "window-end"
+WINDOW_PHASES = (PHASE_WINDOW_START, PHASE_WINDOW_END)
+ROW_PHASES = (*PHASES, PHASE_SAMPLE, *WINDOW_PHASES)
 GPU_FIGURES = (
     "gpu_count",
     "gpu_mem_used_peak_mib",
@@ -302,8 +310,11 @@ def parse_snapshot(text: str) -> list[dict[str, Any]]:
                 row[col] = _number(field, text)
             except ValueError as exc:
                 raise ValueError(f"row {n}: {exc}") from None
-        if row["phase"] not in PHASES:
-            raise ValueError(f"row {n}: phase {row['phase']!r} is not one of {PHASES}")
+        if row["phase"] not in ROW_PHASES:
+            raise ValueError(f"row {n}: phase {row['phase']!r} is not one of {ROW_PHASES}")
+        if row["phase"] in WINDOW_PHASES:
+            rows.append(row)
+            continue
         if row["status"] not in STATUSES:
             raise ValueError(f"row {n}: status {row['status']!r} is not one of {STATUSES}")
         if not row["node"]:
@@ -359,6 +370,8 @@ def _paired(rows: Sequence[Mapping[str, Any]]) -> bool:
     """Whether every node has as many rows after the client as before it (and some)."""
     counts: dict[tuple[str, str], int] = {}
     for r in rows:
+        if _text(r.get("phase")) not in PHASES:
+            continue  # loop samples and the measured window
         key = (_text(r.get("node")), _text(r.get("phase")))
         counts[key] = counts.get(key, 0) + 1
     nodes = {node for node, _ in counts}
@@ -372,7 +385,7 @@ def gpu_figures(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     `gpu_status` is `ok` when every node answered, `unavailable` when none did, and `partial`
     when some did (figures then cover the GPUs that answered).
     """
-    snapshot = list(rows)
+    snapshot = [r for r in rows if _text(r.get("phase")) in PHASES]  # not loop samples
     ok = [r for r in snapshot if _text(r.get("status")) == STATUS_OK]
     if not ok:
         return {

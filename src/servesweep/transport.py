@@ -11,10 +11,12 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from servesweep.config import ClusterConfig
 from servesweep.errors import TransportError
+
+if TYPE_CHECKING:  # pydantic stays out of a bare GPU host (benchmarks/gpu_sampler_check.py)
+    from servesweep.config import ClusterConfig
 
 logger = logging.getLogger(__name__)
 

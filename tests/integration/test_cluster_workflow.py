@@ -50,6 +50,7 @@ def _config(nodes_dir: Path, run_id: str, **extra: object) -> dict:
             "sim": {"time_scale": 0.001, "startup_s": 5},
         },
         "server": {"tp_size": 32, "ep_size": 32},
+        "telemetry": {"gpu_interval_ms": 200},
         "matrix": {
             "server": {
                 "moe_runner_backend": ["marlin", "flashinfer_mxfp4"],
@@ -144,12 +145,25 @@ def test_matrix_over_ssh_docker_with_sudo(
     assert "The server is fired up" in (service / f"{SWEEPERS[0]}.log").read_text()
     # GPU snapshots from every node (fake nvidia-smi replaying the recorded H200 output).
     gpu = pd.read_csv(next(run_dir.glob("gpu/*/*/r1.csv")))
-    assert set(gpu["node"]) == set(SWEEPERS)
-    assert set(gpu["status"]) == {"ok"}
-    assert len(gpu) == 2 * 4 * 8
+    snapshots = gpu[gpu["phase"].isin(["before", "after"])]
+    assert set(snapshots["node"]) == set(SWEEPERS)
+    assert set(snapshots["status"]) == {"ok"}
+    assert len(snapshots) == 2 * 4 * 8
+    # The sampling loop of every node (the fake replays the recorded H200 series) and the window.
+    samples = gpu[gpu["phase"] == "sample"]
+    assert set(samples["node"]) == set(SWEEPERS) and set(samples["status"]) == {"ok"}
+    assert set(samples["uuid"]) == {"GPU-a319b8c1-9529-e6f5-1389-3c77af651019"}
+    assert list(gpu[gpu["phase"].str.startswith("window")]["phase"]) == [
+        "window-start",
+        "window-end",
+    ]
     results = pd.read_csv(run_dir / "results.csv")
     assert len(results) == 2
-    assert (results["gpu_mem_used_peak_mib"] == 21491).all()
+    assert set(results["gpu_source"]) == {"measured"}
+    # 32 GPUs between the series' idle (79.2 W) and loaded (692.5 W) power, energy > 0
+    assert results["gpu_power_mean_w"].between(32 * 79, 32 * 693).all()
+    assert (results["gpu_energy_j"] > 0).all()
+    assert results["gpu_mem_used_peak_mib"].isin([0, 1139]).all()
     assert (results["gpu_count"] == 32).all()
     events = [e for _, e, _ in read_events(run_dir / "orchestrator.log")]
     assert events.count("start") == 2 and events.count("ready") == 2

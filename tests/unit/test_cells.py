@@ -64,7 +64,10 @@ def test_valid_cell_writes_record_and_gpu_snapshot(tmp_path: Path) -> None:
     record = read_record(paths.raw(cell))
     assert record.completed == 4 and record.tag == cell.key
     gpu = read_snapshot(paths.gpu(cell))
-    assert [row["phase"] for row in gpu] == ["before", "after"]
+    phases = [row["phase"] for row in gpu]
+    assert phases[:4] == ["before", "after", "window-start", "window-end"]
+    assert set(phases[4:]) == {"sample"} and len(phases) > 4  # the sim's curve during the client
+    assert {row["status"] for row in gpu[4:]} == {"simulated"}
     assert "nvidia-smi" in gpu[0]["detail"]
     done = [f for _, e, f in read_events(paths.orchestrator_log) if e == "cell-done"]
     assert done[0]["cell"] == cell.key and float(done[0]["client_seconds"]) > 0

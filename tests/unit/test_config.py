@@ -53,6 +53,18 @@ def test_cells_are_grouped_by_server_with_one_priority_each(raw: dict) -> None:
     assert len(set(priorities.values())) == len(priorities) == 4
 
 
+def test_repeats_are_interleaved_within_a_server_config(raw: dict) -> None:
+    cells = cell_repeats(load_experiment(raw, {}))  # 4 server configs x 2 clients x 3 repeats
+    by_priority = sorted(cells, key=lambda c: -c.priority)
+    order = [(c.server.id, c.repeat, c.client.id) for c in by_priority]
+    first = [o for o in order if o[0] == order[0][0]]
+    assert order[:6] == first, "one server config drains before the next"
+    assert [r for _, r, _ in first] == [1, 1, 2, 2, 3, 3]  # r1 of every client cell, then r2
+    # every cell of a config above every cell of the next one
+    lowest = min(c.priority for c in cells if c.server.id == order[0][0])
+    assert all(c.priority < lowest for c in cells if c.server.id != order[0][0])
+
+
 def test_paths_are_self_describing(raw: dict) -> None:
     exp = load_experiment(raw, {})
     cell = cell_repeats(exp)[0]
@@ -217,3 +229,13 @@ def test_auto_ports_only_with_the_local_transport(raw: dict) -> None:
     remote = deep_update(raw, {"cluster": {"transport": "ssh"}})
     with pytest.raises(ConfigError, match="config key 'engine.port': 'auto' needs cluster"):
         load_experiment(remote, {})
+
+
+def test_plot_metrics_must_be_summary_metrics(raw: dict) -> None:
+    from servesweep.errors import ConfigError
+    from servesweep.summary import plot_metrics
+
+    assert plot_metrics(load_experiment(raw, {}))[0] == "ttft_p50_ms"
+    bad = copy.deepcopy(raw) | {"plots": {"metrics": ["goodput_rps", "nope"]}}
+    with pytest.raises(ConfigError, match=r"^config key 'plots.metrics': 'nope' is not a summary"):
+        plot_metrics(load_experiment(bad, {}))

@@ -305,3 +305,23 @@ def test_plot_metric_vs_many_client_values_keeps_matplotlibs_ticks():
     ticks = fig.axes[0].get_xticks()
     assert len(ticks) <= plots.MAX_X_TICKS, ticks
     assert len(points(fig.axes[0])) == n
+
+
+def test_energy_and_goodput_page(default, tmp_path):
+    _, df, _ = default
+    data = df.assign(
+        gpu_source="simulated",
+        gpu_power_mean_w=5000.0 + df["concurrency"],
+        joules_per_input_token=0.01,
+        goodput_rps=df["request_tps"],
+        slo_pct=100.0,
+    )
+    fig = plots.plot_energy_goodput(data, x="concurrency", hue="moe_runner_backend")
+    assert "GPU power: simulated" in fig.get_suptitle()
+    shown = [ax for ax in fig.axes if ax.get_visible() and ax.get_title()]
+    assert [ax.get_title().split()[0] for ax in shown] == list(plots.ENERGY_PAGE_METRICS)
+    power = shown[0]
+    assert sorted(points(power)[:, 1]) == pytest.approx(sorted(data["gpu_power_mean_w"]))
+    empty = plots.plot_energy_goodput(df.assign(goodput_rps=np.nan), x="concurrency")
+    assert "no goodput_rps values (no SLO configured)" in message(empty)
+    plots.save_figure(fig, tmp_path / "energy_goodput_vs_concurrency.png")

@@ -40,10 +40,14 @@ def test_every_cell_repeat_has_its_files(run_dir: Path) -> None:
     assert len(list(run_dir.glob("gpu/*/*/r*.csv"))) == 24
     assert len(list(run_dir.glob("bench/*/*/r*.log"))) == 24
     gpu = pd.read_csv(next(iter(run_dir.glob("gpu/*/*/r*.csv"))))
-    assert set(gpu["status"]) == {"unavailable"}, "this machine has no nvidia-smi"
+    snapshots = gpu[gpu["phase"].isin(["before", "after"])]
+    assert set(snapshots["status"]) == {"unavailable"}, "this machine has no nvidia-smi"
+    samples = gpu[gpu["phase"] == "sample"]
+    assert len(samples) and set(samples["status"]) == {"simulated"}, "the sim's power curve"
     for name in ("results.csv", "summary.json", "manifest.json"):
         assert (run_dir / name).stat().st_size > 0
-    assert len(list(run_dir.glob("plots/*.png"))) == 8
+    assert len(list(run_dir.glob("plots/*.png"))) == 9
+    assert (run_dir / "plots" / "energy_goodput_vs_concurrency.png").stat().st_size > 0
 
 
 def test_full_matrix_starts_each_server_config_once(run_dir: Path) -> None:
@@ -54,6 +58,13 @@ def test_full_matrix_starts_each_server_config_once(run_dir: Path) -> None:
     assert events.count("ready") == 4
     assert events.count("stop") == 4
     assert events.count("cell-done") == 24
+    # Repeats interleaved within each server config (r1 of both client cells, then r2, r3);
+    # orchestrator.log's cell-start events record the order.
+    order = [
+        f["cell"] for _, e, f in read_events(run_dir / "orchestrator.log") if e == "cell-start"
+    ]
+    first = [c for c in order if c.startswith(order[0].split("/")[0] + "/")]
+    assert [c.rsplit("/", 1)[1] for c in first[:6]] == ["r1", "r1", "r2", "r2", "r3", "r3"]
 
 
 def test_results_and_summary(run_dir: Path) -> None:
@@ -67,6 +78,9 @@ def test_results_and_summary(run_dir: Path) -> None:
     # 1-token outputs keep their text, special tokens included (skip_special_tokens: false), so
     # they re-tokenize exactly; the noisy sim's drift shows on longer outputs (test_pd_suite)
     assert (df["retokenized_ratio"] == 1).all()
+    # energy from the sim's simulated power curve, marked so, never passed off as measured
+    assert set(df["gpu_source"]) == {"simulated"}
+    assert (df["gpu_energy_j"] > 0).all() and (df["gpu_power_mean_w"] > 0).all()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert len(summary["cells"]) == 8
     assert summary["deltas"], "flashinfer_mxfp4 vs marlin deltas"

@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from servesweep.errors import ClientError
 from servesweep.loadgen.metrics import RequestResult, build_record, record_line
+from servesweep.loadgen.selfcheck import SelfCheck
 
 try:  # orjson parses bench's cumulative chunks ~2x faster; same results as json
     from orjson import dumps as _orjson_dumps
@@ -82,6 +83,7 @@ class BenchOptions:
     backend: str = "sglang"
     dataset_name: str = "random-ids"
     extra_request_body: dict[str, Any] = field(default_factory=dict)  # merged into each payload
+    self_check: bool = True  # builtin only: CPU, event-loop lag, GC pauses (loadgen.selfcheck)
 
 
 @dataclass(frozen=True)
@@ -431,6 +433,9 @@ async def _run(
             options.request_rate,
         )
         pbar = tqdm(total=len(prompts), file=sys.stderr, disable=options.disable_tqdm)
+        check = SelfCheck() if options.self_check else None
+        if check is not None:
+            check.start()
         start = time.perf_counter()
         if options.max_concurrency and not math.isfinite(options.request_rate):
             results = await closed_loop(
@@ -444,6 +449,7 @@ async def _run(
                     await asyncio.sleep(rng.exponential(1.0 / options.request_rate))
             results = list(await asyncio.gather(*tasks))
         pbar.close()
+        self_check = check.stop() if check is not None else {}
         # bench stops its clock after its /server_info call, so duration includes it
         server_info, accept_length = await fetch_server_info(
             session=session, base_url=options.base_url
@@ -460,7 +466,7 @@ async def _run(
         "random_output_len": options.output_len,
         "random_range_ratio": options.range_ratio,
     }
-    return build_record(
+    record = build_record(
         settings=settings,
         server_info=server_info,
         accept_length=accept_length,
@@ -468,6 +474,8 @@ async def _run(
         results=results,
         retokenize=sim_retokenizer(server_info),
     )
+    record.update(self_check)
+    return record
 
 
 def sim_retokenizer(server_info: dict[str, Any] | None) -> Callable[[str], int] | None:
@@ -525,6 +533,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--disable-tqdm", action="store_true")
     p.add_argument("--vocab-size", type=int, default=32000, help="builtin only: id range")
     p.add_argument(
+        "--no-self-check",
+        action="store_true",
+        help="builtin only: leave out the client's CPU / event-loop lag / GC self-check",
+    )
+    p.add_argument(
         "--extra-request-body",
         default=None,
         help="a JSON object merged into each request payload (top-level keys), as in bench",
@@ -557,6 +570,7 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         ready_check_timeout_s=args.ready_check_timeout_sec,
         disable_tqdm=args.disable_tqdm,
         extra_request_body=json.loads(args.extra_request_body or "{}"),
+        self_check=not args.no_self_check,
     )
 
 

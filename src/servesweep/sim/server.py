@@ -142,6 +142,7 @@ class SimServer:
         r.add_post("/v1/completions", self.completions)
         r.add_get("/metrics", self.metrics)
         r.add_get("/v1/loads", self.loads)
+        r.add_get("/get_load", self.get_load)
         return app
 
     # ------------------------------------------------------------------ info
@@ -249,6 +250,14 @@ class SimServer:
                 "num_accelerators": 1,
                 "loads": [load],
             }
+        )
+
+    async def get_load(self, request: web.Request) -> web.Response:
+        """SGLang's /get_load: requests held per DP rank (the simulated GPU power follows it)."""
+        sched = self.engine.scheduler
+        waiting = len(sched.waiting)
+        return web.json_response(
+            [{"dp_rank": 0, "num_reqs": len(sched.running) + waiting, "num_waiting_reqs": waiting}]
         )
 
     async def metrics(self, request: web.Request) -> web.Response:

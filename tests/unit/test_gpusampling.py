@@ -1,0 +1,209 @@
+"""Tests of servesweep.gpusampling: loop parsing, trapezoid energy over a recorded H200 series,
+the sampler over a fake looping nvidia-smi, the simulated curve, and a real-GPU capture."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import time
+from pathlib import Path
+
+import pytest
+
+from servesweep import gpusampling, telemetry
+from servesweep.transport import CommandResult, LocalTransport
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+SERIES = DATA / "nvidia-smi-series" / "loop-500ms-idle-load-idle.csv"
+# The capture benchmarks/gpu_sampler_check.py writes on a real GPU (committed by the lead).
+CAPTURE = Path(
+    os.environ.get("SERVESWEEP_GPU_CAPTURE", DATA / "nvidia-smi-h200-check" / "samples.csv")
+)
+
+
+def series_rows(node: str = "n1") -> list[dict]:
+    """The recorded series as sample rows of one node (as the loop's rows would be)."""
+    meta = {"node": node, "phase": gpusampling.PHASE_SAMPLE, "status": "ok", "detail": ""}
+    return [{**meta, **r} for r in telemetry.parse_with_header(SERIES.read_text())]
+
+
+def window(start: str, end: str) -> list[dict]:
+    return gpusampling.window_rows(
+        gpusampling.parse_timestamp(start), gpusampling.parse_timestamp(end)
+    )
+
+
+def test_timestamps_round_trip():
+    t = gpusampling.parse_timestamp("2026/12/01 14:13:27.970")
+    assert gpusampling.format_timestamp(t) == "2026/12/01 14:13:27.970"
+
+
+def test_energy_is_the_hand_computed_trapezoid_over_the_recorded_capture():
+    # samples 14:13:56.016 691.33 W, 56.516 691.69 W, 57.017 692.36 W, 57.518 692.40 W:
+    # 0.500*(691.33+691.69)/2 + 0.501*(691.69+692.36)/2 + 0.501*(692.36+692.40)/2
+    hand = 0.500 * 691.51 + 0.501 * 692.025 + 0.501 * 692.38
+    rows = series_rows() + window("2026/12/01 14:13:56.016", "2026/12/01 14:13:57.518")
+    figures = gpusampling.sample_figures(rows)
+    assert figures["gpu_energy_j"] == pytest.approx(hand, abs=1e-3)  # epoch floats: ~1e-7 s
+    assert figures["gpu_energy_j"] == pytest.approx(1039.341905, abs=1e-3)
+    assert figures["gpu_power_mean_w"] == pytest.approx(hand / 1.502, rel=1e-6)
+    assert figures["gpu_power_peak_w"] == 692.40
+    assert figures["gpu_mem_used_peak_mib"] == 1139
+    assert figures["gpu_util_mean_pct"] == 100
+    assert figures["gpu_samples"] == 4
+    assert figures["gpu_source"] == "measured"
+
+
+def test_window_edges_between_samples_are_interpolated():
+    # half-way between 56.016 (691.33 W) and 56.516 (691.69 W), to 56.516: 0.25 s
+    rows = series_rows() + window("2026/12/01 14:13:56.266", "2026/12/01 14:13:56.516")
+    figures = gpusampling.sample_figures(rows)
+    assert figures["gpu_energy_j"] == pytest.approx(0.25 * (691.51 + 691.69) / 2, rel=1e-6)
+
+
+def test_whole_series_idle_load_idle():
+    figures = gpusampling.sample_figures(series_rows())
+    assert 79 < figures["gpu_power_mean_w"] < 692
+    assert figures["gpu_power_peak_w"] > 690
+    assert figures["gpu_samples"] == 94
+
+
+def test_per_node_power_sums_gpus_and_nodes():
+    a, b = series_rows("a"), series_rows("b")
+    two_gpus = [r | {"index": 1.0} for r in a]
+    interleaved = [r for pair in zip(a, two_gpus, strict=True) for r in pair]
+    rows = interleaved + b + window("2026/12/01 14:13:56.016", "2026/12/01 14:13:57.518")
+    one = gpusampling.sample_figures(series_rows() + window(
+        "2026/12/01 14:13:56.016", "2026/12/01 14:13:57.518"))  # fmt: skip
+    figures = gpusampling.sample_figures(rows)
+    assert figures["gpu_energy_j"] == pytest.approx(3 * one["gpu_energy_j"])
+    assert figures["gpu_power_peak_w"] == pytest.approx(3 * 692.40)
+    assert figures["gpu_node_power_w"].startswith("a=1383.")
+    assert ";b=692." in figures["gpu_node_power_w"]
+
+
+def test_node_without_nvidia_smi_gives_no_number():
+    rows = [
+        {"node": "n1", "phase": "sample", "status": "unavailable", "detail": "not found"},
+        *window("2026/12/01 14:13:56.016", "2026/12/01 14:13:57.518"),
+    ]
+    figures = gpusampling.sample_figures(rows)
+    assert figures["gpu_source"] == "unavailable"
+    assert math.isnan(figures["gpu_energy_j"]) and math.isnan(figures["gpu_power_mean_w"])
+    partial = gpusampling.sample_figures(rows + series_rows("n2"))
+    assert partial["gpu_source"] == "partial"
+    assert partial["gpu_energy_j"] == pytest.approx(1039.341905, abs=1e-3)
+
+
+def test_unfinished_last_line_is_dropped():
+    text = "2026/12/01 14:13:56.016, 0, GPU-x, 691.33, 700, 100, 25, 1139, 143771, 1440, 3201, 57"
+    text += ", P0\n"
+    rows = gpusampling.parse_loop_output(text + text[:20], node="n1")
+    assert len(rows) == 1 and rows[0]["power_draw_w"] == 691.33
+
+
+class PerNodePath(LocalTransport):
+    """Local transport where each node sees its own PATH (one fake machine per node)."""
+
+    def __init__(self, paths: dict[str, str]) -> None:
+        self.paths = paths
+
+    def run(self, node, command, *, timeout, stdin=None):
+        prefix = f"PATH={shlex.quote(self.paths[node])}; export PATH; "
+        res = super().run(node, prefix + command, timeout=timeout, stdin=stdin)
+        return CommandResult(node, command, res.returncode, res.stdout, res.stderr)
+
+
+def test_sampler_runs_a_loop_per_node_and_stops_it_by_pid(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "nvidia-smi"
+    line = "GPU-x, 691.33, 700.00, 100, 25, 1139, 143771, 1440, 3201, 57, P0"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'case "$*" in *"--query-gpu={",".join(gpusampling.SAMPLE_FIELDS)}'
+        ' --format=csv,noheader,nounits --loop-ms=50") ;; *) exit 2 ;; esac\n'
+        "while :; do now=$(date '+%Y/%m/%d %H:%M:%S.%3N'); "
+        f'echo "$now, 0, {line}"; sleep 0.05; done\n'
+    )
+    fake.chmod(0o755)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    system = "/usr/bin:/bin"
+    transport = PerNodePath({"gpu": f"{bin_dir}:{system}", "nogpu": f"{empty}:{system}"})
+    sampler = gpusampling.NvidiaSmiSampler(
+        transport=transport,
+        nodes=["gpu", "nogpu"],
+        interval_ms=50,
+        remote_dir=str(tmp_path / "remote"),
+    )
+    sampler.start()
+    pid = sampler.pids["gpu"]
+    assert list(sampler.pids) == ["gpu"]
+    time.sleep(0.5)
+    rows = sampler.stop()
+    time.sleep(0.2)
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
+    unavailable = [r for r in rows if r["status"] == "unavailable"]
+    assert [r["detail"] for r in unavailable] == ["nvidia-smi not found on node nogpu"]
+    samples = [r for r in rows if r["status"] == "ok"]
+    assert len(samples) >= 3 and {r["node"] for r in samples} == {"gpu"}
+    assert not list((tmp_path / "remote").iterdir())  # the loop's file is removed
+
+
+def test_stop_leaves_a_pid_that_is_not_a_loop_alone(tmp_path):
+    out = tmp_path / "x.csv"
+    out.write_text("")
+    res = LocalTransport().run(
+        "n", gpusampling.stop_command(pid=os.getpid(), out=str(out)), timeout=10
+    )
+    assert res.ok  # this test process is not an nvidia-smi loop: still alive
+
+
+def test_simulated_curve_follows_the_load(monkeypatch):
+    sampler = gpusampling.SimulatedSampler(
+        loads={"local": "http://127.0.0.1:1", "router": None}, gpus_per_node=2, interval_s=0.001
+    )
+    loads = iter([0, 4, 0])
+    monkeypatch.setattr(sampler, "_held", lambda url: float(next(loads)))
+    for _ in range(3):
+        sampler.sample()
+    power = [r["power_draw_w"] for r in sampler.rows if r["index"] == 0 and r["node"] == "local"]
+    idle = [r["power_draw_w"] for r in sampler.rows if r["node"] == "router"]
+    assert idle == [gpusampling.SIM_IDLE_W] * 6  # a node without a role: idle GPUs
+    assert power[0] == pytest.approx(gpusampling.SIM_IDLE_W)
+    assert power[1] > 600 and power[2] == power[0]
+    assert {r["status"] for r in sampler.rows} == {"simulated"}
+    assert gpusampling.sample_figures(sampler.rows)["gpu_source"] == "simulated"
+
+
+def test_real_gpu_capture_rises_and_falls_with_the_load():
+    """benchmarks/gpu_sampler_check.py's capture on a real GPU: power and SM utilisation are
+    higher during the matmul load than in the idle periods before and after it."""
+    if not CAPTURE.is_file():
+        pytest.skip(f"no real-GPU capture at {CAPTURE} (benchmarks/gpu_sampler_check.py)")
+    phases = json.loads(CAPTURE.with_name("phases.json").read_text())
+    rows = gpusampling.parse_loop_output(CAPTURE.read_text(), node="gpu")
+
+    def mean(column: str, start: float, end: float) -> float:
+        values = [
+            r[column]
+            for r in rows
+            if start <= gpusampling.parse_timestamp(r["timestamp"]) <= end
+            and not math.isnan(r[column])
+        ]
+        assert values, f"no samples between {start} and {end}"
+        return sum(values) / len(values)
+
+    settle = 2.0  # seconds each side of a change left out (ramp up and down)
+    idle1 = (phases["idle_start"] + settle, phases["load_start"] - settle)
+    load = (phases["load_start"] + settle, phases["load_end"] - settle)
+    idle2 = (phases["load_end"] + settle, phases["idle_end"] - settle)
+    for column, rise in (("power_draw_w", 1.5), ("utilization_gpu_pct", None)):
+        before, during, after = (mean(column, *w) for w in (idle1, load, idle2))
+        if rise is None:
+            assert during > before + 50 and during > after + 50, (before, during, after)
+        else:
+            assert during > rise * before and during > rise * after, (before, during, after)
