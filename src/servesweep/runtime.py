@@ -39,6 +39,8 @@ class Launch:
     log_path: str
     env: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
+    # False for the PD router: no --gpus, --device or --privileged (it only forwards HTTP).
+    accelerators: bool = True
 
 
 @dataclass(frozen=True)
@@ -306,12 +308,12 @@ class DockerRuntime:
         rt = self.runtime
         args = ["run", "-d" if detach else "--rm", "--name", launch.name]
         args += ["--network", "host", "--ipc", "host"]
-        if gpus and self.gpus is not None:
+        if gpus and self.gpus is not None and launch.accelerators:
             args += ["--gpus", self.gpus]
         args += ["--shm-size", rt.shm_size]
-        if rt.privileged:
+        if rt.privileged and launch.accelerators:
             args.append("--privileged")
-        for device in rt.devices:
+        for device in rt.devices if launch.accelerators else []:
             args += ["--device", device]
         for ulimit in rt.ulimits:
             args += ["--ulimit", ulimit]

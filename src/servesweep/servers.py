@@ -181,6 +181,7 @@ class ServerManager:
                 log_path=self.node_log_path(spec.id, cmd.role, cmd.node),
                 env=cmd.env,
                 labels=labels,
+                accelerators=cmd.role != ROUTER_ROLE,
             )
             out.append((cmd, launch))
         return out

@@ -60,3 +60,19 @@ def test_status_and_down_without_a_server(
     assert not [r for r in rows if "mine=true" in r]
     assert main(["down", "--configfile", default, "--results", str(tmp_path)]) == 0
     assert "every server and service of this config stopped" in capsys.readouterr().out
+
+
+def test_the_pd_router_container_gets_no_gpu_device_or_privileged_flags(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SUDO_PASSWORD", raising=False)
+    monkeypatch.delenv("SUDO_PASSWORD_FILE", raising=False)
+    pd = str(REPO / "config" / "experiments" / "pd_standard.yaml")
+    assert main(["commands", "--configfile", pd]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith("#")]
+    router = [ln for ln in lines if "servesweep.role=router" in ln]
+    engines = [ln for ln in lines if "servesweep.role=router" not in ln]
+    assert len(router) == 1 and len(engines) == 8
+    for flag in ("--gpus", "--device", "--privileged"):
+        assert flag not in router[0]
+        assert all(flag in ln for ln in engines)

@@ -37,7 +37,7 @@ def pd_config(directory: Path, run_id: str, **changes: object) -> Path:
         "engine": {"sim": {"time_scale": 0.02, "startup_s": 20}},
     }
     path = directory / "pd.yaml"
-    path.write_text(yaml.safe_dump(deep_update(deep_update(raw, ports), changes)))
+    path.write_text(yaml.safe_dump(deep_update(deep_update(raw, ports), changes), sort_keys=False))
     return path
 
 
