@@ -260,7 +260,15 @@ def self_check_cost(runs: list[dict[str, Any]]) -> dict[str, Any]:
         f"client CPU per request {100 * cpu_cost:+.1f}% (median {cpu_on[len(cpu_on) // 2]:.0f} "
         f"vs {cpu_off[len(cpu_off) // 2]:.0f} us)"
     )
+    lags = sorted(r["client_loop_lag_p99_ms"] for r in runs if r["self_check"])
+    cpus = sorted(r["client_cpu_pct"] for r in runs if r["self_check"])
+    print(
+        f"self-check figures at C=256 (median): event-loop lag p99 {lags[len(lags) // 2]:.1f} ms,"
+        f" client CPU {cpus[len(cpus) // 2]:.0f}% of a core"
+    )
     return {
+        "loop_lag_p99_ms": lags,
+        "client_cpu_pct": cpus,
         "rps_with": with_rps,
         "rps_without": without,
         "cost": cost,

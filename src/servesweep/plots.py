@@ -331,10 +331,14 @@ def plot_energy_goodput(
     fig = Figure(figsize=(13, 7.5), layout="constrained")
     axes = fig.subplots(2, 3, squeeze=False).ravel()
     sources = sorted({str(v) for v in results.get("gpu_source", pd.Series(dtype=str)).dropna()})
+    saturated = results.get("client_saturated", pd.Series(dtype=object))
+    n_saturated = int((saturated.astype(str) == "True").sum())
     fig.suptitle(
         f"Energy and goodput vs {x} (GPU power: {', '.join(sources) or 'none'}); "
         "dots = repeats, line = median"
-    )
+        + (f"\nCLIENT SATURATED in {n_saturated} cell-repeat(s): client_saturated in results.csv"
+           if n_saturated else "")
+    )  # fmt: skip
     data = results.copy()
     if hue and hue in data.columns:
         data[hue] = data[hue].map(str)

@@ -185,7 +185,18 @@ def test_real_gpu_capture_rises_and_falls_with_the_load():
     if not CAPTURE.is_file():
         pytest.skip(f"no real-GPU capture at {CAPTURE} (benchmarks/gpu_sampler_check.py)")
     phases = json.loads(CAPTURE.with_name("phases.json").read_text())
-    rows = gpusampling.parse_loop_output(CAPTURE.read_text(), node="gpu")
+    every = gpusampling.parse_loop_output(CAPTURE.read_text(), node="gpu")
+    load_s = (phases["load_start"], phases["load_end"])
+
+    def loaded_power(index: float) -> float:
+        return max(
+            (r["power_draw_w"] for r in every if r["index"] == index
+             and load_s[0] <= gpusampling.parse_timestamp(r["timestamp"]) <= load_s[1]),
+            default=0.0,
+        )  # fmt: skip
+
+    busy = max({r["index"] for r in every}, key=loaded_power)  # the GPU the matmul ran on
+    rows = [r for r in every if r["index"] == busy]
 
     def mean(column: str, start: float, end: float) -> float:
         values = [

@@ -324,4 +324,7 @@ def test_energy_and_goodput_page(default, tmp_path):
     assert sorted(points(power)[:, 1]) == pytest.approx(sorted(data["gpu_power_mean_w"]))
     empty = plots.plot_energy_goodput(df.assign(goodput_rps=np.nan), x="concurrency")
     assert "no goodput_rps values (no SLO configured)" in message(empty)
+    assert "CLIENT SATURATED" not in fig.get_suptitle()
+    flagged = plots.plot_energy_goodput(data.assign(client_saturated=True), x="concurrency")
+    assert f"CLIENT SATURATED in {len(data)} cell-repeat(s)" in flagged.get_suptitle()
     plots.save_figure(fig, tmp_path / "energy_goodput_vs_concurrency.png")
