@@ -10,9 +10,11 @@ from typing import Any
 
 import numpy as np
 
+from servesweep.loadgen.selfcheck import SELFCHECK_KEYS
 from servesweep.recordkeys import BUILTIN_CLIENT, CLIENT_KEY, DETAIL_KEYS, RECORD_KEYS
 
-BUILTIN_EXTRA_KEYS = (CLIENT_KEY,)  # record keys the builtin adds to bench_serving's
+# Record keys the builtin adds to bench_serving's: who measured, and its self-check figures.
+BUILTIN_EXTRA_KEYS = (CLIENT_KEY, *SELFCHECK_KEYS)
 
 
 @dataclass
