@@ -841,8 +841,11 @@ def cell_repeats(exp: Experiment) -> list[CellRepeat]:
 
 
 def axis_names(exp: Experiment) -> tuple[list[str], list[str]]:
-    """(server axes, client axes) as columns of results.csv; cases form one axis `case`."""
-    return list(exp.matrix.server), ["case"] if exp.cases else list(exp.matrix.client)
+    """(server axes, client axes) as columns of results.csv, in the canonical order of the
+    ids (whatever the YAML order); cases form one axis `case`."""
+    server = list(canonical_axes(exp.matrix.server, ServerArgs))
+    client = ["case"] if exp.cases else list(canonical_axes(exp.matrix.client, Workload))
+    return server, client
 
 
 def json_schema() -> dict[str, Any]:
