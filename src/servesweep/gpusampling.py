@@ -160,7 +160,11 @@ class NvidiaSmiSampler:
                 self.pids[node] = int(pid)
 
     def stop(self) -> list[dict[str, Any]]:
-        """Stop the loops this sampler started (by pid) and return every row."""
+        """Stop the loops this sampler started (by pid) and return every row. Waits one
+        interval (plus a margin) first, so that every node has a sample after the measured
+        window ends and the window's edge can be interpolated (a short cell would otherwise
+        end between a node's last sample and the next)."""
+        time.sleep(self.interval_ms / 1000 * 1.5)
         for node, pid in self.pids.items():
             res = self.transport.run(
                 node, stop_command(pid=pid, out=self._out(node)), timeout=STOP_TIMEOUT_S

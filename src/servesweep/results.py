@@ -199,7 +199,8 @@ def gpu_figures(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     written before sampling existed)."""
     snapshot = telemetry.cell_figures(rows)
     samples = gpusampling.sample_figures(rows)
-    if not samples["gpu_samples"]:
+    # a file written before sampling existed: its snapshots give these figures
+    if not any(r.get("phase") == telemetry.PHASE_SAMPLE for r in rows):
         kept = ("gpu_power_peak_w", "gpu_mem_used_peak_mib", "gpu_util_mean_pct")
         samples.update({k: snapshot[k] for k in kept})
     return {col: samples.get(col, snapshot.get(col)) for col in GPU_COLUMNS}

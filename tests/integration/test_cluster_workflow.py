@@ -163,7 +163,10 @@ def test_matrix_over_ssh_docker_with_sudo(
     # 32 GPUs between the series' idle (79.2 W) and loaded (692.5 W) power, energy > 0
     assert results["gpu_power_mean_w"].between(32 * 79, 32 * 693).all()
     assert (results["gpu_energy_j"] > 0).all()
-    assert results["gpu_mem_used_peak_mib"].isin([0, 1139]).all()
+    # A cell here lasts ~10 ms, less than the 200 ms interval: figures of samples inside the
+    # window (memory, utilisation) may have none; energy and mean power interpolate the edges.
+    memory = results["gpu_mem_used_peak_mib"]
+    assert (memory.isna() | memory.isin([0, 655, 1139])).all()
     assert (results["gpu_count"] == 32).all()
     events = [e for _, e, _ in read_events(run_dir / "orchestrator.log")]
     assert events.count("start") == 2 and events.count("ready") == 2
