@@ -230,6 +230,7 @@ def gpu_sampler(
         nodes=exp.cluster.nodes,
         interval_ms=interval_ms,
         remote_dir=f"{manager.node_dir()}/gpu/{digest}",
+        max_s=math.ceil(client_timeout(cell.client.workload) + 2 * SNAPSHOT_TIMEOUT_S),
     )
 
 

@@ -9,6 +9,7 @@ import shlex
 import threading
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -79,17 +80,20 @@ def parse_timestamp(text: str) -> float:
     return datetime.strptime(text.strip(), TIMESTAMP_FORMAT).replace(tzinfo=UTC).timestamp()
 
 
-def loop_command(*, interval_ms: int, out: str) -> str:
+def loop_command(*, interval_ms: int, out: str, max_s: int) -> str:
     """Shell: start the sampling loop in the background writing to `out`; prints its pid.
 
     Exit 127 when the node has no nvidia-smi. Line-buffered (stdbuf) where available, so a
-    stopped loop leaves every finished line in the file."""
+    stopped loop leaves every finished line in the file. The loop ends by itself after `max_s`
+    (coreutils `timeout`, where available): a loop whose Snakemake was killed before it could
+    stop it does not sample, and grow its file, forever."""
     q = shlex.quote(out)
     return (
         "command -v nvidia-smi >/dev/null 2>&1 || exit 127; "
-        f"mkdir -p $(dirname {q}) && "
+        f'mkdir -p "$(dirname {q})" && '
         "buf=; command -v stdbuf >/dev/null 2>&1 && buf='stdbuf -oL'; "
-        f"TZ=UTC nohup $buf nvidia-smi --query-gpu={','.join(SAMPLE_FIELDS)} "
+        f"lim=; command -v timeout >/dev/null 2>&1 && lim='timeout {max_s}'; "
+        f"TZ=UTC nohup $buf $lim nvidia-smi --query-gpu={','.join(SAMPLE_FIELDS)} "
         f"--format=csv,noheader,nounits --loop-ms={interval_ms} >{q} 2>{q}.err </dev/null & "
         "echo $!"
     )
@@ -101,18 +105,22 @@ def stop_command(*, pid: int, out: str) -> str:
     q = shlex.quote(out)
     return (
         f"if tr '\\0' ' ' </proc/{pid}/cmdline 2>/dev/null | grep -q 'nvidia-smi.*--loop-ms='; "
-        f"then kill {pid}; fi; sleep 0.1; cat {q}; rm -f {q} {q}.err"
+        f"then kill {pid}; fi; sleep 0.1; cat {q}; rm -f {q} {q}.err; "
+        f'rmdir "$(dirname {q})" 2>/dev/null; true'
     )
 
 
 def parse_loop_output(text: str, *, node: str) -> list[dict[str, Any]]:
     """Sample rows of one node's loop output; an unfinished last line (the loop was stopped
-    while writing it) is left out."""
+    while writing it) is left out. ValueError for any other line that is not a sample (e.g.
+    a timestamp nvidia-smi would not print)."""
     lines = text.splitlines(keepends=True)
     if lines and not lines[-1].endswith("\n"):
         lines = lines[:-1]
     meta = {"node": node, "phase": PHASE_SAMPLE, "status": telemetry.STATUS_OK, "detail": ""}
     gpus = telemetry.parse_noheader("".join(lines), fields=SAMPLE_FIELDS)
+    for gpu in gpus:
+        parse_timestamp(_text(gpu.get("timestamp")))
     return [{**meta, **gpu} for gpu in gpus]
 
 
@@ -130,12 +138,20 @@ class NvidiaSmiSampler:
     """nvidia-smi loops on every node, started before the client and stopped after it."""
 
     def __init__(
-        self, *, transport: Transport, nodes: Sequence[str], interval_ms: int, remote_dir: str
+        self,
+        *,
+        transport: Transport,
+        nodes: Sequence[str],
+        interval_ms: int,
+        remote_dir: str,
+        max_s: int,
     ) -> None:
         self.transport = transport
         self.nodes = list(nodes)
         self.interval_ms = interval_ms
-        self.remote_dir = remote_dir
+        self.max_s = max_s
+        # Per sampler: a loop left running by a killed run never writes into this one's file.
+        self.remote_dir = f"{remote_dir}/{uuid.uuid4().hex[:12]}"
         self.pids: dict[str, int] = {}
         self.rows: list[dict[str, Any]] = []
         self.raw: dict[str, str] = {}  # each node's loop output as nvidia-smi printed it
@@ -146,7 +162,9 @@ class NvidiaSmiSampler:
     def start(self) -> None:
         """Start every node's loop; a node without nvidia-smi says so once (one row)."""
         for node in self.nodes:
-            command = loop_command(interval_ms=self.interval_ms, out=self._out(node))
+            command = loop_command(
+                interval_ms=self.interval_ms, out=self._out(node), max_s=self.max_s
+            )
             res = self.transport.run(node, command, timeout=STOP_TIMEOUT_S)
             pid = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
             if res.returncode in telemetry.NOT_FOUND_CODES:

@@ -116,7 +116,8 @@ class PerNodePath(LocalTransport):
         return CommandResult(node, command, res.returncode, res.stdout, res.stderr)
 
 
-def test_sampler_runs_a_loop_per_node_and_stops_it_by_pid(tmp_path):
+def fake_gpu_nodes(tmp_path: Path) -> PerNodePath:
+    """Node `gpu` has a looping fake nvidia-smi (one line per 50 ms), node `nogpu` none."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / "nvidia-smi"
@@ -132,12 +133,20 @@ def test_sampler_runs_a_loop_per_node_and_stops_it_by_pid(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     system = "/usr/bin:/bin"
-    transport = PerNodePath({"gpu": f"{bin_dir}:{system}", "nogpu": f"{empty}:{system}"})
+    return PerNodePath({"gpu": f"{bin_dir}:{system}", "nogpu": f"{empty}:{system}"})
+
+
+def gone(pid: int) -> bool:
+    return not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
+
+
+def test_sampler_runs_a_loop_per_node_and_stops_it_by_pid(tmp_path):
     sampler = gpusampling.NvidiaSmiSampler(
-        transport=transport,
+        transport=fake_gpu_nodes(tmp_path),
         nodes=["gpu", "nogpu"],
         interval_ms=50,
         remote_dir=str(tmp_path / "remote"),
+        max_s=60,
     )
     sampler.start()
     pid = sampler.pids["gpu"]
@@ -145,12 +154,55 @@ def test_sampler_runs_a_loop_per_node_and_stops_it_by_pid(tmp_path):
     time.sleep(0.5)
     rows = sampler.stop()
     time.sleep(0.2)
-    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
+    assert gone(pid)
     unavailable = [r for r in rows if r["status"] == "unavailable"]
     assert [r["detail"] for r in unavailable] == ["nvidia-smi not found on node nogpu"]
     samples = [r for r in rows if r["status"] == "ok"]
     assert len(samples) >= 3 and {r["node"] for r in samples} == {"gpu"}
-    assert not list((tmp_path / "remote").iterdir())  # the loop's file is removed
+    assert not list((tmp_path / "remote").iterdir())  # the loop's file and folder are removed
+
+
+def test_a_loop_nobody_stops_ends_by_itself(tmp_path):
+    """Snakemake SIGKILLed mid-cell never calls stop(): the loop ends after max_s."""
+    sampler = gpusampling.NvidiaSmiSampler(
+        transport=fake_gpu_nodes(tmp_path),
+        nodes=["gpu"],
+        interval_ms=50,
+        remote_dir=str(tmp_path / "remote"),
+        max_s=1,
+    )
+    sampler.start()
+    pid = sampler.pids["gpu"]
+    time.sleep(0.3)
+    assert not gone(pid)
+    deadline = time.monotonic() + 10
+    while not gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert gone(pid)
+
+
+def test_a_stale_loop_never_writes_into_a_new_samplers_file(tmp_path):
+    """A killed run's loop keeps writing at its old offset; were the rerun's loop to truncate
+    and reuse that file, the rerun would read NUL bytes (CI, stop 21). Each sampler has its
+    own folder, and a corrupt file gives an unavailable row, not an exception."""
+    transport = fake_gpu_nodes(tmp_path)
+    kwargs = {"transport": transport, "nodes": ["gpu"], "interval_ms": 50, "max_s": 60}
+    stale = gpusampling.NvidiaSmiSampler(remote_dir=str(tmp_path / "remote"), **kwargs)
+    fresh = gpusampling.NvidiaSmiSampler(remote_dir=str(tmp_path / "remote"), **kwargs)
+    assert stale.remote_dir != fresh.remote_dir
+    good = "2026/12/01 14:13:56.016, 0, GPU-x, 691.33, 700, 100, 25, 1139, 143771, 1440, 3201"
+    good += ", 57, P0\n"
+    with pytest.raises(ValueError, match="does not match format"):
+        gpusampling.parse_loop_output("\0" * 64 + good, node="gpu")
+    fresh.start()
+    out = Path(fresh._out("gpu"))
+    time.sleep(0.3)
+    with out.open("r+b") as f:  # what the stale writer did to the shared file in CI
+        f.seek(4096)
+        f.write(b"2026/12/01 17:09:49.564, 0, GPU-x, 1, 1, 1, 1, 1, 1, 1, 1, 1, P0\n")
+    rows = fresh.stop()
+    assert [r["status"] for r in rows] == ["unavailable"]
+    assert "not parsed" in rows[0]["detail"]
 
 
 def test_stop_leaves_a_pid_that_is_not_a_loop_alone(tmp_path):
