@@ -15,6 +15,12 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from servesweep import telemetry
+from servesweep.telemetry import (
+    PHASE_SAMPLE,
+    PHASE_WINDOW_END,
+    PHASE_WINDOW_START,
+    STATUS_SIMULATED,
+)
 
 if TYPE_CHECKING:
     from servesweep.transport import Transport
@@ -38,11 +44,6 @@ SAMPLE_FIELDS: tuple[str, ...] = (
     "temperature.gpu",
     "pstate",
 )
-PHASE_SAMPLE = telemetry.PHASE_SAMPLE
-# Rows of a GPU file that hold the client's measured window (timestamp column, UTC).
-PHASE_WINDOW_START = telemetry.PHASE_WINDOW_START
-PHASE_WINDOW_END = telemetry.PHASE_WINDOW_END
-STATUS_SIMULATED = telemetry.STATUS_SIMULATED
 # nvidia-smi's timestamp; the loop runs with TZ=UTC, so it is UTC.
 TIMESTAMP_FORMAT = "%Y/%m/%d %H:%M:%S.%f"
 # gpu_source values in results.csv.

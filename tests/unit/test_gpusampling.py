@@ -25,7 +25,7 @@ CAPTURE = Path(
 
 def series_rows(node: str = "n1") -> list[dict]:
     """The recorded series as sample rows of one node (as the loop's rows would be)."""
-    meta = {"node": node, "phase": gpusampling.PHASE_SAMPLE, "status": "ok", "detail": ""}
+    meta = {"node": node, "phase": telemetry.PHASE_SAMPLE, "status": "ok", "detail": ""}
     return [{**meta, **r} for r in telemetry.parse_with_header(SERIES.read_text())]
 
 
