@@ -321,10 +321,10 @@ def clip_series(
     inside = [(t, v) for t, v in pts if t0 <= t <= t1]
     before = [p for p in pts if p[0] < t0]
     after = [p for p in pts if p[0] > t1]
-    if before and (inside or after):
+    if before and (inside or after) and not (inside and inside[0][0] == t0):
         nxt = inside[0] if inside else after[0]
         inside.insert(0, (t0, _interp(before[-1], nxt, t0)))
-    if after and (inside or before):
+    if after and (inside or before) and not (inside and inside[-1][0] == t1):
         prev = inside[-1] if inside else before[-1]
         inside.append((t1, _interp(prev, after[0], t1)))
     return inside
@@ -350,9 +350,10 @@ def sample_figures(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """Figures of the samples in a GPU file over its measured window (all samples without one).
 
     Per GPU: energy = trapezoid of power over the window, mean power = energy / span. Per
-    node: mean = sum of its GPUs' means, peak = highest sum over one loop tick. Total: sums
-    over nodes (the peak is the sum of node peaks: nodes are not sampled in lockstep). Peak
-    memory and mean SM utilisation over the samples in the window. NaN where no sample."""
+    node: mean = sum of its GPUs' means, peak = highest sum over one loop tick or window edge
+    (interpolated, as the mean uses them). Total: sums over nodes (the peak is the sum of node
+    peaks: nodes are not sampled in lockstep). Peak memory and mean SM utilisation over the
+    samples in the window. NaN where no sample."""
     rows = list(rows)
     window = measured_window(rows)
     samples = [r for r in rows if _text(r.get("phase")) == PHASE_SAMPLE]
@@ -369,9 +370,16 @@ def sample_figures(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         )
     t0, t1 = window if window else (-math.inf, math.inf)
     energy, node_mean, node_peak = 0.0, {}, {}
+    # Each node's summed power at the window's edges (interpolated): the mean counts them,
+    # so the peak does too (else a short window's mean could exceed its peak).
+    edges: dict[str, dict[float, float]] = {}
     spans_ok = True
     for (node, _), points in series.items():
         power = clip_series([(t, _num(r.get("power_draw_w"))) for t, r in points], window)
+        for t, watts in power:
+            if t in (t0, t1):
+                edges.setdefault(node, {}).setdefault(t, 0.0)
+                edges[node][t] += watts
         if len(power) < 2 or power[-1][0] <= power[0][0]:
             spans_ok = False
             continue
@@ -392,6 +400,7 @@ def sample_figures(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             seen.add(index)
             if t0 <= parse_timestamp(_text(r.get("timestamp"))) <= t1:
                 ticks[-1] += _num(r.get("power_draw_w"))
+        ticks += edges.get(node, {}).values()
         node_peak[node] = max(ticks) if ticks else math.nan
     memory = [_num(r.get("memory_used_mib")) for _, r in in_window]
     util = [_num(r.get("utilization_gpu_pct")) for _, r in in_window]
@@ -400,7 +409,7 @@ def sample_figures(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     out.update(
         gpu_energy_j=energy if spans_ok and node_mean else math.nan,
         gpu_power_mean_w=math.fsum(node_mean.values()) if spans_ok and node_mean else math.nan,
-        gpu_power_peak_w=math.fsum(node_peak.values()) if in_window else math.nan,
+        gpu_power_peak_w=math.fsum(node_peak.values()) if in_window or edges else math.nan,
         gpu_mem_used_peak_mib=max(memory) if memory else math.nan,
         gpu_util_mean_pct=math.fsum(util) / len(util) if util else math.nan,
         gpu_samples=len(in_window),

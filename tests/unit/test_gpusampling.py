@@ -63,6 +63,20 @@ def test_window_edges_between_samples_are_interpolated():
     assert figures["gpu_energy_j"] == pytest.approx(0.25 * (691.51 + 691.69) / 2, rel=1e-6)
 
 
+def test_a_window_between_two_samples_has_a_peak_at_least_its_mean():
+    """A cell shorter than the interval: no sample inside, the mean comes from the edges."""
+    idle, loaded = series_rows()[0], series_rows()[-1]
+    rows = [
+        idle | {"timestamp": "2026/12/01 14:14:00.000", "power_draw_w": 100.0},
+        loaded | {"timestamp": "2026/12/01 14:14:01.000", "power_draw_w": 700.0},
+        *window("2026/12/01 14:14:00.400", "2026/12/01 14:14:00.600"),
+    ]
+    figures = gpusampling.sample_figures(rows)
+    assert figures["gpu_power_mean_w"] == pytest.approx(400.0, rel=1e-6)
+    assert figures["gpu_power_peak_w"] == pytest.approx(460.0, rel=1e-6)  # the 0.6 s edge
+    assert figures["gpu_samples"] == 0
+
+
 def test_whole_series_idle_load_idle():
     figures = gpusampling.sample_figures(series_rows())
     assert 79 < figures["gpu_power_mean_w"] < 692
