@@ -234,6 +234,33 @@ def gpu_sampler(
     )
 
 
+def warn_gpu_gaps(
+    rows: list[dict[str, object]], *, paths: RunPaths, events: EventLog, cell: str
+) -> None:
+    """Say once per run, node and reason that a node's GPU figures are unavailable (e.g.
+    nvidia-smi not found): a warning in the first cell's log and a `gpu-unavailable` event.
+    Every cell's gpu/*.csv keeps its `unavailable` rows."""
+    gaps = {
+        (str(r["node"]), str(r["detail"]))
+        for r in rows
+        if r.get("status") == telemetry.STATUS_UNAVAILABLE
+    }
+    for node, detail in sorted(gaps):
+        marker = paths.gpu_gap(node, detail)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        line = f"GPU figures unavailable: {detail} (said once per node per run; first in {cell})"
+        try:
+            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            continue
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+        logger.warning("%s", line)
+        events.emit("gpu-unavailable", node=node, detail=detail, cell=cell)
+
+
 def run_warmup(
     *, exp: Experiment, cell: CellRepeat, manager: ServerManager, state: ServerState
 ) -> None:
@@ -368,6 +395,7 @@ def run_cell(
         )
         _check_client(exp=exp, record=record, cell=cell.key, bench_log=bench_log)
         snapshot = before + after + window + samples
+        warn_gpu_gaps(snapshot, paths=manager.paths, events=events, cell=cell.key)
         record = BenchRecord.model_validate(
             {**record.model_dump(), provenance.KEY: provenance.measured_with(exp, cell)}
         )
@@ -383,7 +411,7 @@ def run_cell(
                 "cell-failed",
                 cell=cell.key,
                 fp=cell.server.fingerprint,
-                error=(str(shown).splitlines() or [type(exc).__name__])[0][:300],
+                error=(str(shown).splitlines() or [type(exc).__name__])[0],
             )
         except OSError as emit_exc:  # e.g. the disk is full: the cell's own error matters more
             logger.warning("cell %s: could not log cell-failed: %s", cell.key, emit_exc)
