@@ -15,6 +15,7 @@ from servesweep.compare import run_inputs
 from servesweep.engines import check_experiment
 from servesweep.errors import ConfigError
 from servesweep.paths import RunPaths
+from servesweep.plan import dry_run_requested, summary_at_exit
 from servesweep.provenance import measured_with
 from servesweep.logsetup import hangup_like_sigterm
 from servesweep.ratelimit import unthrottle_scheduler
@@ -30,6 +31,9 @@ except ConfigError as exc:
     sys.exit(f"servesweep: ConfigError: {exc}")
 
 PATHS = RunPaths.for_run(EXP)
+# `snakemake -n` ends with the plan's one line (no Snakemake handler runs on a dry-run).
+if dry_run_requested(sys.argv):
+    summary_at_exit(exp=EXP, paths=PATHS, results_dir=PATHS.root.parent)
 RUN_DIR = str(PATHS.root)
 LOGS = str(PATHS.logs)
 CELLS = {cell.key: cell for cell in cell_repeats(EXP)}

@@ -274,6 +274,7 @@ def run_warmup(
         update={"num_requests": exp.warmup_after_start, "concurrency": 1, "warmup_requests": 0}
     )
     log = service / "warmup.log"
+    started = time.monotonic()
     record = run_client(
         exp=exp,
         manager=manager,
@@ -296,6 +297,7 @@ def run_warmup(
         server=cell.server.id,
         shape=shape.id,
         ttft_ms=f"{record.mean_ttft_ms:.1f}",
+        seconds=f"{time.monotonic() - started:.2f}",
     )
 
 
@@ -424,6 +426,7 @@ def run_cell(
         fp=cell.server.fingerprint,
         seconds=f"{time.monotonic() - started:.2f}",
         client_seconds=f"{client_seconds:.2f}",
+        measured_seconds=f"{record.duration or 0.0:.2f}",  # the client's window (plan)
     )
 
 
