@@ -31,12 +31,14 @@ except ConfigError as exc:
     sys.exit(f"servesweep: ConfigError: {exc}")
 
 PATHS = RunPaths.for_run(EXP)
-# `snakemake -n` ends with the plan's one line (no Snakemake handler runs on a dry-run).
-if dry_run_requested(sys.argv):
-    summary_at_exit(exp=EXP, paths=PATHS, results_dir=PATHS.root.parent)
 RUN_DIR = str(PATHS.root)
 LOGS = str(PATHS.logs)
 CELLS = {cell.key: cell for cell in cell_repeats(EXP)}
+# `snakemake -n` ends with the plan's one line (no Snakemake handler runs on a dry-run).
+if dry_run_requested(sys.argv):
+    summary_at_exit(
+        exp=EXP, paths=PATHS, results_dir=PATHS.root.parent, cells=list(CELLS.values())
+    )
 # The set of cells as a param: rules over all cells rerun when it changes (no `input` trigger).
 CELL_KEYS = sorted(CELLS)
 # A params entry of collect_results: a changed SLO recomputes results.csv, never a cell.

@@ -129,6 +129,7 @@ class Plan:
     overhead_s: float  # per cell-repeat outside the measured window (Snakemake, client start)
     other_s: float  # image builds and the analysis rules: no server holds the GPUs
     from_history: int
+    unestimated: int = 0  # configs left to the cost model beyond make_plan's max_simulated
 
     @property
     def estimate_s(self) -> float:
@@ -142,10 +143,17 @@ class Plan:
 
     def summary(self) -> str:
         """One line: what runs and how long it takes (the end of `snakemake -n`)."""
-        return (
+        head = (
             f"servesweep plan: run {self.run_id}: {len(self.missing)} of {self.total_cells} "
-            f"cell-repeats to run, {len(self.starts)} server starts, {self.builds} image "
-            f"builds; estimated {_duration(self.estimate_s)}, measuring "
+            f"cell-repeats to run, {len(self.starts)} server starts, {self.builds} image builds"
+        )
+        if self.unestimated:
+            return (
+                f"{head}; no estimate here ({self.unestimated} server x client configs for "
+                f"the cost model): `servesweep plan` gives it"
+            )
+        return (
+            f"{head}; estimated {_duration(self.estimate_s)}, measuring "
             f"{self.measuring_share:.0%} of GPU time (`servesweep plan` splits it)"
         )
 
@@ -176,13 +184,38 @@ def _duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
 
 
-def make_plan(*, exp: Experiment, paths: RunPaths, results_dir: Path) -> Plan:
+def make_plan(
+    *,
+    exp: Experiment,
+    paths: RunPaths,
+    results_dir: Path,
+    cells: Sequence[CellRepeat] | None = None,
+    max_simulated: int | None = None,
+) -> Plan:
     """The missing cell-repeats (no raw file yet), their server starts, missing image checks
-    and the time estimate by part."""
-    cells = cell_repeats(exp)
+    and the time estimate by part. `cells`: the run's cell-repeats if already expanded.
+    `max_simulated`: at most this many (server, client) configs are run through the cost
+    model (about 15 ms each); with more, the plan has no estimate (`unestimated`)."""
+    cells = list(cells) if cells is not None else cell_repeats(exp)
     missing = [c for c in cells if not paths.raw(c).exists()]
     builds = sum(not p.exists() for p in paths.builds(exp)) if missing else 0
     history = read_history(results_dir)
+    to_simulate = {(c.server.fingerprint, c.client.id) for c in missing} - set(history.cell_s)
+    if max_simulated is not None and len(to_simulate) > max_simulated:
+        return Plan(
+            run_id=exp.run_id,
+            total_cells=len(cells),
+            missing=missing,
+            starts=list(dict.fromkeys(c.server.fingerprint for c in missing)),
+            builds=builds,
+            starts_s=0.0,
+            warmups_s=0.0,
+            measuring_s=0.0,
+            overhead_s=0.0,
+            other_s=0.0,
+            from_history=0,
+            unestimated=len(to_simulate),
+        )
     first: dict[str, CellRepeat] = {}
     for cell in missing:
         first.setdefault(cell.server.fingerprint, cell)
@@ -244,12 +277,25 @@ def dry_run_requested(argv: Sequence[str]) -> bool:
     return False
 
 
-def summary_at_exit(*, exp: Experiment, paths: RunPaths, results_dir: Path) -> None:
+# The dry-run line's budget for the cost model: about 0.75 s (`servesweep plan` has none).
+DRY_RUN_MAX_SIMULATED = 50
+
+
+def summary_at_exit(
+    *, exp: Experiment, paths: RunPaths, results_dir: Path, cells: Sequence[CellRepeat]
+) -> None:
     """Print Plan.summary() on stdout when the process exits: after Snakemake's last dry-run
     line, as the last line. Snakemake runs no handler on a dry-run (`onstart` and friends
     are skipped), so the Snakefile registers this at parse time when `dry_run_requested`."""
 
     def show() -> None:
-        print(make_plan(exp=exp, paths=paths, results_dir=results_dir).summary(), flush=True)
+        plan = make_plan(
+            exp=exp,
+            paths=paths,
+            results_dir=results_dir,
+            cells=cells,
+            max_simulated=DRY_RUN_MAX_SIMULATED,
+        )
+        print(plan.summary(), flush=True)
 
     atexit.register(show)

@@ -86,3 +86,17 @@ def test_history_and_existing_files_shape_the_plan(tmp_path: Path) -> None:
 )
 def test_dry_run_is_read_from_the_command_line(argv: list[str], dry: bool) -> None:
     assert dry_run_requested(argv) is dry
+
+
+def test_the_dry_run_line_gives_no_estimate_beyond_its_budget(tmp_path: Path) -> None:
+    """More configs than the cost-model budget: counts only, and where the estimate is."""
+    exp = load_experiment_file(DEFAULT_CONFIG)
+    paths = RunPaths(tmp_path / exp.run_id)
+    plan = make_plan(exp=exp, paths=paths, results_dir=tmp_path, max_simulated=7)
+    assert plan.unestimated == 8 and len(plan.missing) == 24 and len(plan.starts) == 4
+    assert plan.summary().endswith(
+        "24 of 24 cell-repeats to run, 4 server starts, 0 image builds; no estimate here "
+        "(8 server x client configs for the cost model): `servesweep plan` gives it"
+    )
+    within = make_plan(exp=exp, paths=paths, results_dir=tmp_path, max_simulated=8)
+    assert within.unestimated == 0 and "estimated " in within.summary()
