@@ -234,11 +234,9 @@ def gpu_sampler(
     )
 
 
-def warn_gpu_gaps(
-    rows: list[dict[str, object]], *, paths: RunPaths, events: EventLog, cell: str
-) -> None:
+def warn_gpu_gaps(rows: list[dict[str, object]], *, paths: RunPaths, cell: str) -> None:
     """Say once per run, node and reason that a node's GPU figures are unavailable (e.g.
-    nvidia-smi not found): a warning in the first cell's log and a `gpu-unavailable` event.
+    nvidia-smi not found): a warning in the first cell's log, kept in RunPaths.gpu_gap.
     Every cell's gpu/*.csv keeps its `unavailable` rows."""
     gaps = {
         (str(r["node"]), str(r["detail"]))
@@ -258,7 +256,6 @@ def warn_gpu_gaps(
         finally:
             os.close(fd)
         logger.warning("%s", line)
-        events.emit("gpu-unavailable", node=node, detail=detail, cell=cell)
 
 
 def run_warmup(
@@ -309,7 +306,8 @@ def check_prerequisites(*, exp: Experiment, paths: RunPaths, cell: str) -> None:
     if missing:
         raise PreflightFailed(
             f"cell {cell}: evidence missing: {', '.join(missing)}; run `snakemake --cores 1 "
-            f"{paths.preflight}` (checks images, then preflight) or the `all` target"
+            f"{paths.preflight}` with this run's --configfile and env (checks images, then "
+            f"preflight), or the `all` target"
         )
 
 
@@ -397,7 +395,7 @@ def run_cell(
         )
         _check_client(exp=exp, record=record, cell=cell.key, bench_log=bench_log)
         snapshot = before + after + window + samples
-        warn_gpu_gaps(snapshot, paths=manager.paths, events=events, cell=cell.key)
+        warn_gpu_gaps(snapshot, paths=manager.paths, cell=cell.key)
         record = BenchRecord.model_validate(
             {**record.model_dump(), provenance.KEY: provenance.measured_with(exp, cell)}
         )

@@ -21,7 +21,7 @@ from servesweep.cells import (
 )
 from servesweep.config import cell_repeats, load_experiment, workload_key
 from servesweep.errors import CellFailed, ConfigError, PreflightFailed
-from servesweep.events import EventLog, read_events
+from servesweep.events import read_events
 from servesweep.paths import RunPaths
 from servesweep.records import read_record
 from servesweep.runtime import ProcessRuntime
@@ -207,17 +207,16 @@ def test_a_client_enospc_is_named_not_just_its_exit_status(tmp_path: Path) -> No
 def test_a_node_without_nvidia_smi_is_said_once_per_run(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Every cell's rows say it; the warning and the event come once per node and reason."""
+    """Every cell's rows say it; the warning comes once per node and reason."""
     paths = RunPaths(tmp_path / "run")
-    events = EventLog(paths.orchestrator_log)
     gap = {"node": "a", "status": "unavailable", "detail": "nvidia-smi not found on node a"}
     other = {"node": "b", "status": "unavailable", "detail": "nvidia-smi not found on node b"}
     ok = {"node": "c", "status": "ok", "detail": ""}
     with caplog.at_level("WARNING"):
         for k in range(24):  # 24 cells, before + after rows of each
-            warn_gpu_gaps([gap, gap, other, ok], paths=paths, events=events, cell=f"s/c/r{k}")
+            warn_gpu_gaps([gap, gap, other, ok], paths=paths, cell=f"s/c/r{k}")
     warned = [r.getMessage() for r in caplog.records if "unavailable" in r.getMessage()]
     assert len(warned) == 2, warned
     assert "nvidia-smi not found on node a" in warned[0] and "s/c/r0" in warned[0]
-    said = [f for _, e, f in read_events(paths.orchestrator_log) if e == "gpu-unavailable"]
-    assert sorted(f["node"] for f in said) == ["a", "b"]
+    kept = sorted(p.read_text() for p in (paths.logs / "gpu_unavailable").iterdir())
+    assert kept == [w + "\n" for w in warned]
