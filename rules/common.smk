@@ -26,7 +26,7 @@ try:
         config, os.environ, site_dir=os.path.join(workflow.basedir, "config", "site")
     )
     SPECS = server_specs(EXP)
-    check_experiment(EXP, SPECS)
+    check_experiment(EXP, SPECS, os.environ)
 except ConfigError as exc:
     sys.exit(f"servesweep: ConfigError: {exc}")
 

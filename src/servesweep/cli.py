@@ -96,7 +96,7 @@ def _experiment(args: argparse.Namespace) -> Experiment:
     """The experiment of `--configfile` after env narrowing, checked as the Snakefile checks it
     (rules/common.smk) before anything starts: a name the pinned engine lacks is refused."""
     exp = load_experiment_file(args.configfile, os.environ)
-    check_experiment(exp, server_specs(exp))
+    check_experiment(exp, server_specs(exp), os.environ)
     return exp
 
 

@@ -561,7 +561,7 @@ def apply_env(raw: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
     return data
 
 
-def _env_var_of(side: str, axis: str, env: Mapping[str, str]) -> str | None:
+def env_var_of(side: str, axis: str, env: Mapping[str, str]) -> str | None:
     """The env variable that set this matrix axis, if one did."""
     table = SERVER_AXIS_ENV if side == "server" else CLIENT_AXIS_ENV
     return next((var for var, name in table.items() if name == axis and var in env), None)
@@ -581,10 +581,10 @@ def _coerce_axes(data: dict[str, Any], env: Mapping[str, str]) -> None:
                 try:
                     adapter.validate_python(value)
                 except ValidationError as exc:
-                    var = _env_var_of(side, name, env)
+                    var = env_var_of(side, name, env)
                     key = f"config key 'matrix.{side}.{name}'"
                     if var:
-                        key = f"env {var}={env[var]!r}: {value!r} as {key}"
+                        key = f"env {var}={env[var]!r}: {key}: {value!r}"
                     raise ConfigError(f"{key}: {_first_error(exc)}") from None
             matrix[side][name] = [adapter.validate_python(v) for v in values]
 

@@ -90,7 +90,7 @@ def test_plan_status_and_down_refuse_an_unknown_runner_as_snakemake_does(
     env = {"BACKENDS_CSV": "marlinn", "RUN_ID": "cli-errors"}
     line = one_line(servesweep(command, "--results", str(tmp_path), env=env))
     assert line == snakemake_error(tmp_path, env)
-    assert "'marlinn' is not a MoE runner" in line
+    assert "env BACKENDS_CSV='marlinn': " in line and "'marlinn' is not a MoE runner" in line
 
 
 def test_the_suggested_command_for_missing_evidence_works(
