@@ -15,6 +15,7 @@ from servesweep.compare import run_inputs
 from servesweep.engines import check_experiment
 from servesweep.errors import ConfigError
 from servesweep.paths import RunPaths
+from servesweep.plan import dry_run_requested, summary_at_exit
 from servesweep.provenance import measured_with
 from servesweep.logsetup import hangup_like_sigterm
 from servesweep.ratelimit import unthrottle_scheduler
@@ -25,7 +26,7 @@ try:
         config, os.environ, site_dir=os.path.join(workflow.basedir, "config", "site")
     )
     SPECS = server_specs(EXP)
-    check_experiment(EXP, SPECS)
+    check_experiment(EXP, SPECS, os.environ)
 except ConfigError as exc:
     sys.exit(f"servesweep: ConfigError: {exc}")
 
@@ -33,6 +34,11 @@ PATHS = RunPaths.for_run(EXP)
 RUN_DIR = str(PATHS.root)
 LOGS = str(PATHS.logs)
 CELLS = {cell.key: cell for cell in cell_repeats(EXP)}
+# `snakemake -n` ends with the plan's one line (no Snakemake handler runs on a dry-run).
+if dry_run_requested(sys.argv):
+    summary_at_exit(
+        exp=EXP, paths=PATHS, results_dir=PATHS.root.parent, cells=list(CELLS.values())
+    )
 # The set of cells as a param: rules over all cells rerun when it changes (no `input` trigger).
 CELL_KEYS = sorted(CELLS)
 # A params entry of collect_results: a changed SLO recomputes results.csv, never a cell.

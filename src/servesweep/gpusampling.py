@@ -126,7 +126,6 @@ def parse_loop_output(text: str, *, node: str) -> list[dict[str, Any]]:
 
 
 def _unavailable(node: str, detail: str) -> dict[str, Any]:
-    log.warning("GPU sampling: %s", detail)
     return {
         "node": node,
         "phase": PHASE_SAMPLE,
