@@ -64,7 +64,7 @@ rule scan_logs:
     log:
         f"{LOGS}/scan_logs.log",
     params:
-        evidence=EXP.evidence,
+        evidence=EVIDENCE_PATTERNS,
         service_root=f"{RUN_DIR}/service",
     message:
         "final scan of every server log: fatal patterns and evidence counts"

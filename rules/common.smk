@@ -40,6 +40,8 @@ SLO = EXP.slo.model_dump()
 PLOT_METRICS = plot_metrics(EXP)
 RESULTS_ROOT = str(PATHS.root.parent)
 SERVER_AXES, CLIENT_AXES = axis_names(EXP)
+# scan_logs counts them in every server log (the per-cell minimums are run_cell's).
+EVIDENCE_PATTERNS = {name: p.pattern for name, p in EXP.evidence.items()}
 PLOT_X = next(iter(axis_names(EXP)[1]), None) if not EXP.cases else None
 
 
@@ -61,7 +63,7 @@ def cell_fingerprint(wildcards):
 
 
 def cell_workload(wildcards):
-    return workload_key(cell_of(wildcards).client.workload)
+    return workload_key(cell_of(wildcards).workload)
 
 
 def cell_measured_with(wildcards):

@@ -297,6 +297,29 @@ class PlotsConfig(Strict):
     )
 
 
+class EvidencePattern(Strict):
+    """A log line that proves part of the serving path (e.g. PD's P->D transfer), counted in
+    the logs of one role's processes; a cell-repeat with fewer than `min_per_cell` is invalid.
+
+    `window: cell` counts what the role logged while the cell's client ran (a line per
+    request); `window: service` counts since the server started (a line SGLang logs once
+    per process, via `warning_once`)."""
+
+    pattern: str
+    role: Literal["server", "prefill", "decode", "router"]
+    min_per_cell: int = Field(default=1, ge=0)
+    window: Literal["cell", "service"] = "cell"
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"bad regular expression: {exc}") from None
+        return value
+
+
 class Matrix(Strict):
     """Axes: lists of values for server arguments (restart) and workload fields (no restart)."""
 
@@ -343,7 +366,7 @@ class Experiment(Strict):
     suites: dict[str, list[str]] = Field(default_factory=dict)
     suite: str | None = None
     warmup_after_start: int = Field(default=0, ge=0)
-    evidence: dict[str, str] = Field(default_factory=dict)
+    evidence: dict[str, EvidencePattern] = Field(default_factory=dict)
     repeats: int = Field(default=1, ge=1)
     baseline: dict[str, Any] = Field(default_factory=dict)
 
@@ -366,11 +389,13 @@ class Experiment(Strict):
         for axes in _combinations(self.matrix.client):
             _validated(Workload, self.workload, axes, "matrix.client")
         self._check_cases()
+        roles = {*self.roles, "router"} if self.roles else {SINGLE_ROLE}
         for name, pattern in self.evidence.items():
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"evidence.{name}: bad regular expression: {exc}") from None
+            if pattern.role not in roles:
+                raise ValueError(
+                    f"evidence.{name}.role: {pattern.role!r} is not a role of this experiment "
+                    f"({sorted(roles)})"
+                )
         if len(self.baseline) > 1:
             raise ValueError("baseline: name exactly one axis and its value")
         for axis, value in self.baseline.items():
@@ -675,6 +700,7 @@ class ClientSpec:
     id: str
     axes: dict[str, Any]
     workload: Workload
+    index: int = 0  # in config order: cells of a server config run in this order
 
 
 @dataclass(frozen=True)
@@ -685,17 +711,31 @@ class CellRepeat:
     client: ClientSpec
     repeat: int
     repeats: int = 1  # of the experiment: the priority interleaves repeats
+    clients: int = 1  # client configs of the experiment: the priority keeps their order
 
     @property
     def key(self) -> str:
         return f"{self.server.id}/{self.client.id}/r{self.repeat}"
 
     @property
+    def seed(self) -> int:
+        """The prompts' seed: derived from the client id and repeat (docs/identity.md), so
+        every case and repeat sends its own prompts and every server config the same ones."""
+        return derived_seed(self.client.workload.seed, f"{self.client.id}/r{self.repeat}")
+
+    @property
+    def workload(self) -> Workload:
+        """The client's workload with this cell-repeat's seed: what the client sends."""
+        return self.client.workload.model_copy(update={"seed": self.seed})
+
+    @property
     def priority(self) -> int:
         """Snakemake priority: every cell of a server config above the next config's (one
-        start per config), and within it repeat 1 of every client cell before repeat 2, ...
-        (interleaved against drift, as AIPerf's REPEATED mode)."""
-        return self.server.priority * (self.repeats + 1) + self.repeats + 1 - self.repeat
+        start per config), within it repeat 1 of every client cell before repeat 2, ...
+        (interleaved against drift, as AIPerf's REPEATED mode), and within a repeat the client
+        configs in config order (a suite's smoke case first)."""
+        base = self.server.priority * (self.repeats + 1) + self.repeats + 1 - self.repeat
+        return base * (self.clients + 1) + self.clients - self.client.index
 
 
 # The identity split (docs/identity.md): these fields say how a server set is reached or
@@ -706,6 +746,13 @@ REACH_RUNTIME_FIELDS = frozenset({"sudo"})
 REACH_SERVER_ARG_FIELDS = frozenset({"disaggregation_bootstrap_port"})
 REACH_ROUTER_FIELDS = frozenset({"port"})
 REACH_WORKLOAD_FIELDS = frozenset({"request_timeout_s"})
+
+
+def derived_seed(base: int, name: str) -> int:
+    """A seed for `name` (a cell-repeat, a warm-up) from the configured `workload.seed`:
+    stable across runs, machines and Python versions (a hash, not `hash()`)."""
+    digest = hashlib.sha256(f"{base}:{name}".encode()).hexdigest()
+    return int(digest[:8], 16) % (2**31 - 1)
 
 
 def fingerprint(exp: Experiment, roles: tuple[RoleSpec, ...]) -> str:
@@ -813,11 +860,12 @@ def client_specs(exp: Experiment) -> list[ClientSpec]:
                 id=f"case~{name}",
                 axes={"case": name},
                 workload=Workload.model_validate({**exp.workload.model_dump(), **exp.cases[name]}),
+                index=i,
             )
-            for name in selected_cases(exp)
+            for i, name in enumerate(selected_cases(exp))
         ]
     specs = []
-    for combo in _combinations(exp.matrix.client):
+    for i, combo in enumerate(_combinations(exp.matrix.client)):
         axes = canonical_axes(combo, Workload)
         workload = Workload.model_validate({**exp.workload.model_dump(), **axes})
         specs.append(
@@ -825,6 +873,7 @@ def client_specs(exp: Experiment) -> list[ClientSpec]:
                 id=_segment(axes, "default"),
                 axes={k: getattr(workload, k) for k in axes},
                 workload=workload,
+                index=i,
             )
         )
     return specs
@@ -832,10 +881,11 @@ def client_specs(exp: Experiment) -> list[ClientSpec]:
 
 def cell_repeats(exp: Experiment) -> list[CellRepeat]:
     """Every cell-repeat, grouped by server config (the order servers are started in)."""
+    clients = client_specs(exp)
     return [
-        CellRepeat(server=s, client=c, repeat=r, repeats=exp.repeats)
+        CellRepeat(server=s, client=c, repeat=r, repeats=exp.repeats, clients=len(clients))
         for s in server_specs(exp)
-        for c in client_specs(exp)
+        for c in clients
         for r in range(1, exp.repeats + 1)
     ]
 

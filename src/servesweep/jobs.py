@@ -86,13 +86,24 @@ def run_cell(
             f"cell {server}/{client}/r{repeat}: the config gives server {server} fingerprint "
             f"{specs[0].fingerprint}, the workflow planned {fingerprint}"
         )
-    clients = [c for c in client_specs(exp) if c.id == client]
-    if not clients or workload_key(clients[0].workload) != workload:
+    clients = client_specs(exp)
+    found = [c for c in clients if c.id == client]
+    cell = (
+        CellRepeat(
+            server=specs[0],
+            client=found[0],
+            repeat=int(repeat),
+            repeats=exp.repeats,
+            clients=len(clients),
+        )
+        if found
+        else None
+    )
+    if cell is None or workload_key(cell.workload) != workload:
         raise ConfigError(
             f"cell {server}/{client}/r{repeat}: the config's workload of client {client} is not "
             f"the one the workflow planned ({workload})"
         )
-    cell = CellRepeat(server=specs[0], client=clients[0], repeat=int(repeat))
     planned, now = json.loads(measured_with), provenance.measured_with(exp, cell)
     if planned != now:
         diff = ", ".join(provenance.differences(planned, now))
