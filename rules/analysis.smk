@@ -124,6 +124,7 @@ rule write_manifest:
         # results.csv is not read: the manifest is written once the cells ran.
         csv=PATHS.results_csv,
         server_info=ancient(service_files("server_info")),
+        builds=ancient(BUILDS),
     output:
         json=report(
             str(PATHS.manifest),

@@ -79,6 +79,7 @@ def cell_priority(wildcards):
 RAW_FILES = [str(PATHS.raw(cell)) for cell in CELLS.values()]
 GPU_FILES = [str(PATHS.gpu(cell)) for cell in CELLS.values()]
 BUILDS = [str(p) for p in PATHS.builds(EXP)]
+BUILD_LOGS = [str(p) for p in PATHS.build_logs(EXP)]
 # Image checks and preflight run before any cell. Once a run has cells they are no input of a
 # cell: Snakemake (9.27) does not look at jobs downstream of a job it reruns through ancient()
 # inputs that exist, so a rerun preflight (a new server config) would hide missing cells, and

@@ -105,11 +105,21 @@ def write_case_table(
 
 
 def write_manifest(
-    *, config: Mapping[str, Any], server_info: Sequence[PathLike], repo: PathLike, out: PathLike
+    *,
+    config: Mapping[str, Any],
+    server_info: Sequence[PathLike],
+    builds: Sequence[PathLike],
+    repo: PathLike,
+    out: PathLike,
 ) -> None:
-    """Rule write_manifest: resolved config, fingerprints, versions."""
+    """Rule write_manifest: resolved config, fingerprints, versions, image evidence."""
     exp, _ = experiment(config)
-    manifest = build_manifest(exp=exp, server_info=[Path(p) for p in server_info], repo=Path(repo))
+    manifest = build_manifest(
+        exp=exp,
+        server_info=[Path(p) for p in server_info],
+        builds=[Path(p) for p in builds],
+        repo=Path(repo),
+    )
     write_json_atomic(out, manifest)
 
 

@@ -74,13 +74,51 @@ class ClusterConfig(Strict):
         return self
 
 
+class BaseImage(Strict):
+    """The image a build starts FROM: made present on every node before the build, by its own
+    dockerfile or a pull (seed 003's PD image builds on seed 000's phase5 image)."""
+
+    image: str
+    dockerfile: str | None = None
+    context: str | None = None
+    build_args: dict[str, str] = Field(default_factory=dict)
+    pull: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> BaseImage:
+        if self.dockerfile and self.pull:
+            raise ValueError("give either dockerfile (+ context) or pull: true, not both")
+        if self.dockerfile and not self.context:
+            raise ValueError("context: required with a dockerfile")
+        return self
+
+
+class ImageCheck(Strict):
+    """A check of what the image holds: a command run inside it and a regular expression its
+    output must match (searched, multi-line), e.g. a package version or a file present."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    command: str
+    expect: str
+
+    @field_validator("expect")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"bad regular expression: {exc}") from None
+        return value
+
+
 class ImageBuild(Strict):
-    """How `build_image` gets the image onto every node (paths are on the nodes)."""
+    """How `build_images` gets the image onto every node (paths are on the nodes)."""
 
     dockerfile: str | None = None
     context: str | None = None
     build_args: dict[str, str] = Field(default_factory=dict)
     pull: bool = False
+    base: BaseImage | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ImageBuild:
@@ -105,12 +143,17 @@ class RuntimeConfig(Strict):
     mounts: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     build: ImageBuild | None = None
-    smoke: list[str] = Field(default_factory=list)
+    smoke: list[str] = Field(default_factory=list)  # commands that must exit 0 in the image
+    checks: list[ImageCheck] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _check_image(self) -> RuntimeConfig:
         if self.kind == "docker" and not self.image:
             raise ValueError("image: required when runtime.kind is docker")
+        names = [c.name for c in self.checks]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"checks: duplicate name(s) {dupes}")
         return self
 
 

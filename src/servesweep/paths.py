@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Literal
 
 from servesweep.config import CellRepeat, Experiment
+from servesweep.images import image_key
 
 CellFile = Literal["raw", "gpu", "bench", "job"]
 # The files of a cell-repeat, relative to the run folder, as Snakemake patterns: the rules take
@@ -80,12 +81,20 @@ class RunPaths:
     def preflight(self) -> Path:
         return self.root / "preflight.json"
 
-    def build(self, node: str) -> Path:
-        return self.root / "build" / f"{node}.json"
+    def images(self, exp: Experiment) -> Path:
+        """Image evidence shared by every run of this results root, keyed by the image's
+        content (images.image_key): results/.images/<key>/."""
+        return self.root.parent / ".images" / image_key(exp)
 
     def builds(self, exp: Experiment) -> list[Path]:
-        """Image-check evidence per node (docker runtimes only)."""
-        return [self.build(n) for n in exp.cluster.nodes] if exp.runtime.kind == "docker" else []
+        """Image-check evidence per node (docker runtimes only): <images>/<node>.json."""
+        if exp.runtime.kind != "docker":
+            return []
+        return [self.images(exp) / f"{n}.json" for n in exp.cluster.nodes]
+
+    def build_logs(self, exp: Experiment) -> list[Path]:
+        """The build and check log of each node, beside its evidence."""
+        return [p.with_suffix(".log") for p in self.builds(exp)]
 
     def prerequisites(self, exp: Experiment) -> list[Path]:
         """Evidence every cell needs before its server starts: image checks, then preflight."""

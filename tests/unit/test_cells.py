@@ -16,6 +16,7 @@ from servesweep.cells import check_prerequisites, client_timeout, run_cell, serv
 from servesweep.config import cell_repeats, load_experiment, workload_key
 from servesweep.errors import CellFailed, ConfigError, PreflightFailed
 from servesweep.events import read_events
+from servesweep.images import image_key
 from servesweep.paths import RunPaths
 from servesweep.records import read_record
 from servesweep.runtime import ProcessRuntime
@@ -126,7 +127,7 @@ def test_a_cell_whose_planned_fingerprint_differs_is_refused(tmp_path: Path) -> 
             client=cell.client.id,
             repeat=1,
             fingerprint="0" * 12,
-            workload=workload_key(cell.client.workload),
+            workload=workload_key(cell.workload),
             measured_with=json.dumps(provenance.measured_with(exp, cell)),
             **_files(paths, cell),
         )
@@ -145,7 +146,7 @@ def test_a_cell_planned_with_another_client_is_refused(tmp_path: Path) -> None:
             client=cell.client.id,
             repeat=1,
             fingerprint=cell.server.fingerprint,
-            workload=workload_key(cell.client.workload),
+            workload=workload_key(cell.workload),
             measured_with=json.dumps(planned),
             **_files(paths, cell),
         )
@@ -169,7 +170,8 @@ def test_docker_runs_check_each_nodes_image(tmp_path: Path) -> None:
     )
     exp = load_experiment(raw, {})
     paths = RunPaths.for_run(exp, tmp_path / "results")
-    expected = [paths.build(node) for node in exp.cluster.nodes] + [paths.preflight]
+    shared = tmp_path / "results" / ".images" / image_key(exp)  # shared by every run id
+    expected = [shared / f"{node}.json" for node in exp.cluster.nodes] + [paths.preflight]
     assert paths.prerequisites(exp) == expected
 
 
