@@ -78,22 +78,14 @@ def run_client(
         base = f"{manager.node_dir()}/client/{digest}"
         node_out, node_log = f"{base}.jsonl", f"{base}.log"
         manager.transport.run(node, f"rm -f {shlex.quote(node_out)}", timeout=60)
-    launch = Launch(
-        name=f"servesweep-{manager.owner.tag}-{exp.run_id}-client-{digest}",
-        node=node,
-        argv=loadgen.client_argv(
-            kind=exp.client.kind,
-            workload=workload,
-            base_url=state.base_url,
-            output_file=node_out,
-            tag=tag,
-            tokenizer=exp.client.tokenizer or exp.engine.model_path,
-            python=exp.engine.python,
-            sglang_version=exp.engine.version,
-        ),
+    launch = client_launch(
+        exp=exp,
+        manager=manager,
+        base_url=state.base_url,
+        workload=workload,
+        tag=tag,
+        output_file=node_out,
         log_path=node_log,
-        env=loadgen.client_env(exp.client.kind),
-        labels=client_labels(exp=exp, manager=manager),
     )
     bench_log.parent.mkdir(parents=True, exist_ok=True)
     alone = measured_alone(exp=exp, manager=manager, state=state, tag=tag)
@@ -129,6 +121,39 @@ def run_client(
     finally:
         local_out.unlink(missing_ok=True)
     return BenchRecord.model_validate({**record.model_dump(), ISOLATION_KEY: alone.to_dict()})
+
+
+def client_launch(
+    *,
+    exp: Experiment,
+    manager: ServerManager,
+    base_url: str,
+    workload: Workload,
+    tag: str,
+    output_file: str,
+    log_path: str,
+) -> Launch:
+    """The client of one cell (or warm-up) on the client node: the bench_serving or builtin
+    command line, its log and labels (`servesweep commands` prints it too)."""
+    digest = hashlib.sha256(tag.encode()).hexdigest()[:12]
+    return Launch(
+        name=f"servesweep-{manager.owner.tag}-{exp.run_id}-client-{digest}",
+        node=exp.cluster.nodes[0],
+        argv=loadgen.client_argv(
+            kind=exp.client.kind,
+            workload=workload,
+            base_url=base_url,
+            output_file=output_file,
+            tag=tag,
+            tokenizer=exp.client.tokenizer or exp.engine.model_path,
+            python=exp.engine.python,
+            sglang_version=exp.engine.version,
+        ),
+        log_path=log_path,
+        env=loadgen.client_env(exp.client.kind),
+        labels=client_labels(exp=exp, manager=manager),
+        accelerators=False,  # a client needs the network only: no GPU, device, privilege
+    )
 
 
 def client_labels(*, exp: Experiment, manager: ServerManager) -> dict[str, str]:

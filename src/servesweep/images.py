@@ -69,23 +69,60 @@ def _docker_get(
     *, spec: ImageBuild | BaseImage, image: str, node: str, runtime: DockerRuntime, log: Path
 ) -> str:
     """`docker build` (a dockerfile) or `docker pull` of `image` on `node`; the method."""
-    quoted = shlex.quote(image)
-    if spec.dockerfile:
-        args = " ".join(
-            f"--build-arg {shlex.quote(f'{k}={v}')}" for k, v in spec.build_args.items()
-        )
-        cmd = (
-            f"build -t {quoted} -f {shlex.quote(spec.dockerfile)} {args} "
-            f"{shlex.quote(spec.context or '.')}"
-        )
-        method = "build"
-    else:
-        cmd, method = f"pull {quoted}", "pull"
+    cmd = docker_get_args(spec=spec, image=image)
+    method = "build" if spec.dockerfile else "pull"
     res = runtime.run_docker(node, f"{cmd} 2>&1", timeout=BUILD_TIMEOUT_S)
     _append(log, f"docker {cmd}", res.stdout)
     if not res.ok:
         raise SmokeFailed(f"image {image}: docker {method} failed on node {node}; log {log}")
     return method
+
+
+def docker_get_args(*, spec: ImageBuild | BaseImage, image: str) -> str:
+    """The docker arguments that build (a dockerfile) or pull `image`."""
+    quoted = shlex.quote(image)
+    if spec.dockerfile:
+        args = "".join(
+            f"--build-arg {shlex.quote(f'{k}={v}')} " for k, v in spec.build_args.items()
+        )
+        return (
+            f"build -t {quoted} -f {shlex.quote(spec.dockerfile)} {args}"
+            f"{shlex.quote(spec.context or '.')}"
+        )
+    return f"pull {quoted}"
+
+
+def build_commands(*, exp: Experiment, runtime: DockerRuntime, owner: Owner) -> list[str]:
+    """What build_images runs on every node (at once), as shell lines: the base image when
+    missing, the build or pull, then each smoke command and content check in the image."""
+    lines = []
+    build = exp.runtime.build
+    prefix = runtime.docker_prefix()
+    if build is not None and build.base is not None:
+        base = build.base
+        make = (
+            f"{prefix} {docker_get_args(spec=base, image=base.image)}"
+            if base.dockerfile or base.pull
+            else "false  # base missing: give runtime.build.base.dockerfile or pull"
+        )
+        lines.append(f"{prefix} image inspect {shlex.quote(base.image)} >/dev/null || {make}")
+    if build is not None and (build.dockerfile or build.pull):
+        lines.append(f"{prefix} {docker_get_args(spec=build, image=runtime.image)}")
+    node = "NODE"
+    for i, command in enumerate([version_probe(exp), *exp.runtime.smoke]):
+        launch = in_image_launch(
+            exp=exp, node=node, owner=owner, name=f"smoke-{i}", command=command
+        )
+        lines.append(f"{runtime.oneshot_line(launch, gpus=True)}  # smoke: exit 0")
+    for check in exp.runtime.checks:
+        launch = in_image_launch(
+            exp=exp, node=node, owner=owner, name=f"check-{check.name}", command=check.command
+        )
+        lines.append(
+            f"{runtime.oneshot_line(launch, gpus=True)}  # check {check.name}: output matches "
+            f"{check.expect!r}"
+        )
+    return lines
 
 
 def _acquire(*, exp: Experiment, node: str, runtime: DockerRuntime, log: Path) -> str:
@@ -153,17 +190,22 @@ def build_image(
     }
 
 
-def _in_image(
-    *, exp: Experiment, node: str, runtime: DockerRuntime, owner: Owner, name: str, command: str
-) -> tuple[int, str]:
-    """Run `command` in a one-shot container of the image on `node`: (exit code, output)."""
-    launch = Launch(
+def in_image_launch(*, exp: Experiment, node: str, owner: Owner, name: str, command: str) -> Launch:
+    """A one-shot container of the image running `command` (a smoke command or a check)."""
+    return Launch(
         name=f"servesweep-{owner.tag}-{exp.run_id}-{name}-{node}",
         node=node,
         argv=["sh", "-c", command],
         log_path=f"{ONESHOT_DIR}/{owner.tag}/{exp.run_id}/smoke/{node}-{name}.log",
         labels={"run": exp.run_id, "role": "smoke", **owner.labels()},
     )
+
+
+def _in_image(
+    *, exp: Experiment, node: str, runtime: DockerRuntime, owner: Owner, name: str, command: str
+) -> tuple[int, str]:
+    """Run `command` in a one-shot container of the image on `node`: (exit code, output)."""
+    launch = in_image_launch(exp=exp, node=node, owner=owner, name=name, command=command)
     result = runtime.run_oneshot(launch, timeout=SMOKE_TIMEOUT_S, gpus=True)
     output = runtime.transport.run(node, f"cat {shlex.quote(launch.log_path)}", timeout=60)
     return result.returncode, output.stdout.strip()
