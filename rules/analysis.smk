@@ -5,8 +5,8 @@
 
 checkpoint collect_results:
     input:
-        raw=RAW_FILES,
-        gpu=GPU_FILES,
+        raw=AGGREGATED_RAW,
+        gpu=AGGREGATED_GPU,
         # Not read: brings image checks + preflight into every DAG that needs cells.
         prerequisites=PREREQUISITES,
     output:
@@ -19,7 +19,7 @@ checkpoint collect_results:
     log:
         f"{LOGS}/collect_results.log",
     params:
-        cells=CELL_KEYS,
+        cells=AGGREGATED_KEYS,
         min_retokenized_ratio=EXP.validation.min_retokenized_ratio,
         slo=SLO,
     message:
@@ -43,7 +43,7 @@ rule summarize:
     log:
         f"{LOGS}/summarize.log",
     params:
-        baseline=EXP.baseline,
+        baseline=CONFIGURED.baseline,
         server_axes=SERVER_AXES,
         client_axes=CLIENT_AXES,
     message:
@@ -135,7 +135,7 @@ rule write_manifest:
         f"{LOGS}/write_manifest.log",
     params:
         # Ports, addresses and timeouts change nothing here (docs/identity.md).
-        config=measured_config(EXP),
+        config=measured_config(CONFIGURED),
         repo=workflow.basedir,
     message:
         "manifest.json: resolved config, fingerprints, versions"

@@ -4,13 +4,14 @@ manifest, cross-run comparison (see servesweep.jobs for how a job is called)."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from servesweep import compare
 from servesweep.casetable import case_table, markdown_table
-from servesweep.config import cell_repeats, client_specs
+from servesweep.config import cell_repeats, client_specs, load_experiment, unnarrowed_env
 from servesweep.files import write_json_atomic, write_text_atomic
 from servesweep.jobs import PathLike, experiment
 from servesweep.logscan import scan_run
@@ -30,15 +31,19 @@ from servesweep.summary import summarize as summarize_results
 def collect_results(
     *,
     config: Mapping[str, Any],
+    cell_keys: Sequence[str],
     raw: Sequence[PathLike],
     gpu: Sequence[PathLike],
     results_csv: PathLike,
     requests_csv: PathLike,
 ) -> None:
     """Rule collect_results: results.csv (one row per cell-repeat) and requests.csv (one row
-    per request) from the raw records and GPU snapshots, listed in matrix order."""
+    per request) from the raw records and GPU snapshots of `cell_keys` (in matrix order:
+    the selected cells and every other finished one of the configured matrix)."""
     exp, _ = experiment(config)
-    cells = cell_repeats(exp)
+    configured = load_experiment(config, unnarrowed_env(os.environ))
+    known = {c.key: c for c in [*cell_repeats(configured), *cell_repeats(exp)]}
+    cells = [known[key] for key in cell_keys]
     results, requests = collect(
         run_id=exp.run_id,
         cells=cells,

@@ -33,6 +33,9 @@ SERVER_AXIS_ENV = {
 CLIENT_AXIS_ENV = {"CONCURRENCIES_CSV": "concurrency"}
 # Env variables that set one shared server argument.
 SERVER_ARG_ENV = {"EP_SIZE": "ep_size"}
+# Env variables that only select what runs: aggregates still cover every finished cell-repeat
+# of the run's configured matrix (config.unnarrowed_env).
+NARROWING_ENV = frozenset({*SERVER_AXIS_ENV, *CLIENT_AXIS_ENV, "SUITE"})
 
 M = TypeVar("M", bound=BaseModel)
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -619,6 +622,11 @@ def apply_env(raw: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
             if env.get(var):
                 matrix.setdefault(side, {})[axis] = _csv(env[var], var)
     return data
+
+
+def unnarrowed_env(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` without the variables that narrow what runs (the run's full matrix)."""
+    return {k: v for k, v in env.items() if k not in NARROWING_ENV}
 
 
 def _coerce_axes(data: dict[str, Any]) -> None:

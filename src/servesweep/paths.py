@@ -32,6 +32,23 @@ def cell_file(
     return Path(run_dir, rel)
 
 
+def aggregate_cells(
+    *, selected: Sequence[CellRepeat], configured: Sequence[CellRepeat], paths: RunPaths
+) -> list[CellRepeat]:
+    """What results.csv and the summary cover: the selected (maybe narrowed) cells, and every
+    other cell of the configured matrix that finished in this run (its raw and GPU files
+    exist), in matrix order. Narrowing selects what runs; it never shrinks the aggregates."""
+    keys = {c.key for c in selected}
+    done = [
+        c
+        for c in configured
+        if c.key not in keys and paths.raw(c).exists() and paths.gpu(c).exists()
+    ]
+    order = {c.key: i for i, c in enumerate(configured)}
+    cells = [*selected, *done]
+    return sorted(cells, key=lambda c: order.get(c.key, len(order)))
+
+
 @dataclass(frozen=True)
 class RunPaths:
     """Where every file of one run lives (DESIGN.md section 3)."""
