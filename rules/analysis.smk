@@ -75,6 +75,7 @@ rule scan_logs:
 rule write_case_table:
     input:
         csv=PATHS.results_csv,
+        reference=REFERENCE_FILES,
     output:
         md=f"{RUN_DIR}/cases.md",
         html=report(

@@ -16,6 +16,7 @@ from servesweep.compare import run_inputs
 from servesweep.engines import check_experiment
 from servesweep.errors import ConfigError
 from servesweep.paths import RunPaths, aggregate_cells
+from servesweep.reference import load_reference
 from servesweep.provenance import measured_with
 from servesweep.logsetup import hangup_like_sigterm
 from servesweep.ratelimit import unthrottle_scheduler
@@ -32,6 +33,12 @@ try:
         site_dir=os.path.join(workflow.basedir, "config", "site"),
     )
     SPECS = server_specs(EXP)
+    # The reference table (config `reference.file`, relative to the checkout), checked now.
+    REFERENCE_FILES = (
+        [os.path.join(workflow.basedir, EXP.reference.file)] if EXP.reference else []
+    )
+    for path in REFERENCE_FILES:
+        load_reference(path, cases=list(EXP.cases))
     check_experiment(EXP, SPECS)
 except ConfigError as exc:
     sys.exit(f"servesweep: ConfigError: {exc}")

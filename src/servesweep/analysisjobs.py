@@ -17,6 +17,7 @@ from servesweep.jobs import PathLike, experiment
 from servesweep.logscan import scan_run
 from servesweep.manifest import build_manifest
 from servesweep.provenance import measured_with
+from servesweep.reference import load_reference, reference_table
 from servesweep.results import collect_results as collect
 from servesweep.results import (
     read_requests_csv,
@@ -93,20 +94,46 @@ def summarize(
 
 
 def write_case_table(
-    *, config: Mapping[str, Any], results_csv: PathLike, md: PathLike, html: PathLike
+    *,
+    config: Mapping[str, Any],
+    results_csv: PathLike,
+    reference: Sequence[PathLike],
+    md: PathLike,
+    html: PathLike,
 ) -> None:
-    """Rule write_case_table: the seed's PD table (markdown and HTML)."""
+    """Rule write_case_table: the seed's PD table (markdown and HTML), and beside it each
+    case against the reference table (`reference`: its file, or none)."""
     exp, _ = experiment(config)
-    table = case_table(results=read_results_csv(results_csv), clients=client_specs(exp))
-    note = ""
+    results = read_results_csv(results_csv)
+    clients = client_specs(exp)
+    table = case_table(results=results, clients=clients)
+    note, factor = "", 1.0
     if exp.engine.kind == "sim" and exp.engine.sim.time_scale > 0:
         scale = exp.engine.sim.time_scale
+        factor = 1 / scale
         note = (
             f"\nSimulated engine at time_scale {scale}: times are wall-clock; simulated "
             f"seconds = shown / {scale}, simulated TPS = shown x {scale}.\n"
         )
-    write_text_atomic(md, markdown_table(table) + note)
-    write_text_atomic(html, table.to_html(index=False, border=0))
+    text, page = markdown_table(table) + note, table.to_html(index=False, border=0)
+    if exp.reference is not None and reference:
+        ref = load_reference(reference[0], cases=list(exp.cases))
+        versus = reference_table(
+            results=results,
+            clients=clients,
+            reference=ref,
+            tolerance=exp.reference.tolerance,
+            time_factor=factor,
+        )
+        units = " (simulated seconds and TPS)" if factor != 1 else ""
+        heading = (
+            f"\nAgainst the reference{units}: {ref.source}; deltas in bold are outside "
+            f"±{exp.reference.tolerance:.0%}.\n\n"
+        )
+        text += heading + markdown_table(versus)
+        page += f"<p>{heading.strip()}</p>" + versus.to_html(index=False, border=0)
+    write_text_atomic(md, text)
+    write_text_atomic(html, page)
 
 
 def write_manifest(

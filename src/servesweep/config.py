@@ -366,6 +366,13 @@ class EvidencePattern(Strict):
         return value
 
 
+class ReferenceConfig(Strict):
+    """A validated table to compare the case table against (servesweep.reference)."""
+
+    file: str  # relative to the checkout, e.g. config/reference/seed003_pd_standard.yaml
+    tolerance: float = Field(default=0.10, gt=0)  # relative; a larger delta is marked
+
+
 class Matrix(Strict):
     """Axes: lists of values for server arguments (restart) and workload fields (no restart)."""
 
@@ -415,6 +422,7 @@ class Experiment(Strict):
     evidence: dict[str, EvidencePattern] = Field(default_factory=dict)
     repeats: int = Field(default=1, ge=1)
     baseline: dict[str, Any] = Field(default_factory=dict)
+    reference: ReferenceConfig | None = None
 
     @model_validator(mode="after")
     def _check_combinations(self) -> Experiment:
@@ -435,6 +443,8 @@ class Experiment(Strict):
         for axes in _combinations(self.matrix.client):
             _validated(Workload, self.workload, axes, "matrix.client")
         self._check_cases()
+        if self.reference is not None and not self.cases:
+            raise ValueError("reference: compares cases: give `cases`")
         roles = {*self.roles, "router"} if self.roles else {SINGLE_ROLE}
         for name, pattern in self.evidence.items():
             if pattern.role not in roles:

@@ -74,10 +74,16 @@ def test_every_case_ran_with_the_requested_tokens(pd_run: Path) -> None:
     # server's count (ratio 1); bench_serving's drift on the noisy sim is in tests/contract
     ratios = pd.read_csv(pd_run / "results.csv")["retokenized_ratio"]
     assert ratios.between(0.5, 1).all()
-    table = (pd_run / "cases.md").read_text().splitlines()
+    text = (pd_run / "cases.md").read_text()
+    table, versus = text.split("Against the reference")
+    table = table.splitlines()
     assert table[0] == "| Case | Requests | Input TPS | TTFT P50 / P95 | TPOT P50 / P95 |"
+    # Seed 003's validated table beside it, in simulated units, one row per case with deltas
+    refs = [ln for ln in versus.splitlines() if ln.startswith("| ") and " s |" in ln]
+    assert len(refs) == 6 and "| 16k-1-c8 |" in versus and "20.555 / 21.345 s" in versus
+    assert "(simulated seconds and TPS)" in versus and "outside ±10%" in versus
     rows = {line.split(" | ")[0].lstrip("| "): line for line in table[2:] if line.startswith("|")}
-    assert "time_scale 0.02" in table[-1], "the sim's time scale is stated under the table"
+    assert "time_scale 0.02" in table[-2], "the sim's time scale is stated under the table"
     assert set(rows) == {
         "64 -> 8, C1",
         "1K -> 16, C1, non-streaming",
