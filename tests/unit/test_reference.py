@@ -71,7 +71,8 @@ def test_deltas_are_marked_outside_the_tolerance(tmp_path: Path) -> None:
 def test_a_bad_reference_file_is_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "ref.yaml"
     bad.write_text(
-        "source: x\ncases:\n  no-such-case: {requests: 1, input_tps: 1, ttft_p50_s: 1, ttft_p95_s: 1}\n"
+        "source: x\ncases:\n"
+        "  no-such-case: {requests: 1, input_tps: 1, ttft_p50_s: 1, ttft_p95_s: 1}\n"
     )
     with pytest.raises(
         ConfigError,
