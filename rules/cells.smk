@@ -52,7 +52,10 @@ rule build_images:
         job=f"{LOGS}/build_images.log",
         nodes=BUILD_LOGS,
     priority: PREREQUISITE_PRIORITY
-    # No gpu_server resource: it starts no server; every node builds at once inside the job.
+    # One job for every node: the nodes build at once inside it (transport fan-out). The
+    # resource only keeps cells from measuring while the nodes build (docs/architecture.md).
+    resources:
+        gpu_server=1,
     params:
         image=EXP.runtime.image,
     message:
