@@ -69,7 +69,7 @@ def check(
     below its minimum."""
     short = shortfalls(patterns, counts)
     if short:
-        roles = {patterns[s.split(" ", 1)[0]].role for s in short}
+        roles = {p.role for name, p in patterns.items() if counts[name] < p.min_per_cell}
         where = ", ".join(log.path for log in logs if log.role in roles) or "none"
         raise CellFailed(
             f"cell {cell}: invalid: log evidence below its minimum: {'; '.join(short)}; "

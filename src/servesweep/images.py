@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from servesweep.config import BaseImage, Experiment, ImageBuild
+from servesweep.config import BaseImage, Experiment, ImageBuild, ImageCheck
 from servesweep.errors import SmokeFailed
 from servesweep.owner import Owner
 from servesweep.runtime import ONESHOT_DIR, DockerRuntime, Launch
@@ -212,7 +212,13 @@ def _in_image(
 
 
 def _check(
-    *, exp: Experiment, node: str, runtime: DockerRuntime, owner: Owner, log: Path, check: Any
+    *,
+    exp: Experiment,
+    node: str,
+    runtime: DockerRuntime,
+    owner: Owner,
+    log: Path,
+    check: ImageCheck,
 ) -> dict[str, Any]:
     """Run one config-declared content check; its evidence, or SmokeFailed naming it."""
     returncode, output = _in_image(
