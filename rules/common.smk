@@ -27,10 +27,15 @@ try:
         config, os.environ, site_dir=os.path.join(workflow.basedir, "config", "site")
     )
     # The run's configured matrix (BACKENDS_CSV, SUITE, ... only select what runs now).
-    CONFIGURED = load_experiment(
-        config,
-        unnarrowed_env(os.environ),
-        site_dir=os.path.join(workflow.basedir, "config", "site"),
+    NARROWED = unnarrowed_env(os.environ) != dict(os.environ)
+    CONFIGURED = (
+        load_experiment(
+            config,
+            unnarrowed_env(os.environ),
+            site_dir=os.path.join(workflow.basedir, "config", "site"),
+        )
+        if NARROWED
+        else EXP
     )
     SPECS = server_specs(EXP)
     # The reference table (config `reference.file`, relative to the checkout), checked now.
@@ -93,8 +98,12 @@ def cell_priority(wildcards):
 RAW_FILES = [str(PATHS.raw(cell)) for cell in CELLS.values()]
 # What results.csv and the summary cover: these cells and every other finished cell-repeat of
 # the configured matrix (a narrowed run never shrinks them); keys in matrix order.
-AGGREGATED = aggregate_cells(
-    selected=list(CELLS.values()), configured=cell_repeats(CONFIGURED), paths=PATHS
+AGGREGATED = (
+    aggregate_cells(
+        selected=list(CELLS.values()), configured=cell_repeats(CONFIGURED), paths=PATHS
+    )
+    if NARROWED
+    else list(CELLS.values())
 )
 AGGREGATED_KEYS = [cell.key for cell in AGGREGATED]
 # A finished cell outside the selection is an input of collect_results: its job is known too.

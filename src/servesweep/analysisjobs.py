@@ -12,10 +12,12 @@ from typing import Any
 from servesweep import compare
 from servesweep.casetable import case_table, markdown_table
 from servesweep.config import cell_repeats, client_specs, load_experiment, unnarrowed_env
+from servesweep.errors import CellFailed
 from servesweep.files import write_json_atomic, write_text_atomic
 from servesweep.jobs import PathLike, experiment
 from servesweep.logscan import scan_run
 from servesweep.manifest import build_manifest
+from servesweep.paths import aggregate_cells
 from servesweep.provenance import measured_with
 from servesweep.reference import load_reference, reference_table
 from servesweep.results import collect_results as collect
@@ -39,12 +41,18 @@ def collect_results(
     requests_csv: PathLike,
 ) -> None:
     """Rule collect_results: results.csv (one row per cell-repeat) and requests.csv (one row
-    per request) from the raw records and GPU snapshots of `cell_keys` (in matrix order:
-    the selected cells and every other finished one of the configured matrix)."""
-    exp, _ = experiment(config)
+    per request) from the raw records and GPU snapshots of `cell_keys` (the selected cells and
+    every other finished one of the configured matrix; `raw` and `gpu` in matrix order)."""
+    exp, paths = experiment(config)
     configured = load_experiment(config, unnarrowed_env(os.environ))
-    known = {c.key: c for c in [*cell_repeats(configured), *cell_repeats(exp)]}
-    cells = [known[key] for key in cell_keys]
+    cells = aggregate_cells(
+        selected=cell_repeats(exp), configured=cell_repeats(configured), paths=paths
+    )
+    if sorted(c.key for c in cells) != sorted(cell_keys):
+        raise CellFailed(
+            f"run {exp.run_id}: raw files appeared or vanished since the workflow planned "
+            f"collect_results; run the workflow again"
+        )
     results, requests = collect(
         run_id=exp.run_id,
         cells=cells,
