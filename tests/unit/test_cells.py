@@ -198,3 +198,28 @@ def test_a_client_enospc_is_named_not_just_its_exit_status(tmp_path: Path) -> No
     assert _client_cause(log).startswith(" (its disk is full: OSError: [Errno 28]")
     log.write_text("start\nTimeoutError\n")
     assert _client_cause(log) == ""
+
+
+def test_aggregates_cover_every_finished_cell_of_the_configured_matrix(tmp_path: Path) -> None:
+    from servesweep.config import unnarrowed_env
+    from servesweep.paths import aggregate_cells
+
+    raw = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    env = {"BACKENDS_CSV": "flashinfer_mxfp4", "RUN_ID": "agg"}
+    narrowed = load_experiment(raw, env)
+    configured = load_experiment(raw, unnarrowed_env(env))
+    assert configured.run_id == "agg" and len(cell_repeats(configured)) > len(
+        cell_repeats(narrowed)
+    )
+    paths = RunPaths.for_run(narrowed, tmp_path / "results")
+    finished = [c for c in cell_repeats(configured) if "marlin" in c.server.id][:2]
+    for cell in finished:
+        for path in (paths.raw(cell), paths.gpu(cell)):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("x")
+    cells = aggregate_cells(
+        selected=cell_repeats(narrowed), configured=cell_repeats(configured), paths=paths
+    )
+    keys = [c.key for c in cells]
+    assert keys[:2] == [c.key for c in finished], "in matrix order: marlin configs first"
+    assert set(keys) == {c.key for c in cell_repeats(narrowed)} | {c.key for c in finished}
