@@ -43,7 +43,7 @@ RUN_ID = "orchestration-bench"
 IMPORTS = {
     "python -c pass": "pass",
     "snakemake `script:` preamble (snakemake.script)": "import snakemake.script",
-    "cell jobs (servesweep.jobs: build_image, preflight, run_cell)": "import servesweep.jobs",
+    "cell jobs (servesweep.jobs: build_images, preflight, run_cell)": "import servesweep.jobs",
     "table jobs (servesweep.analysisjobs)": "import servesweep.analysisjobs",
     "plot jobs (servesweep.plotjobs)": "import servesweep.plotjobs",
     "builtin client (its own process)": "import servesweep.loadgen.builtin",

@@ -5,8 +5,8 @@
 
 checkpoint collect_results:
     input:
-        raw=RAW_FILES,
-        gpu=GPU_FILES,
+        raw=AGGREGATED_RAW,
+        gpu=AGGREGATED_GPU,
         # Not read: brings image checks + preflight into every DAG that needs cells.
         prerequisites=PREREQUISITES,
     output:
@@ -19,7 +19,8 @@ checkpoint collect_results:
     log:
         f"{LOGS}/collect_results.log",
     params:
-        cells=CELL_KEYS,
+        # Sorted: the matrix's key order must not rerun it (docs/identity.md).
+        cells=sorted(AGGREGATED_KEYS),
         min_retokenized_ratio=EXP.validation.min_retokenized_ratio,
         slo=SLO,
     message:
@@ -43,7 +44,7 @@ rule summarize:
     log:
         f"{LOGS}/summarize.log",
     params:
-        baseline=EXP.baseline,
+        baseline=CONFIGURED.baseline,
         server_axes=SERVER_AXES,
         client_axes=CLIENT_AXES,
     message:
@@ -64,7 +65,7 @@ rule scan_logs:
     log:
         f"{LOGS}/scan_logs.log",
     params:
-        evidence=EXP.evidence,
+        evidence=EVIDENCE_PATTERNS,
         service_root=f"{RUN_DIR}/service",
     message:
         "final scan of every server log: fatal patterns and evidence counts"
@@ -75,6 +76,7 @@ rule scan_logs:
 rule write_case_table:
     input:
         csv=PATHS.results_csv,
+        reference=REFERENCE_FILES,
     output:
         md=f"{RUN_DIR}/cases.md",
         html=report(
@@ -124,6 +126,7 @@ rule write_manifest:
         # results.csv is not read: the manifest is written once the cells ran.
         csv=PATHS.results_csv,
         server_info=ancient(service_files("server_info")),
+        builds=ancient(BUILDS),
     output:
         json=report(
             str(PATHS.manifest),
@@ -134,7 +137,7 @@ rule write_manifest:
         f"{LOGS}/write_manifest.log",
     params:
         # Ports, addresses and timeouts change nothing here (docs/identity.md).
-        config=measured_config(EXP),
+        config=measured_config(CONFIGURED),
         repo=workflow.basedir,
     message:
         "manifest.json: resolved config, fingerprints, versions"

@@ -8,14 +8,16 @@ from servesweep.config import (
     cell_repeats,
     load_experiment,
     measured_config,
+    unnarrowed_env,
     server_specs,
     workload_key,
 )
 from servesweep.compare import run_inputs
 from servesweep.engines import check_experiment
 from servesweep.errors import ConfigError
-from servesweep.paths import RunPaths
+from servesweep.paths import RunPaths, aggregate_cells
 from servesweep.plan import dry_run_requested, summary_at_exit
+from servesweep.reference import load_reference
 from servesweep.provenance import measured_with
 from servesweep.logsetup import hangup_like_sigterm
 from servesweep.ratelimit import unthrottle_scheduler
@@ -25,7 +27,24 @@ try:
     EXP = load_experiment(
         config, os.environ, site_dir=os.path.join(workflow.basedir, "config", "site")
     )
+    # The run's configured matrix (BACKENDS_CSV, SUITE, ... only select what runs now).
+    NARROWED = unnarrowed_env(os.environ) != dict(os.environ)
+    CONFIGURED = (
+        load_experiment(
+            config,
+            unnarrowed_env(os.environ),
+            site_dir=os.path.join(workflow.basedir, "config", "site"),
+        )
+        if NARROWED
+        else EXP
+    )
     SPECS = server_specs(EXP)
+    # The reference table (config `reference.file`, relative to the checkout), checked now.
+    REFERENCE_FILES = (
+        [os.path.join(workflow.basedir, EXP.reference.file)] if EXP.reference else []
+    )
+    for path in REFERENCE_FILES:
+        load_reference(path, cases=list(EXP.cases))
     check_experiment(EXP, SPECS, os.environ)
 except ConfigError as exc:
     sys.exit(f"servesweep: ConfigError: {exc}")
@@ -45,7 +64,9 @@ CELL_KEYS = sorted(CELLS)
 SLO = EXP.slo.model_dump()
 PLOT_METRICS = plot_metrics(EXP)
 RESULTS_ROOT = str(PATHS.root.parent)
-SERVER_AXES, CLIENT_AXES = axis_names(EXP)
+SERVER_AXES, CLIENT_AXES = axis_names(CONFIGURED)
+# scan_logs counts them in every server log (the per-cell minimums are run_cell's).
+EVIDENCE_PATTERNS = {name: p.pattern for name, p in EXP.evidence.items()}
 PLOT_X = next(iter(axis_names(EXP)[1]), None) if not EXP.cases else None
 
 
@@ -59,7 +80,7 @@ wildcard_constraints:
 
 
 def cell_of(wildcards):
-    return CELLS[f"{wildcards.server}/{wildcards.client}/r{wildcards.repeat}"]
+    return KNOWN_CELLS[f"{wildcards.server}/{wildcards.client}/r{wildcards.repeat}"]
 
 
 def cell_fingerprint(wildcards):
@@ -67,7 +88,7 @@ def cell_fingerprint(wildcards):
 
 
 def cell_workload(wildcards):
-    return workload_key(cell_of(wildcards).client.workload)
+    return workload_key(cell_of(wildcards).workload)
 
 
 def cell_measured_with(wildcards):
@@ -81,8 +102,22 @@ def cell_priority(wildcards):
 # Computed once (10k cells: ~1 s per listing), in matrix order; `all` and collect_results list
 # the raw files, collect_results the GPU snapshots (it reads both).
 RAW_FILES = [str(PATHS.raw(cell)) for cell in CELLS.values()]
-GPU_FILES = [str(PATHS.gpu(cell)) for cell in CELLS.values()]
+# What results.csv and the summary cover: these cells and every other finished cell-repeat of
+# the configured matrix (a narrowed run never shrinks them); keys in matrix order.
+AGGREGATED = (
+    aggregate_cells(
+        selected=list(CELLS.values()), configured=cell_repeats(CONFIGURED), paths=PATHS
+    )
+    if NARROWED
+    else list(CELLS.values())
+)
+AGGREGATED_KEYS = [cell.key for cell in AGGREGATED]
+# A finished cell outside the selection is an input of collect_results: its job is known too.
+KNOWN_CELLS = {cell.key: cell for cell in AGGREGATED} | CELLS
+AGGREGATED_RAW = [str(PATHS.raw(cell)) for cell in AGGREGATED]
+AGGREGATED_GPU = [str(PATHS.gpu(cell)) for cell in AGGREGATED]
 BUILDS = [str(p) for p in PATHS.builds(EXP)]
+BUILD_LOGS = [str(p) for p in PATHS.build_logs(EXP)]
 # Image checks and preflight run before any cell. Once a run has cells they are no input of a
 # cell: Snakemake (9.27) does not look at jobs downstream of a job it reruns through ancient()
 # inputs that exist, so a rerun preflight (a new server config) would hide missing cells, and

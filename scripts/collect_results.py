@@ -7,6 +7,7 @@ if __name__ == "__main__":
     with job_logging(snakemake.log[0]):
         collect_results(
             config=snakemake.config,
+            cell_keys=snakemake.params.cells,
             raw=snakemake.input.raw,
             gpu=snakemake.input.gpu,
             results_csv=snakemake.output.csv,

@@ -8,6 +8,7 @@ if __name__ == "__main__":
         write_case_table(
             config=snakemake.config,
             results_csv=snakemake.input.csv,
+            reference=snakemake.input.reference,
             md=snakemake.output.md,
             html=snakemake.output.html,
         )

@@ -8,6 +8,7 @@ if __name__ == "__main__":
         write_manifest(
             config=snakemake.config,
             server_info=snakemake.input.server_info,
+            builds=snakemake.input.builds,
             repo=snakemake.params.repo,
             out=snakemake.output.json,
         )

@@ -4,18 +4,22 @@ manifest, cross-run comparison (see servesweep.jobs for how a job is called)."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from servesweep import compare
 from servesweep.casetable import case_table, markdown_table
-from servesweep.config import cell_repeats, client_specs
+from servesweep.config import cell_repeats, client_specs, load_experiment, unnarrowed_env
+from servesweep.errors import CellFailed
 from servesweep.files import write_json_atomic, write_text_atomic
 from servesweep.jobs import PathLike, experiment
 from servesweep.logscan import scan_run
 from servesweep.manifest import build_manifest
+from servesweep.paths import aggregate_cells
 from servesweep.provenance import measured_with
+from servesweep.reference import load_reference, reference_table
 from servesweep.results import collect_results as collect
 from servesweep.results import (
     read_requests_csv,
@@ -30,15 +34,25 @@ from servesweep.summary import summarize as summarize_results
 def collect_results(
     *,
     config: Mapping[str, Any],
+    cell_keys: Sequence[str],
     raw: Sequence[PathLike],
     gpu: Sequence[PathLike],
     results_csv: PathLike,
     requests_csv: PathLike,
 ) -> None:
     """Rule collect_results: results.csv (one row per cell-repeat) and requests.csv (one row
-    per request) from the raw records and GPU snapshots, listed in matrix order."""
-    exp, _ = experiment(config)
-    cells = cell_repeats(exp)
+    per request) from the raw records and GPU snapshots of `cell_keys` (the selected cells and
+    every other finished one of the configured matrix; `raw` and `gpu` in matrix order)."""
+    exp, paths = experiment(config)
+    configured = load_experiment(config, unnarrowed_env(os.environ))
+    cells = aggregate_cells(
+        selected=cell_repeats(exp), configured=cell_repeats(configured), paths=paths
+    )
+    if sorted(c.key for c in cells) != sorted(cell_keys):
+        raise CellFailed(
+            f"run {exp.run_id}: raw files appeared or vanished since the workflow planned "
+            f"collect_results; run the workflow again"
+        )
     results, requests = collect(
         run_id=exp.run_id,
         cells=cells,
@@ -88,28 +102,64 @@ def summarize(
 
 
 def write_case_table(
-    *, config: Mapping[str, Any], results_csv: PathLike, md: PathLike, html: PathLike
+    *,
+    config: Mapping[str, Any],
+    results_csv: PathLike,
+    reference: Sequence[PathLike],
+    md: PathLike,
+    html: PathLike,
 ) -> None:
-    """Rule write_case_table: the seed's PD table (markdown and HTML)."""
+    """Rule write_case_table: the seed's PD table (markdown and HTML), and beside it each
+    case against the reference table (`reference`: its file, or none)."""
     exp, _ = experiment(config)
-    table = case_table(results=read_results_csv(results_csv), clients=client_specs(exp))
-    note = ""
+    results = read_results_csv(results_csv)
+    clients = client_specs(exp)
+    table = case_table(results=results, clients=clients)
+    note, factor = "", 1.0
     if exp.engine.kind == "sim" and exp.engine.sim.time_scale > 0:
         scale = exp.engine.sim.time_scale
+        factor = 1 / scale
         note = (
             f"\nSimulated engine at time_scale {scale}: times are wall-clock; simulated "
             f"seconds = shown / {scale}, simulated TPS = shown x {scale}.\n"
         )
-    write_text_atomic(md, markdown_table(table) + note)
-    write_text_atomic(html, table.to_html(index=False, border=0))
+    text, page = markdown_table(table) + note, table.to_html(index=False, border=0)
+    if exp.reference is not None and reference:
+        ref = load_reference(reference[0], cases=list(exp.cases))
+        versus = reference_table(
+            results=results,
+            clients=clients,
+            reference=ref,
+            tolerance=exp.reference.tolerance,
+            time_factor=factor,
+        )
+        units = " (simulated seconds and TPS)" if factor != 1 else ""
+        heading = (
+            f"\nAgainst the reference{units}: {ref.source}; deltas in bold are outside "
+            f"±{exp.reference.tolerance:.0%}.\n\n"
+        )
+        text += heading + markdown_table(versus)
+        page += f"<p>{heading.strip()}</p>" + versus.to_html(index=False, border=0)
+    write_text_atomic(md, text)
+    write_text_atomic(html, page)
 
 
 def write_manifest(
-    *, config: Mapping[str, Any], server_info: Sequence[PathLike], repo: PathLike, out: PathLike
+    *,
+    config: Mapping[str, Any],
+    server_info: Sequence[PathLike],
+    builds: Sequence[PathLike],
+    repo: PathLike,
+    out: PathLike,
 ) -> None:
-    """Rule write_manifest: resolved config, fingerprints, versions."""
+    """Rule write_manifest: resolved config, fingerprints, versions, image evidence."""
     exp, _ = experiment(config)
-    manifest = build_manifest(exp=exp, server_info=[Path(p) for p in server_info], repo=Path(repo))
+    manifest = build_manifest(
+        exp=exp,
+        server_info=[Path(p) for p in server_info],
+        builds=[Path(p) for p in builds],
+        repo=Path(repo),
+    )
     write_json_atomic(out, manifest)
 
 

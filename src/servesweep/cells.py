@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import logging
 import math
@@ -14,8 +15,16 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from servesweep import gpusampling, isolation, loadgen, provenance, telemetry, validation
-from servesweep.config import CellRepeat, Experiment, Workload, client_specs
+from servesweep import (
+    evidence,
+    gpusampling,
+    isolation,
+    loadgen,
+    provenance,
+    telemetry,
+    validation,
+)
+from servesweep.config import CellRepeat, Experiment, Workload, client_specs, derived_seed
 from servesweep.engines import ROUTER_ROLE
 from servesweep.errors import (
     ClientError,
@@ -69,22 +78,14 @@ def run_client(
         base = f"{manager.node_dir()}/client/{digest}"
         node_out, node_log = f"{base}.jsonl", f"{base}.log"
         manager.transport.run(node, f"rm -f {shlex.quote(node_out)}", timeout=60)
-    launch = Launch(
-        name=f"servesweep-{manager.owner.tag}-{exp.run_id}-client-{digest}",
-        node=node,
-        argv=loadgen.client_argv(
-            kind=exp.client.kind,
-            workload=workload,
-            base_url=state.base_url,
-            output_file=node_out,
-            tag=tag,
-            tokenizer=exp.client.tokenizer or exp.engine.model_path,
-            python=exp.engine.python,
-            sglang_version=exp.engine.version,
-        ),
+    launch = client_launch(
+        exp=exp,
+        manager=manager,
+        base_url=state.base_url,
+        workload=workload,
+        tag=tag,
+        output_file=node_out,
         log_path=node_log,
-        env=loadgen.client_env(exp.client.kind),
-        labels=client_labels(exp=exp, manager=manager),
     )
     bench_log.parent.mkdir(parents=True, exist_ok=True)
     alone = measured_alone(exp=exp, manager=manager, state=state, tag=tag)
@@ -120,6 +121,39 @@ def run_client(
     finally:
         local_out.unlink(missing_ok=True)
     return BenchRecord.model_validate({**record.model_dump(), ISOLATION_KEY: alone.to_dict()})
+
+
+def client_launch(
+    *,
+    exp: Experiment,
+    manager: ServerManager,
+    base_url: str,
+    workload: Workload,
+    tag: str,
+    output_file: str,
+    log_path: str,
+) -> Launch:
+    """The client of one cell (or warm-up) on the client node: the bench_serving or builtin
+    command line, its log and labels (`servesweep commands` prints it too)."""
+    digest = hashlib.sha256(tag.encode()).hexdigest()[:12]
+    return Launch(
+        name=f"servesweep-{manager.owner.tag}-{exp.run_id}-client-{digest}",
+        node=exp.cluster.nodes[0],
+        argv=loadgen.client_argv(
+            kind=exp.client.kind,
+            workload=workload,
+            base_url=base_url,
+            output_file=output_file,
+            tag=tag,
+            tokenizer=exp.client.tokenizer or exp.engine.model_path,
+            python=exp.engine.python,
+            sglang_version=exp.engine.version,
+        ),
+        log_path=log_path,
+        env=loadgen.client_env(exp.client.kind),
+        labels=client_labels(exp=exp, manager=manager),
+        accelerators=False,  # a client needs the network only: no GPU, device, privilege
+    )
 
 
 def client_labels(*, exp: Experiment, manager: ServerManager) -> dict[str, str]:
@@ -205,6 +239,35 @@ def server_logs(manager: ServerManager, state: ServerState) -> list[str]:
     return [str(manager.local_log_path(state.server_id, r.role, r.node)) for r in state.ranks]
 
 
+def flush_radix_cache(*, cell: CellRepeat, manager: ServerManager, state: ServerState) -> bool:
+    """Before a cell's client: flush the radix cache of every role that keeps one (SGLang's
+    `/flush_cache` on the role's entry point), so no cell reuses another's prefixes; True if
+    it flushed (recorded in results.csv `cache_flushed`), False when every role runs with
+    `disable_radix_cache`."""
+    cached = {r.name for r in cell.server.roles if not r.args.disable_radix_cache}
+    urls = [r.url for r in state.ranks if r.url and r.role in cached and r.role != ROUTER_ROLE]
+    if not urls:
+        return False
+    isolation.flush_cache(urls=urls, server=state.server_id, cell=cell.key)
+    manager.events.emit("flush-cache", cell=cell.key, roles=",".join(sorted(cached)))
+    return True
+
+
+def rank_logs(
+    manager: ServerManager, state: ServerState, roles: set[str]
+) -> list[evidence.RankLog]:
+    """The logs of a server set's processes in `roles`, each read on demand (its node)."""
+    return [
+        evidence.RankLog(
+            role=r.role,
+            read=functools.partial(manager.runtime.logs, r.node, r.handle, r.log_path),
+            path=str(manager.local_log_path(state.server_id, r.role, r.node)),
+        )
+        for r in state.ranks
+        if r.role in roles
+    ]
+
+
 def gpu_sampler(
     *, exp: Experiment, manager: ServerManager, state: ServerState, cell: CellRepeat
 ) -> gpusampling.NvidiaSmiSampler | gpusampling.SimulatedSampler:
@@ -268,7 +331,13 @@ def run_warmup(
     service = manager.paths.service(cell.server.id)
     shape = client_specs(exp)[0]
     workload = shape.workload.model_copy(
-        update={"num_requests": exp.warmup_after_start, "concurrency": 1, "warmup_requests": 0}
+        update={
+            "num_requests": exp.warmup_after_start,
+            "concurrency": 1,
+            "warmup_requests": 0,
+            # Its own prompts: a flushed or disabled radix cache keeps none for the cells.
+            "seed": derived_seed(shape.workload.seed, "warmup"),
+        }
     )
     log = service / "warmup.log"
     started = time.monotonic()
@@ -353,6 +422,9 @@ def run_cell(
         state, fresh = manager.ensure(cell.server)
         if fresh and exp.warmup_after_start:
             run_warmup(exp=exp, cell=cell, manager=manager, state=state)
+        flushed = flush_radix_cache(cell=cell, manager=manager, state=state)
+        logs = rank_logs(manager, state, {p.role for p in exp.evidence.values()})
+        marks = evidence.count(exp.evidence, logs)
         client_started = time.monotonic()
         nodes = exp.cluster.nodes
         before = telemetry.take_snapshot(
@@ -365,7 +437,7 @@ def run_cell(
                 exp=exp,
                 manager=manager,
                 state=state,
-                workload=cell.client.workload,
+                workload=cell.workload,
                 tag=cell.key,
                 bench_log=bench_log,
             )
@@ -387,17 +459,26 @@ def run_cell(
         manager.check_alive(state)
         validation.check_record(
             record,
-            cell.client.workload,
+            cell.workload,
             cell=cell.key,
             logs=[str(bench_log), *server_logs(manager, state)],
             node=nodes[0],
             min_retokenized_ratio=exp.validation.min_retokenized_ratio,
         )
         _check_client(exp=exp, record=record, cell=cell.key, bench_log=bench_log)
+        counts = evidence.cell_counts(
+            exp.evidence, before=marks, after=evidence.count(exp.evidence, logs)
+        )
+        evidence.check(exp.evidence, counts, cell=cell.key, logs=logs)
         snapshot = before + after + window + samples
         warn_gpu_gaps(snapshot, paths=manager.paths, cell=cell.key)
         record = BenchRecord.model_validate(
-            {**record.model_dump(), provenance.KEY: provenance.measured_with(exp, cell)}
+            {
+                **record.model_dump(),
+                provenance.KEY: provenance.measured_with(exp, cell),
+                evidence.KEY: counts,
+                isolation.CACHE_FLUSHED_KEY: flushed,
+            }
         )
         _write(gpu_out, lambda: telemetry.write_snapshot(gpu_out, snapshot), written)
         _write(raw_out, lambda: write_record(raw_out, record), written)

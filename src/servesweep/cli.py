@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from servesweep.cells import run_warmup
+from servesweep.cells import client_launch, run_warmup
 from servesweep.config import (
     MIN_RETOKENIZED_RATIO,
     Experiment,
@@ -15,8 +15,9 @@ from servesweep.config import (
     load_experiment_file,
     server_specs,
 )
-from servesweep.engines import check_experiment
+from servesweep.engines import base_url, check_experiment
 from servesweep.errors import ConfigError, ServesweepError
+from servesweep.images import build_commands
 from servesweep.paths import RunPaths
 from servesweep.plan import make_plan
 from servesweep.servers import (
@@ -108,8 +109,26 @@ def cmd_commands(args: argparse.Namespace) -> None:
     manager = ServerManager(
         exp, paths, transport=transport, runtime=open_runtime(exp, transport, for_commands=True)
     )
+    if exp.runtime.kind == "docker":
+        print("# image: build_images, on every node at once (NODE: each of them)")
+        for line in build_commands(exp=exp, runtime=manager.runtime, owner=manager.owner):
+            print(line)
     for spec in server_specs(exp):
         print(manager.commands_script(spec).removeprefix("#!/bin/sh\n"), end="")
+    print(f"# client on node {exp.cluster.nodes[0]}, per cell-repeat (each server config alike)")
+    cells = cell_repeats(exp)
+    for cell in (c for c in cells if c.server.id == cells[0].server.id):
+        base = f"{manager.node_dir()}/client/{cell.key.replace('/', '_')}"
+        launch = client_launch(
+            exp=exp,
+            manager=manager,
+            base_url=base_url(exp, cell.server),
+            workload=cell.workload,
+            tag=cell.key,
+            output_file=f"{base}.jsonl",
+            log_path=f"{base}.log",
+        )
+        print(manager.runtime.oneshot_line(launch))
     for line in config_warnings(args.configfile, exp):
         print(f"warning: {line}", file=sys.stderr)
 

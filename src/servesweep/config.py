@@ -33,6 +33,9 @@ SERVER_AXIS_ENV = {
 CLIENT_AXIS_ENV = {"CONCURRENCIES_CSV": "concurrency"}
 # Env variables that set one shared server argument.
 SERVER_ARG_ENV = {"EP_SIZE": "ep_size"}
+# Env variables that only select what runs: aggregates still cover every finished cell-repeat
+# of the run's configured matrix (config.unnarrowed_env).
+NARROWING_ENV = frozenset({*SERVER_AXIS_ENV, *CLIENT_AXIS_ENV, "SUITE"})
 
 M = TypeVar("M", bound=BaseModel)
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -74,13 +77,51 @@ class ClusterConfig(Strict):
         return self
 
 
+class BaseImage(Strict):
+    """The image a build starts FROM: made present on every node before the build, by its own
+    dockerfile or a pull (seed 003's PD image builds on seed 000's phase5 image)."""
+
+    image: str
+    dockerfile: str | None = None
+    context: str | None = None
+    build_args: dict[str, str] = Field(default_factory=dict)
+    pull: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> BaseImage:
+        if self.dockerfile and self.pull:
+            raise ValueError("give either dockerfile (+ context) or pull: true, not both")
+        if self.dockerfile and not self.context:
+            raise ValueError("context: required with a dockerfile")
+        return self
+
+
+class ImageCheck(Strict):
+    """A check of what the image holds: a command run inside it and a regular expression its
+    output must match (searched, multi-line), e.g. a package version or a file present."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    command: str
+    expect: str
+
+    @field_validator("expect")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"bad regular expression: {exc}") from None
+        return value
+
+
 class ImageBuild(Strict):
-    """How `build_image` gets the image onto every node (paths are on the nodes)."""
+    """How `build_images` gets the image onto every node (paths are on the nodes)."""
 
     dockerfile: str | None = None
     context: str | None = None
     build_args: dict[str, str] = Field(default_factory=dict)
     pull: bool = False
+    base: BaseImage | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ImageBuild:
@@ -105,12 +146,17 @@ class RuntimeConfig(Strict):
     mounts: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     build: ImageBuild | None = None
-    smoke: list[str] = Field(default_factory=list)
+    smoke: list[str] = Field(default_factory=list)  # commands that must exit 0 in the image
+    checks: list[ImageCheck] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _check_image(self) -> RuntimeConfig:
         if self.kind == "docker" and not self.image:
             raise ValueError("image: required when runtime.kind is docker")
+        names = [c.name for c in self.checks]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"checks: duplicate name(s) {dupes}")
         return self
 
 
@@ -297,6 +343,36 @@ class PlotsConfig(Strict):
     )
 
 
+class EvidencePattern(Strict):
+    """A log line that proves part of the serving path (e.g. PD's P->D transfer), counted in
+    the logs of one role's processes; a cell-repeat with fewer than `min_per_cell` is invalid.
+
+    `window: cell` counts what the role logged while the cell's client ran (a line per
+    request); `window: service` counts since the server started (a line SGLang logs once
+    per process, via `warning_once`)."""
+
+    pattern: str
+    role: Literal["server", "prefill", "decode", "router"]
+    min_per_cell: int = Field(default=1, ge=0)
+    window: Literal["cell", "service"] = "cell"
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"bad regular expression: {exc}") from None
+        return value
+
+
+class ReferenceConfig(Strict):
+    """A validated table to compare the case table against (servesweep.reference)."""
+
+    file: str  # relative to the checkout, e.g. config/reference/seed003_pd_standard.yaml
+    tolerance: float = Field(default=0.10, gt=0)  # relative; a larger delta is marked
+
+
 class Matrix(Strict):
     """Axes: lists of values for server arguments (restart) and workload fields (no restart)."""
 
@@ -343,9 +419,10 @@ class Experiment(Strict):
     suites: dict[str, list[str]] = Field(default_factory=dict)
     suite: str | None = None
     warmup_after_start: int = Field(default=0, ge=0)
-    evidence: dict[str, str] = Field(default_factory=dict)
+    evidence: dict[str, EvidencePattern] = Field(default_factory=dict)
     repeats: int = Field(default=1, ge=1)
     baseline: dict[str, Any] = Field(default_factory=dict)
+    reference: ReferenceConfig | None = None
 
     @model_validator(mode="after")
     def _check_combinations(self) -> Experiment:
@@ -366,11 +443,15 @@ class Experiment(Strict):
         for axes in _combinations(self.matrix.client):
             _validated(Workload, self.workload, axes, "matrix.client")
         self._check_cases()
+        if self.reference is not None and not self.cases:
+            raise ValueError("reference: compares cases: give `cases`")
+        roles = {*self.roles, "router"} if self.roles else {SINGLE_ROLE}
         for name, pattern in self.evidence.items():
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"evidence.{name}: bad regular expression: {exc}") from None
+            if pattern.role not in roles:
+                raise ValueError(
+                    f"evidence.{name}.role: {pattern.role!r} is not a role of this experiment "
+                    f"({sorted(roles)})"
+                )
         if len(self.baseline) > 1:
             raise ValueError("baseline: name exactly one axis and its value")
         for axis, value in self.baseline.items():
@@ -561,6 +642,11 @@ def apply_env(raw: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
     return data
 
 
+def unnarrowed_env(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` without the variables that narrow what runs (the run's full matrix)."""
+    return {k: v for k, v in env.items() if k not in NARROWING_ENV}
+
+
 def env_var_of(side: str, axis: str, env: Mapping[str, str]) -> str | None:
     """The env variable that set this matrix axis, if one did."""
     table = SERVER_AXIS_ENV if side == "server" else CLIENT_AXIS_ENV
@@ -707,6 +793,7 @@ class ClientSpec:
     id: str
     axes: dict[str, Any]
     workload: Workload
+    index: int = 0  # in config order: cells of a server config run in this order
 
 
 @dataclass(frozen=True)
@@ -717,17 +804,31 @@ class CellRepeat:
     client: ClientSpec
     repeat: int
     repeats: int = 1  # of the experiment: the priority interleaves repeats
+    clients: int = 1  # client configs of the experiment: the priority keeps their order
 
     @property
     def key(self) -> str:
         return f"{self.server.id}/{self.client.id}/r{self.repeat}"
 
     @property
+    def seed(self) -> int:
+        """The prompts' seed: derived from the client id and repeat (docs/identity.md), so
+        every case and repeat sends its own prompts and every server config the same ones."""
+        return derived_seed(self.client.workload.seed, f"{self.client.id}/r{self.repeat}")
+
+    @property
+    def workload(self) -> Workload:
+        """The client's workload with this cell-repeat's seed: what the client sends."""
+        return self.client.workload.model_copy(update={"seed": self.seed})
+
+    @property
     def priority(self) -> int:
         """Snakemake priority: every cell of a server config above the next config's (one
-        start per config), and within it repeat 1 of every client cell before repeat 2, ...
-        (interleaved against drift, as AIPerf's REPEATED mode)."""
-        return self.server.priority * (self.repeats + 1) + self.repeats + 1 - self.repeat
+        start per config), within it repeat 1 of every client cell before repeat 2, ...
+        (interleaved against drift, as AIPerf's REPEATED mode), and within a repeat the client
+        configs in config order (a suite's smoke case first)."""
+        base = self.server.priority * (self.repeats + 1) + self.repeats + 1 - self.repeat
+        return base * (self.clients + 1) + self.clients - self.client.index
 
 
 # The identity split (docs/identity.md): these fields say how a server set is reached or
@@ -738,6 +839,13 @@ REACH_RUNTIME_FIELDS = frozenset({"sudo"})
 REACH_SERVER_ARG_FIELDS = frozenset({"disaggregation_bootstrap_port"})
 REACH_ROUTER_FIELDS = frozenset({"port"})
 REACH_WORKLOAD_FIELDS = frozenset({"request_timeout_s"})
+
+
+def derived_seed(base: int, name: str) -> int:
+    """A seed for `name` (a cell-repeat, a warm-up) from the configured `workload.seed`:
+    stable across runs, machines and Python versions (a hash, not `hash()`)."""
+    digest = hashlib.sha256(f"{base}:{name}".encode()).hexdigest()
+    return int(digest[:8], 16) % (2**31 - 1)
 
 
 def fingerprint(exp: Experiment, roles: tuple[RoleSpec, ...]) -> str:
@@ -845,11 +953,12 @@ def client_specs(exp: Experiment) -> list[ClientSpec]:
                 id=f"case~{name}",
                 axes={"case": name},
                 workload=Workload.model_validate({**exp.workload.model_dump(), **exp.cases[name]}),
+                index=i,
             )
-            for name in selected_cases(exp)
+            for i, name in enumerate(selected_cases(exp))
         ]
     specs = []
-    for combo in _combinations(exp.matrix.client):
+    for i, combo in enumerate(_combinations(exp.matrix.client)):
         axes = canonical_axes(combo, Workload)
         workload = Workload.model_validate({**exp.workload.model_dump(), **axes})
         specs.append(
@@ -857,6 +966,7 @@ def client_specs(exp: Experiment) -> list[ClientSpec]:
                 id=_segment(axes, "default"),
                 axes={k: getattr(workload, k) for k in axes},
                 workload=workload,
+                index=i,
             )
         )
     return specs
@@ -864,10 +974,11 @@ def client_specs(exp: Experiment) -> list[ClientSpec]:
 
 def cell_repeats(exp: Experiment) -> list[CellRepeat]:
     """Every cell-repeat, grouped by server config (the order servers are started in)."""
+    clients = client_specs(exp)
     return [
-        CellRepeat(server=s, client=c, repeat=r, repeats=exp.repeats)
+        CellRepeat(server=s, client=c, repeat=r, repeats=exp.repeats, clients=len(clients))
         for s in server_specs(exp)
-        for c in client_specs(exp)
+        for c in clients
         for r in range(1, exp.repeats + 1)
     ]
 

@@ -11,12 +11,31 @@ from pathlib import Path
 from typing import IO, Any
 
 
+def current_umask() -> int:
+    """The process's umask, read without changing it (Linux /proc; else set and restored)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
-def atomic_open(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
-    """Open a temp file beside `path`; rename it over `path` only if the block succeeds."""
+def atomic_open(
+    path: str | Path, mode: str = "w", *, perms: int | None = None
+) -> Iterator[IO[Any]]:
+    """Open a temp file beside `path`; rename it over `path` only if the block succeeds.
+    The file gets `perms`, or what a plain open() would give: 0666 less the umask (mkstemp's
+    own 0600 would hide results from the group whatever the umask; only secrets are 0600)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, perms if perms is not None else 0o666 & ~current_umask())
     try:
         with os.fdopen(fd, mode) as fh:
             yield fh

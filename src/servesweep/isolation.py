@@ -15,6 +15,8 @@ from servesweep.events import EventLog
 from servesweep.runtime import Runtime
 
 IDLE_WAIT_S = 60.0
+# The raw record's key: True when run_cell flushed the radix cache before the cell's client.
+CACHE_FLUSHED_KEY = "servesweep_cache_flushed"
 POLL_S = 0.2
 _METRIC = re.compile(r"^sglang:(num_running_reqs|num_queue_reqs)(?:\{[^}]*\})?\s+(\S+)", re.M)
 
@@ -132,3 +134,28 @@ def wait_idle(
                 f"client starts ({', '.join(load.sources)}); another client is using it"
             )
         time.sleep(POLL_S)
+
+
+def flush_cache(*, urls: list[str], server: str, cell: str, wait_s: float = IDLE_WAIT_S) -> None:
+    """POST SGLang's `/flush_cache` on each engine endpoint (http_server.py: GET or POST; 200
+    when flushed, 400 while requests run or wait), retrying until `wait_s`; ServerBusy after."""
+    for url in urls:
+        deadline = time.monotonic() + wait_s
+        while True:
+            req = urllib.request.Request(f"{url}/flush_cache", data=b"", method="POST")
+            status = None
+            try:
+                with urllib.request.urlopen(req, timeout=30.0) as resp:
+                    status = resp.status
+            except urllib.error.HTTPError as exc:
+                status = exc.code
+            except (urllib.error.URLError, OSError, TimeoutError):
+                pass
+            if status == 200:
+                break
+            if time.monotonic() >= deadline:
+                raise ServerBusy(
+                    f"cell {cell}: server {server} did not flush its radix cache at {url} within "
+                    f"{wait_s:.0f}s (last status {status}); the cell would reuse cached prefixes"
+                )
+            time.sleep(POLL_S)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from servesweep.config import (
 )
 from servesweep.errors import ConfigError
 from servesweep.files import write_json_atomic
-from servesweep.images import build_image as build
+from servesweep.images import build_images as build_all
 from servesweep.paths import RunPaths
 from servesweep.preflight import run_preflight
 from servesweep.servers import connect
@@ -42,14 +42,17 @@ def experiment(config: Mapping[str, Any]) -> tuple[Experiment, RunPaths]:
     return exp, RunPaths.for_run(exp)
 
 
-def build_image(*, config: Mapping[str, Any], node: str, log: PathLike, out: PathLike) -> None:
-    """Rule build_image: image + capability smoke evidence for one node."""
+def build_images(
+    *, config: Mapping[str, Any], logs: Sequence[PathLike], out: Sequence[PathLike]
+) -> None:
+    """Rule build_images: on every node at once, base image, image, smoke and content checks;
+    one evidence file per node (`out`, in cluster.nodes order, beside its log in `logs`)."""
     exp, paths = experiment(config)
+    node_logs = {node: Path(log) for node, log in zip(exp.cluster.nodes, logs, strict=True)}
     with connect(exp, paths) as manager:
-        evidence = build(
-            exp=exp, node=node, runtime=manager.runtime, log=Path(log), owner=manager.owner
-        )
-    write_json_atomic(out, evidence)
+        evidence = build_all(exp=exp, runtime=manager.runtime, logs=node_logs, owner=manager.owner)
+    for node, path in zip(exp.cluster.nodes, out, strict=True):
+        write_json_atomic(path, evidence[node])
 
 
 def preflight(*, config: Mapping[str, Any], out: PathLike) -> None:
@@ -86,13 +89,24 @@ def run_cell(
             f"cell {server}/{client}/r{repeat}: the config gives server {server} fingerprint "
             f"{specs[0].fingerprint}, the workflow planned {fingerprint}"
         )
-    clients = [c for c in client_specs(exp) if c.id == client]
-    if not clients or workload_key(clients[0].workload) != workload:
+    clients = client_specs(exp)
+    found = [c for c in clients if c.id == client]
+    cell = (
+        CellRepeat(
+            server=specs[0],
+            client=found[0],
+            repeat=int(repeat),
+            repeats=exp.repeats,
+            clients=len(clients),
+        )
+        if found
+        else None
+    )
+    if cell is None or workload_key(cell.workload) != workload:
         raise ConfigError(
             f"cell {server}/{client}/r{repeat}: the config's workload of client {client} is not "
             f"the one the workflow planned ({workload})"
         )
-    cell = CellRepeat(server=specs[0], client=clients[0], repeat=int(repeat))
     planned, now = json.loads(measured_with), provenance.measured_with(exp, cell)
     if planned != now:
         diff = ", ".join(provenance.differences(planned, now))

@@ -45,9 +45,39 @@ def package_versions() -> dict[str, str]:
     return out
 
 
-def build_manifest(*, exp: Experiment, server_info: Sequence[Path], repo: Path) -> dict[str, Any]:
-    """Everything needed to know what ran: config, servers, versions, engine reports.
-    `server_info`: the /server_info snapshots of the run (service/<server>/server_info.json)."""
+def image_records(builds: Sequence[Path]) -> list[dict[str, Any]]:
+    """Per node: the image's digest and what its smoke commands and checks printed (the
+    build_images evidence, results/.images/<key>/<node>.json)."""
+    out = []
+    for path in builds:
+        data = json.loads(path.read_text())
+        out.append(
+            {
+                "node": data.get("node"),
+                "image": data.get("image"),
+                "image_key": data.get("image_key"),
+                "image_id": data.get("image_id"),
+                "repo_digests": data.get("repo_digests", []),
+                "base": data.get("base"),
+                "method": data.get("method"),
+                "engine_version": data.get("engine_version"),
+                "smoke": [{"command": s["command"], "output": s["output"]} for s in data["smoke"]],
+                "checks": [
+                    {k: c[k] for k in ("name", "expect", "output", "matched")}
+                    for c in data.get("checks", [])
+                ],
+                "checked_at": data.get("checked_at"),
+            }
+        )
+    return out
+
+
+def build_manifest(
+    *, exp: Experiment, server_info: Sequence[Path], repo: Path, builds: Sequence[Path] = ()
+) -> dict[str, Any]:
+    """Everything needed to know what ran: config, servers, versions, engine reports, images.
+    `server_info`: the /server_info snapshots of the run (service/<server>/server_info.json);
+    `builds`: the image evidence per node (docker runtimes)."""
     infos = {path.parent.name: path for path in server_info}
     servers = []
     for spec in server_specs(exp):
@@ -81,6 +111,7 @@ def build_manifest(*, exp: Experiment, server_info: Sequence[Path], repo: Path) 
             "version_pinned": exp.engine.version,
             "image": exp.runtime.image,
         },
+        "images": image_records(builds),
         "servers": servers,
         "config": exp.model_dump(mode="json"),
     }

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 from servesweep.config import CellRepeat, Experiment
+from servesweep.images import image_key
 
 CellFile = Literal["raw", "gpu", "bench", "job"]
 # The files of a cell-repeat, relative to the run folder, as Snakemake patterns: the rules take
@@ -30,6 +31,23 @@ def cell_file(
     """One file of a cell-repeat of the run folder `run_dir`."""
     rel = CELL_FILES[kind].format(server=server_id, client=client_id, repeat=int(repeat))
     return Path(run_dir, rel)
+
+
+def aggregate_cells(
+    *, selected: Sequence[CellRepeat], configured: Sequence[CellRepeat], paths: RunPaths
+) -> list[CellRepeat]:
+    """What results.csv and the summary cover: the selected (maybe narrowed) cells, and every
+    other cell of the configured matrix that finished in this run (its raw and GPU files
+    exist), in matrix order. Narrowing selects what runs; it never shrinks the aggregates."""
+    keys = {c.key for c in selected}
+    done = [
+        c
+        for c in configured
+        if c.key not in keys and paths.raw(c).exists() and paths.gpu(c).exists()
+    ]
+    order = {c.key: i for i, c in enumerate(configured)}
+    cells = [*selected, *done]
+    return sorted(cells, key=lambda c: order.get(c.key, len(order)))
 
 
 @dataclass(frozen=True)
@@ -81,12 +99,20 @@ class RunPaths:
     def preflight(self) -> Path:
         return self.root / "preflight.json"
 
-    def build(self, node: str) -> Path:
-        return self.root / "build" / f"{node}.json"
+    def images(self, exp: Experiment) -> Path:
+        """Image evidence shared by every run of this results root, keyed by the image's
+        content (images.image_key): results/.images/<key>/."""
+        return self.root.parent / ".images" / image_key(exp)
 
     def builds(self, exp: Experiment) -> list[Path]:
-        """Image-check evidence per node (docker runtimes only)."""
-        return [self.build(n) for n in exp.cluster.nodes] if exp.runtime.kind == "docker" else []
+        """Image-check evidence per node (docker runtimes only): <images>/<node>.json."""
+        if exp.runtime.kind != "docker":
+            return []
+        return [self.images(exp) / f"{n}.json" for n in exp.cluster.nodes]
+
+    def build_logs(self, exp: Experiment) -> list[Path]:
+        """The build and check log of each node, beside its evidence."""
+        return [p.with_suffix(".log") for p in self.builds(exp)]
 
     def prerequisites(self, exp: Experiment) -> list[Path]:
         """Evidence every cell needs before its server starts: image checks, then preflight."""

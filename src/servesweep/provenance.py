@@ -28,7 +28,7 @@ def measured_with(exp: Experiment, cell: CellRepeat) -> dict[str, Any]:
     """What a cell-repeat is measured with, as JSON values (written into its raw record)."""
     return {
         "fingerprint": cell.server.fingerprint,
-        "workload": json.loads(workload_key(cell.client.workload)),  # the measured part
+        "workload": json.loads(workload_key(cell.workload)),  # the measured part (its seed)
         "client": client_identity(exp),
         "warmup_after_start": exp.warmup_after_start,
     }

@@ -12,7 +12,16 @@ import numpy as np
 import pandas as pd
 from pydantic import ValidationError
 
-from servesweep import figures, gpusampling, provenance, stats, telemetry, validation
+from servesweep import (
+    evidence,
+    figures,
+    gpusampling,
+    isolation,
+    provenance,
+    stats,
+    telemetry,
+    validation,
+)
 from servesweep.config import MIN_RETOKENIZED_RATIO, CellRepeat, SaturationConfig, SloConfig
 from servesweep.errors import CellFailed
 from servesweep.files import atomic_open
@@ -79,7 +88,8 @@ REQUIRED_KEYS = (
 READ_KEYS = frozenset({*METRICS.values(), *REQUIRED_KEYS, "total_output_tokens_retokenized"})
 # GPU columns of results.csv: snapshot figures, then the sampled ones (servesweep.gpusampling).
 GPU_COLUMNS = tuple(dict.fromkeys((*telemetry.GPU_FIGURES, *gpusampling.SAMPLE_FIGURES)))
-ID_COLUMNS = ("run_id", "server_id", "client_id", "repeat", "fingerprint")
+ID_COLUMNS = ("run_id", "server_id", "client_id", "repeat", "seed", "fingerprint")
+
 # requests.csv: one row per successful request of every cell-repeat (stats.request_figures).
 REQUEST_ID_COLUMNS = ("server_id", "client_id", "repeat")
 REQUEST_COLUMNS = (*REQUEST_ID_COLUMNS, "ttft_ms", "e2e_ms", "tpot_ms")
@@ -124,7 +134,7 @@ def read_cell(
     min_retokenized_ratio: float = MIN_RETOKENIZED_RATIO,
     measured_with: Mapping[str, Any] | None = None,
     stale: list[tuple[str, str, list[str]]] | None = None,
-) -> tuple[dict[str, float | int], tuple[Requests, stats.RequestDetails | None]]:
+) -> tuple[dict[str, Any], tuple[Requests, stats.RequestDetails | None]]:
     """Read and check one raw cell-repeat file with the cell's own checks (validation.
     judge_record against its workload): its metrics, its per-request figures and details (None
     without usable details); CellFailed names the cell and the file, and says to delete it.
@@ -147,7 +157,7 @@ def read_cell(
         # (requests.csv, and so the bootstrap, falls back to repeats without them).
         verdict = validation.judge_record(
             record,
-            workload=cell.client.workload,
+            workload=cell.workload,
             min_retokenized_ratio=min_retokenized_ratio,
             need_details=False,
         )
@@ -159,7 +169,19 @@ def read_cell(
         diff = provenance.differences((record.model_extra or {}).get(provenance.KEY), measured_with)
         if diff:
             stale.append((cell.key, str(path), diff))
-    return metrics, _request_figures(path, record)
+    return {**metrics, **hygiene_columns(record)}, _request_figures(path, record)
+
+
+def hygiene_columns(record: BenchRecord) -> dict[str, Any]:
+    """What run_cell recorded about a cell's conditions: whether the radix cache was flushed
+    before it, and its log evidence counts (`evidence_<name>`)."""
+    extra = record.model_extra or {}
+    flushed = extra.get(isolation.CACHE_FLUSHED_KEY)
+    counts = extra.get(evidence.KEY) or {}
+    return {
+        "cache_flushed": math.nan if flushed is None else bool(flushed),
+        **{f"{evidence.COLUMN_PREFIX}{name}": int(n) for name, n in counts.items()},
+    }
 
 
 def _request_figures(
@@ -224,6 +246,7 @@ def result_columns(server_axes: Sequence[str], client_axes: Sequence[str]) -> li
         *DERIVED,
         *GPU_COLUMNS,
         *FIGURE_COLUMNS,
+        "cache_flushed",
     ]
 
 
@@ -278,6 +301,7 @@ def result_row(
         "server_id": cell.server.id,
         "client_id": cell.client.id,
         "repeat": cell.repeat,
+        "seed": cell.seed,
         "fingerprint": cell.server.fingerprint,
         **cell.server.axes,
         **cell.client.axes,
@@ -331,7 +355,9 @@ def collect_results(
         rows.append(result_row(run_id=run_id, cell=cell, metrics=metrics, gpu={**gpu_row, **extra}))
         requests.append(per_request)
     provenance.check_current(stale)
-    df = pd.DataFrame(rows, columns=result_columns(server_axes, client_axes))
+    columns = result_columns(server_axes, client_axes)
+    found = dict.fromkeys(k for row in rows for k in row if k.startswith(evidence.COLUMN_PREFIX))
+    df = pd.DataFrame(rows, columns=[*columns, *found])
     for col in (*INTEGER_METRICS, "gpu_count"):
         df[col] = pd.to_numeric(df[col]).astype("Int64")
     log.info("collected %d cell-repeats of run %s", len(df), run_id)

@@ -304,6 +304,10 @@ class DockerRuntime:
     def command_line(self, launch: Launch) -> str:
         return f"{self._prefix()} {shlex.join(self._run_args(launch, detach=True, gpus=True))}"
 
+    def docker_prefix(self) -> str:
+        """How docker is called on the nodes (`docker`, or sudo's form of it)."""
+        return self._prefix()
+
     def _run_args(self, launch: Launch, *, detach: bool, gpus: bool) -> list[str]:
         rt = self.runtime
         args = ["run", "-d" if detach else "--rm", "--name", launch.name]

@@ -25,6 +25,7 @@ from paramiko.auth_strategy import AuthFailure, AuthStrategy, InMemoryPrivateKey
 
 from servesweep.config import SshOptions
 from servesweep.errors import TransportError
+from servesweep.files import current_umask
 from servesweep.transport import CommandResult
 
 logger = logging.getLogger(__name__)
@@ -403,6 +404,7 @@ class SshTransport:
                     raise TransportError(f"no file {remote} on node {node}") from None
                 except (OSError, paramiko.SSHException) as exc:
                     raise TransportError(f"cannot copy {remote} from node {node}: {exc}") from None
+            os.chmod(part, 0o666 & ~current_umask())  # as a plain open() would (not 0600)
             os.replace(part, local)
         finally:
             with contextlib.suppress(FileNotFoundError):

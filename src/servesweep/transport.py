@@ -7,13 +7,15 @@ from __future__ import annotations
 import logging
 import shutil
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from servesweep.errors import TransportError
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:  # pydantic stays out of a bare GPU host (benchmarks/gpu_sampler_check.py)
     from servesweep.config import ClusterConfig
@@ -84,6 +86,19 @@ def node_address(cluster: ClusterConfig, node: str) -> str:
     import paramiko  # only clusters reached over SSH need it
 
     return paramiko.SSHConfig.from_path(str(path)).lookup(node).get("hostname", node)
+
+
+def fan_out(nodes: Iterable[str], work: Callable[[str], T]) -> dict[str, T | Exception]:
+    """`work(node)` on every node in parallel, one thread each; results (or the exception a
+    node raised) keyed by node, in order."""
+    nodes = list(nodes)
+    with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
+        futures = {n: pool.submit(work, n) for n in nodes}
+        out: dict[str, T | Exception] = {}
+        for n, f in futures.items():
+            exc = f.exception()
+            out[n] = exc if isinstance(exc, Exception) else f.result()
+        return out
 
 
 def run_all(

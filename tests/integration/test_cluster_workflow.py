@@ -32,6 +32,13 @@ def _config(nodes_dir: Path, run_id: str, **extra: object) -> dict:
         "mounts": [*host_python_mounts(), "/usr/bin:/usr/bin:ro", "/bin:/bin:ro"],
         "env": container_env(),
         "smoke": ["python3 -m servesweep.sim --help > /dev/null && echo sim importable"],
+        "checks": [
+            {
+                "name": "python-version",
+                "command": "python3 -c 'import sys; print(sys.version_info[0])'",
+                "expect": "^3$",
+            }
+        ],
     }
     runtime.update(extra.pop("runtime", {}))
     return {
@@ -129,11 +136,32 @@ def test_matrix_over_ssh_docker_with_sudo(
     assert proc.returncode == 0, proc.stderr[-4000:]
     run_dir = tmp_path / "results" / run_id
 
-    # One image check per node, with smoke evidence.
+    # One image check per node (all at once, keyed by the image), with smoke and check output.
+    [images] = (tmp_path / "results" / ".images").iterdir()
     for node in SWEEPERS:
-        evidence = yaml.safe_load((run_dir / "build" / f"{node}.json").read_text())
+        evidence = yaml.safe_load((images / f"{node}.json").read_text())
         assert evidence["image_id"].startswith("sha256:")
+        assert evidence["image_key"] == images.name
         assert evidence["smoke"][-1]["output"] == "sim importable"
+        assert evidence["checks"] == [
+            {
+                "name": "python-version",
+                "command": "python3 -c 'import sys; print(sys.version_info[0])'",
+                "expect": "^3$",
+                "returncode": 0,
+                "output": "3",
+                "matched": True,
+            }
+        ]
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert [i["node"] for i in manifest["images"]] == SWEEPERS
+    assert all(i["checks"][0]["output"] == "3" for i in manifest["images"])
+    # A new run id with the same image builds nothing.
+    again = run_snakemake(
+        tmp_path, "-n", "all", "--configfile", str(cfg), env={"RUN_ID": "it-cluster-again"}
+    )
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "build_images" not in again.stdout and "preflight" in again.stdout
     # Exact docker commands per node, multi-node flags, labels; logs of every node collected.
     service = run_dir / "service" / "moe_runner_backend~marlin,chunked_prefill_size~8192"
     commands = (service / "commands.sh").read_text()
@@ -203,12 +231,13 @@ def test_failed_smoke_aborts_before_any_server_starts(
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "SmokeFailed" in out and "exit 3" in out
-    assert f"results/{run_id}/build/" in out
+    assert "results/.images/" in out
     run_dir = tmp_path / "results" / run_id
-    assert not list(run_dir.glob("build/*.json"))
+    images = tmp_path / "results" / ".images"
+    assert not list(images.glob("*/*.json"))
     events = [e for _, e, _ in read_events(run_dir / "orchestrator.log")]
     assert "start" not in events
-    assert "broken kernel" in "".join(p.read_text() for p in run_dir.glob("build/*.log"))
+    assert "broken kernel" in "".join(p.read_text() for p in images.glob("*/*.log"))
 
 
 def test_unsafe_password_file_is_refused_before_anything_starts(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -69,6 +70,18 @@ def test_pd_standard_suite_over_ssh_and_docker(
     assert summary["log_scan"]["fatal_findings"] == 0
     assert summary["log_scan"]["evidence"]["p_state_slice_transfer"] > 0
     assert summary["log_scan"]["evidence"]["d_rdma_ready_ack"] > 0
+    # every cell met its per-cell minimums (read over ssh from the containers' logs), in
+    # config order, with its own seed and a flushed radix cache
+    results = pd.read_csv(run_dir / "results.csv")
+    required = [c for c in results.columns if c.startswith("evidence_")]
+    assert len(required) == 3 and (results[required] > 0).all().all()
+    assert list(results["client_id"]) == [
+        "case~64-8-c1",
+        "case~1k-16-c1-nonstream",
+        "case~16k-1-c1",
+        "case~16k-1-c8",
+    ]
+    assert results["seed"].is_unique and results["cache_flushed"].all()
     assert summary["warmup"][0]["requests"] == 1
     assert len(list((run_dir / "service" / "pd").glob("*-node*.log"))) == 5
     assert "| 16K -> 1, C8 | 40 |" in (run_dir / "cases.md").read_text()

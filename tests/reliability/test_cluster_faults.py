@@ -102,7 +102,8 @@ def test_image_smoke_fails(
         "--cores", "1", *narrowed, run.targets[-1], env={"BACKENDS_CSV": "marlin"}
     )
     checks.check("the narrowed first run succeeds", first.returncode == 0, output(first)[-3000:])
-    builds = sorted((run.run_dir / "build").glob("*.json"))
+    images = run.run_dir.parent / ".images"  # shared by run ids, keyed by the image
+    builds = sorted(images.glob("*/*.json"))
     checks.check("the image check left evidence", bool(builds), str(builds))
     for path in builds:  # a new image must be re-validated: its evidence is removed
         path.unlink()
@@ -120,9 +121,7 @@ def test_image_smoke_fails(
     )
     events = [e for _, e, _ in run.events()[n_start:]]
     checks.check("no server started and no cell ran", not events, str(events))
-    checks.check(
-        "no image evidence for the failed smoke", not list((run.run_dir / "build").glob("*.json"))
-    )
+    checks.check("no image evidence for the failed smoke", not list(images.glob("*/*.json")))
     rerun_and_check(checks, run, reference, remove_cause=broken.unlink)
 
 

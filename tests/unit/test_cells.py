@@ -22,6 +22,7 @@ from servesweep.cells import (
 from servesweep.config import cell_repeats, load_experiment, workload_key
 from servesweep.errors import CellFailed, ConfigError, PreflightFailed
 from servesweep.events import read_events
+from servesweep.images import image_key
 from servesweep.paths import RunPaths
 from servesweep.records import read_record
 from servesweep.runtime import ProcessRuntime
@@ -132,7 +133,7 @@ def test_a_cell_whose_planned_fingerprint_differs_is_refused(tmp_path: Path) -> 
             client=cell.client.id,
             repeat=1,
             fingerprint="0" * 12,
-            workload=workload_key(cell.client.workload),
+            workload=workload_key(cell.workload),
             measured_with=json.dumps(provenance.measured_with(exp, cell)),
             **_files(paths, cell),
         )
@@ -151,7 +152,7 @@ def test_a_cell_planned_with_another_client_is_refused(tmp_path: Path) -> None:
             client=cell.client.id,
             repeat=1,
             fingerprint=cell.server.fingerprint,
-            workload=workload_key(cell.client.workload),
+            workload=workload_key(cell.workload),
             measured_with=json.dumps(planned),
             **_files(paths, cell),
         )
@@ -175,7 +176,8 @@ def test_docker_runs_check_each_nodes_image(tmp_path: Path) -> None:
     )
     exp = load_experiment(raw, {})
     paths = RunPaths.for_run(exp, tmp_path / "results")
-    expected = [paths.build(node) for node in exp.cluster.nodes] + [paths.preflight]
+    shared = tmp_path / "results" / ".images" / image_key(exp)  # shared by every run id
+    expected = [shared / f"{node}.json" for node in exp.cluster.nodes] + [paths.preflight]
     assert paths.prerequisites(exp) == expected
 
 
@@ -220,3 +222,28 @@ def test_a_node_without_nvidia_smi_is_said_once_per_run(
     assert "nvidia-smi not found on node a" in warned[0] and "s/c/r0" in warned[0]
     kept = sorted(p.read_text() for p in (paths.logs / "gpu_unavailable").iterdir())
     assert kept == [w + "\n" for w in warned]
+
+
+def test_aggregates_cover_every_finished_cell_of_the_configured_matrix(tmp_path: Path) -> None:
+    from servesweep.config import unnarrowed_env
+    from servesweep.paths import aggregate_cells
+
+    raw = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    env = {"BACKENDS_CSV": "flashinfer_mxfp4", "RUN_ID": "agg"}
+    narrowed = load_experiment(raw, env)
+    configured = load_experiment(raw, unnarrowed_env(env))
+    assert configured.run_id == "agg" and len(cell_repeats(configured)) > len(
+        cell_repeats(narrowed)
+    )
+    paths = RunPaths.for_run(narrowed, tmp_path / "results")
+    finished = [c for c in cell_repeats(configured) if "marlin" in c.server.id][:2]
+    for cell in finished:
+        for path in (paths.raw(cell), paths.gpu(cell)):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("x")
+    cells = aggregate_cells(
+        selected=cell_repeats(narrowed), configured=cell_repeats(configured), paths=paths
+    )
+    keys = [c.key for c in cells]
+    assert keys[:2] == [c.key for c in finished], "in matrix order: marlin configs first"
+    assert set(keys) == {c.key for c in cell_repeats(narrowed)} | {c.key for c in finished}

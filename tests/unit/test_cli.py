@@ -19,9 +19,26 @@ def test_commands_prints_every_docker_and_launch_command(
     monkeypatch.delenv("SUDO_PASSWORD_FILE", raising=False)
     assert main(["commands", "--configfile", SEED]) == 0
     lines = capsys.readouterr().out.splitlines()
-    commands = [line for line in lines if not line.startswith("#")]
+    commands = [line for line in lines if "docker run -d" in line]
     assert len(commands) == 4 * 4  # 4 server configs x 4 nodes, one command per line
     assert all(c.startswith("sudo -S -p '' docker run -d") for c in commands)
+    # The image build (every node at once), its smoke commands and content checks
+    image = lines[: lines.index(next(ln for ln in lines if ln.startswith("# server ")))]
+    assert image[0].startswith("# image: build_images, on every node at once")
+    assert image[1].startswith("sudo -S -p '' docker build -t kimi3-sglang-mxfp4:phase5 -f ")
+    assert sum("# smoke: exit 0" in ln for ln in image) == 1 + 5  # the version probe + 5
+    checks = [ln for ln in image if "# check " in ln]
+    assert [c.split("# check ")[1].split(":")[0] for c in checks] == [
+        "flashinfer-patched-wheel",
+        "flashinfer-aot-libs",
+    ]
+    # The client line per cell-repeat of a server config: bench_serving with its own seed
+    clients = [ln for ln in lines if "sglang.benchmark.serving" in ln]
+    assert len(clients) == 2 * 3  # 2 concurrencies x 3 repeats
+    seeds = {ln.split("--seed ")[1].split()[0] for ln in clients}
+    assert len(seeds) == 6 and "1" not in seeds
+    for flag in ("--gpus", "--device", "--privileged"):
+        assert not any(flag in ln for ln in clients)
     assert all("python3 -m sglang.launch_server" in c for c in commands)
     assert sum("--node-rank 3" in c for c in commands) == 4
     assert sum("--moe-runner-backend flashinfer_mxfp4" in c for c in commands) == 8
@@ -34,7 +51,7 @@ def test_commands_apply_env_narrowing(
     monkeypatch.setenv("BACKENDS_CSV", "marlin")
     monkeypatch.setenv("CHUNKED_PREFILL_SIZES_CSV", "16384")
     assert main(["commands", "--configfile", SEED]) == 0
-    commands = [c for c in capsys.readouterr().out.splitlines() if not c.startswith("#")]
+    commands = [c for c in capsys.readouterr().out.splitlines() if "docker run -d" in c]
     assert len(commands) == 4
     assert all("--tp-size 32 --ep-size 4" in c for c in commands)
 
@@ -69,7 +86,7 @@ def test_the_pd_router_container_gets_no_gpu_device_or_privileged_flags(
     monkeypatch.delenv("SUDO_PASSWORD_FILE", raising=False)
     pd = str(REPO / "config" / "experiments" / "pd_standard.yaml")
     assert main(["commands", "--configfile", pd]) == 0
-    lines = [ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith("#")]
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "docker run -d" in ln]
     router = [ln for ln in lines if "servesweep.role=router" in ln]
     engines = [ln for ln in lines if "servesweep.role=router" not in ln]
     assert len(router) == 1 and len(engines) == 8

@@ -60,6 +60,9 @@ def test_repeats_are_interleaved_within_a_server_config(raw: dict) -> None:
     first = [o for o in order if o[0] == order[0][0]]
     assert order[:6] == first, "one server config drains before the next"
     assert [r for _, r, _ in first] == [1, 1, 2, 2, 3, 3]  # r1 of every client cell, then r2
+    clients = [c.id for c in client_specs(load_experiment(raw, {}))]
+    assert [c for _, _, c in first] == clients * 3, "client configs in config order"
+    assert len({c.priority for c in cells}) == len(cells), "no tie left to Snakemake"
     # every cell of a config above every cell of the next one
     lowest = min(c.priority for c in cells if c.server.id == order[0][0])
     assert all(c.priority < lowest for c in cells if c.server.id != order[0][0])
@@ -239,3 +242,17 @@ def test_plot_metrics_must_be_summary_metrics(raw: dict) -> None:
     bad = copy.deepcopy(raw) | {"plots": {"metrics": ["goodput_rps", "nope"]}}
     with pytest.raises(ConfigError, match=r"^config key 'plots.metrics': 'nope' is not a summary"):
         plot_metrics(load_experiment(bad, {}))
+
+
+def test_derived_seeds_are_per_client_and_repeat_and_leave_fingerprints_alone(raw: dict) -> None:
+    exp = load_experiment(raw, {})
+    cells = cell_repeats(exp)
+    by_name = {(c.client.id, c.repeat): c.seed for c in cells}
+    assert len(set(by_name.values())) == len(by_name), "every client config and repeat: own seed"
+    assert all(c.seed == by_name[c.client.id, c.repeat] for c in cells), "same for every server"
+    assert all(c.workload.seed == c.seed for c in cells)
+    reseeded = load_experiment(deep_update(raw, {"workload": {"seed": 2}}), {})
+    assert [s.fingerprint for s in server_specs(reseeded)] == [
+        s.fingerprint for s in server_specs(exp)
+    ]
+    assert {c.seed for c in cell_repeats(reseeded)}.isdisjoint(by_name.values())

@@ -13,7 +13,7 @@ import yaml
 
 from servesweep.config import load_experiment
 from servesweep.errors import SmokeFailed
-from servesweep.images import build_image, version_probe
+from servesweep.images import build_image, build_images, image_key, version_probe
 from servesweep.owner import Owner
 from servesweep.runtime import DockerRuntime
 from servesweep.transport import LocalTransport
@@ -24,12 +24,16 @@ OWNER = Owner(user="tester", host="h", checkout="0123456789ab")
 # `docker image inspect` answers for one image; `docker run --rm ... IMAGE argv` runs argv here;
 # `docker build`/`pull` print a line. Every call is recorded.
 FAKE_DOCKER = r"""
-    import json, os, subprocess, sys
+    import json, os, subprocess, sys, time
     args = sys.argv[1:]
     with open(os.environ["FAKE_DOCKER_CALLS"], "a") as fh:
         fh.write(json.dumps(args) + "\n")
     image = os.environ["FAKE_DOCKER_IMAGE"]
+    bases = os.environ.get("FAKE_DOCKER_BASES", "").split(",")
+    barrier = os.environ.get("FAKE_DOCKER_BARRIER")  # dir: builds wait for each other
     if args[:2] == ["image", "inspect"]:
+        if args[-1] in bases:
+            sys.exit(0)
         if args[-1] != image:
             sys.exit(f"Error: No such image: {args[-1]}")
         print(json.dumps({"Id": "sha256:" + "ab" * 32, "RepoDigests": [image + "@sha256:cd"],
@@ -38,7 +42,15 @@ FAKE_DOCKER = r"""
         argv = args[args.index(image) + 1:]
         sys.exit(subprocess.run(argv).returncode)
     elif args[0] in ("build", "pull"):
-        print(f"fake {args[0]} of {image} done")
+        if barrier and args[0] == "build":  # both nodes' builds must be running at once
+            open(os.path.join(barrier, str(os.getpid())), "w").close()
+            for _ in range(200):
+                if len(os.listdir(barrier)) >= 2:
+                    break
+                time.sleep(0.05)
+            else:
+                sys.exit("fake docker: the other node's build never started alongside")
+        print(f"fake {args[0]} of {args[2] if args[0] == 'build' else args[1]} done")
     else:
         sys.exit(f"fake docker: unknown command {args}")
 """
@@ -119,3 +131,73 @@ def test_missing_image_and_engine_version_mismatch(
         build_image(
             exp=sglang, node="n1", runtime=_runtime(sglang), log=tmp_path / "b.log", owner=OWNER
         )
+
+
+def test_checks_record_their_output_and_a_mismatch_names_the_check(
+    tmp_path: Path, docker: Path
+) -> None:
+    checks = [
+        {"name": "mooncake", "command": "echo 0.3.12.post1", "expect": r"^0\.3\.12\.post1$"},
+        {"name": "aot-libs", "command": "echo 12 libs", "expect": r"^[1-9]\d* libs$"},
+    ]
+    exp = _exp(checks=checks)
+    evidence = build_image(
+        exp=exp, node="n1", runtime=_runtime(exp), log=tmp_path / "a.log", owner=OWNER
+    )
+    assert [(c["name"], c["output"], c["matched"]) for c in evidence["checks"]] == [
+        ("mooncake", "0.3.12.post1", True),
+        ("aot-libs", "12 libs", True),
+    ]
+    assert "[check mooncake rc=0 matched=True]" in (tmp_path / "a.log").read_text()
+    bad = _exp(checks=[{**checks[0], "command": "echo 0.3.11"}])
+    with pytest.raises(SmokeFailed) as info:
+        build_image(exp=bad, node="n1", runtime=_runtime(bad), log=tmp_path / "b.log", owner=OWNER)
+    text = str(info.value)
+    assert "failed check mooncake on node n1" in text and "last line: 0.3.11" in text
+
+
+def test_base_image_is_ensured_before_the_build(
+    tmp_path: Path, docker: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    build = {
+        "dockerfile": "/ctx/Dockerfile.pd",
+        "context": "/ctx",
+        "base": {"image": "phase5:base"},
+    }
+    exp = _exp(build=build)
+    with pytest.raises(SmokeFailed, match="base image phase5:base is missing on node n1"):
+        build_image(exp=exp, node="n1", runtime=_runtime(exp), log=tmp_path / "a.log", owner=OWNER)
+    calls = [json.loads(line) for line in docker.read_text().splitlines()]
+    assert not [c for c in calls if c[0] == "build"], "nothing built on a missing base"
+    pulled = _exp(build={**build, "base": {"image": "phase5:base", "pull": True}})
+    evidence = build_image(
+        exp=pulled, node="n1", runtime=_runtime(pulled), log=tmp_path / "b.log", owner=OWNER
+    )
+    assert evidence["base"] == {"image": "phase5:base", "method": "pull"}
+    calls = [json.loads(line) for line in docker.read_text().splitlines()]
+    verbs = [c[0] for c in calls if c[0] in ("pull", "build")]
+    assert verbs == ["pull", "build"], "the base first, then the image on it"
+    monkeypatch.setenv("FAKE_DOCKER_BASES", "phase5:base")
+    evidence = build_image(
+        exp=exp, node="n1", runtime=_runtime(exp), log=tmp_path / "c.log", owner=OWNER
+    )
+    assert evidence["base"] == {"image": "phase5:base", "method": "present"}
+
+
+def test_every_node_builds_at_once_and_the_key_follows_the_content(
+    tmp_path: Path, docker: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    monkeypatch.setenv("FAKE_DOCKER_BARRIER", str(barrier))
+    exp = _exp(build={"dockerfile": "/ctx/Dockerfile", "context": "/ctx"})
+    logs = {n: tmp_path / f"{n}.log" for n in ("n1", "n2")}
+    evidence = build_images(exp=exp, runtime=_runtime(exp), logs=logs, owner=OWNER)
+    assert sorted(evidence) == ["n1", "n2"]  # the barrier fails a build that runs alone
+    assert all(e["image_key"] == image_key(exp) for e in evidence.values())
+    renamed = load_experiment(deep_update(exp.model_dump(mode="json"), {"run_id": "other"}), {})
+    assert image_key(renamed) == image_key(exp), "a new RUN_ID shares the evidence"
+    rebuilt = _exp(
+        build={"dockerfile": "/ctx/Dockerfile", "context": "/ctx", "build_args": {"A": "1"}}
+    )
+    assert image_key(rebuilt) != image_key(exp)

@@ -80,6 +80,7 @@ def test_collect_results_default_matrix(tmp_path):
         "server_id",
         "client_id",
         "repeat",
+        "seed",
         "fingerprint",
         "moe_runner_backend",
         "chunked_prefill_size",
@@ -88,8 +89,13 @@ def test_collect_results_default_matrix(tmp_path):
         *results.DERIVED,
         *results.GPU_COLUMNS,
         *results.FIGURE_COLUMNS,
+        "cache_flushed",
     ]
     assert set(df["run_id"]) == {"moe-prefill-sim"}
+    # One seed per client config and repeat, the same for every server config (docs/identity.md)
+    assert list(df["seed"]) == [c.seed for c in cells]
+    assert df.groupby(["client_id", "repeat"])["seed"].nunique().eq(1).all()
+    assert df.drop_duplicates(["client_id", "repeat"])["seed"].is_unique
     assert list(df["server_id"]) == [c.server.id for c in cells]
     assert list(df["fingerprint"]) == [c.server.fingerprint for c in cells]
     assert list(df["repeat"]) == [1, 2, 3] * 8

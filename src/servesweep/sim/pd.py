@@ -50,6 +50,11 @@ RDMA_READY_ACK = "RDMA ready ack: room="  # decode: one line per received KV cac
 EVIDENCE_PATTERNS: Mapping[str, str] = MappingProxyType(
     {"prefill": KV_TRANSFER_DONE, "decode": RDMA_READY_ACK}
 )
+# SGLang's own line (disaggregation/mooncake/conn.py `_send_mamba_state_slice`, logged with
+# `warning_once`: once per prefill process) when P and D attention TP sizes differ.
+STATE_SLICE_LINE = (
+    "Using Mamba state slice transfer for different TP sizes between prefill and decode."
+)
 RDMA_ENDPOINTS_LINE = "Mooncake RDMA endpoints established"
 BOOTSTRAP_LINE = "Bootstrap server started at"
 FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # sglang.srt.disaggregation.utils: no transfer at all
@@ -207,6 +212,7 @@ class KVSender:
         self._timer: asyncio.TimerHandle | None = None
         self._peers: dict[str, asyncio.Future[None]] = {}
         self._keys = 0
+        self._slice_warned = False
 
     def _sim_now(self) -> float:
         return (self._loop.time() - self._t0) / self.time_scale
@@ -278,6 +284,12 @@ class KVSender:
             finally:
                 self._waiters.pop(key, None)
         simulated = setup + plan.base_latency_s + on_link
+        if decode_tp != self.prefill_tp and not self._slice_warned:
+            self._slice_warned = True
+            logger.warning(
+                f"{STATE_SLICE_LINE} Prefill attn_tp_size={self.prefill_tp}, "
+                f"Decode attn_tp_size={decode_tp}. Performance may be affected."
+            )
         logger.info(
             f"{KV_TRANSFER_DONE}{room}, tokens={tokens}, bytes={plan.nbytes:.0f}, "
             f"state slice TP{self.prefill_tp}->TP{decode_tp}, peer={peer}, "

@@ -219,6 +219,7 @@ class SimServer:
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         if self.engine.idle:
+            logger.info("Cache flushed successfully!")  # SGLang's scheduler line
             return web.Response(
                 status=200,
                 text="Cache flushed.\nPlease check backend logs for more details. "
