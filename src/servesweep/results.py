@@ -88,6 +88,8 @@ REQUIRED_KEYS = (
 READ_KEYS = frozenset({*METRICS.values(), *REQUIRED_KEYS, "total_output_tokens_retokenized"})
 # GPU columns of results.csv: snapshot figures, then the sampled ones (servesweep.gpusampling).
 GPU_COLUMNS = tuple(dict.fromkeys((*telemetry.GPU_FIGURES, *gpusampling.SAMPLE_FIGURES)))
+# Whether the server's radix cache was flushed before the cell (empty: not known, e.g. imported).
+HYGIENE_COLUMNS = ("cache_flushed",)
 ID_COLUMNS = ("run_id", "server_id", "client_id", "repeat", "seed", "fingerprint")
 
 # requests.csv: one row per successful request of every cell-repeat (stats.request_figures).
@@ -246,7 +248,7 @@ def result_columns(server_axes: Sequence[str], client_axes: Sequence[str]) -> li
         *DERIVED,
         *GPU_COLUMNS,
         *FIGURE_COLUMNS,
-        "cache_flushed",
+        *HYGIENE_COLUMNS,
     ]
 
 
