@@ -48,6 +48,8 @@ def collect_results(
         measured_with=[measured_with(exp, c) for c in cells],
         slo=exp.slo,
         saturation=exp.client.saturation,
+        engine_kind=exp.engine.kind,
+        time_scale=exp.engine.sim.time_scale,
     )
     write_results_csv(results, results_csv)
     write_requests_csv(requests, requests_csv)

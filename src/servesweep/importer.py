@@ -16,11 +16,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from servesweep import figures, stats
 from servesweep.checks import CheckInputError
 from servesweep.config import MIN_RETOKENIZED_RATIO, NAME_PATTERN
-from servesweep.files import write_json_atomic, write_text_atomic
+from servesweep.files import strict_json, write_json_atomic, write_text_atomic
 from servesweep.records import BenchRecord
 from servesweep.results import (
     INTEGER_METRICS,
     TAIL_COLUMNS,
+    engine_figures,
     gpu_figures,
     record_metrics,
     request_table,
@@ -224,7 +225,9 @@ def import_run(
                 continue
             taken.add(repeat)
             raw = run_dir / "raw" / server_id / client_id / f"r{repeat}.jsonl"
-            write_text_atomic(raw, entry["line"].rstrip("\n") + "\n")
+            # strict JSON (bench_serving's bare Infinity becomes null + non_finite)
+            write_text_atomic(raw, strict_json(entry["data"]) + "\n")
+            metrics = record_metrics(entry["data"])
             rows.append(
                 {
                     "run_id": run_id,
@@ -234,7 +237,8 @@ def import_run(
                     "fingerprint": IMPORTED_FINGERPRINT,
                     **entry["server"],
                     **entry["client"],
-                    **record_metrics(entry["data"]),
+                    **metrics,
+                    **engine_figures(metrics, engine_kind="sglang", time_scale=None),
                     **gpu_figures([]),
                     "gpu_status": "missing",
                     **_tails(entry["record"]),
