@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
@@ -311,7 +312,11 @@ def test_table_json_and_plot(comparison, tmp_path):
         sorted(c["metrics"]["ttft_p50_ms"]["delta_pct"] for c in loaded["cells"])
     )
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
-    assert all(label.endswith("*") for label in labels)  # fingerprints differ
+    # fingerprints differ, and the label says what did
+    assert all("\n* " in label for label in labels)
+    changed = [c["what_changed"] for c in loaded["cells"]]
+    shown = zip(labels, changed, strict=True)
+    assert all(label.endswith(textwrap.shorten(w, 48)) for label, w in shown)
     assert {t.get_text() for t in fig.legends[0].get_texts()} == {"better", "within noise"}
     plots.save_figure(fig, tmp_path / "comparison.png")
     assert (tmp_path / "comparison.png").read_bytes()[:4] == b"\x89PNG"
