@@ -11,8 +11,10 @@ from typing import Any
 from servesweep import compare
 from servesweep.casetable import case_table, markdown_table
 from servesweep.config import cell_repeats, client_specs
+from servesweep.events import read_events
 from servesweep.files import write_json_atomic, write_text_atomic
 from servesweep.jobs import PathLike, experiment
+from servesweep.landing import landing_page
 from servesweep.logscan import scan_run
 from servesweep.manifest import build_manifest
 from servesweep.provenance import measured_with
@@ -104,6 +106,33 @@ def write_case_table(
         )
     write_text_atomic(md, markdown_table(table) + note)
     write_text_atomic(html, table.to_html(index=False, border=0))
+
+
+def write_landing_page(
+    *,
+    summary_json: PathLike,
+    results_csv: PathLike,
+    manifest_json: PathLike,
+    builds: Sequence[PathLike],
+    events: Sequence[PathLike],
+    method: PathLike,
+    metrics: Sequence[str],
+    plots: Sequence[tuple[str, PathLike]],
+    out: PathLike,
+) -> None:
+    """Rule write_landing_page: the report's first page (servesweep.landing); `events`: the
+    run's orchestrator.log, if it has one; `plots`: (caption, PNG) of the key plots."""
+    page = landing_page(
+        summary=json.loads(Path(summary_json).read_text()),
+        manifest=json.loads(Path(manifest_json).read_text()),
+        results=read_results_csv(results_csv),
+        metrics=list(metrics),
+        plots=[(caption, Path(p)) for caption, p in plots],
+        builds=[json.loads(Path(b).read_text()) for b in builds],
+        events=[e for path in events for e in read_events(path)],
+        method_rst=Path(method).read_text(),
+    )
+    write_text_atomic(out, page)
 
 
 def write_manifest(
