@@ -308,6 +308,11 @@ def _draw_series(
         zorder=2,
         **common,
     )
+    for line in ax.lines:  # seaborn draws marker edges white: open circles need the line's colour
+        line.set_markeredgecolor(line.get_color())
+    for handle in ax.get_legend().legend_handles if ax.get_legend() else []:
+        if hasattr(handle, "set_markeredgecolor"):
+            handle.set_markeredgecolor(handle.get_color())
     sns.scatterplot(data=data, s=22, ax=ax, legend=False, zorder=3, edgecolor="none", **common)
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
