@@ -13,6 +13,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from servesweep import gpusampling, isolation, loadgen, provenance, telemetry, validation
 from servesweep.config import CellRepeat, Experiment, Workload, client_specs
@@ -128,6 +129,19 @@ def client_labels(*, exp: Experiment, manager: ServerManager) -> dict[str, str]:
 
 
 ISOLATION_KEY = "servesweep_isolation"
+# What measured a raw record: {kind, simulated, time_scale} (a sim's times are wall-clock times
+# of a clock running time_scale x wall time).
+ENGINE_KEY = "servesweep_engine"
+
+
+def engine_label(exp: Experiment) -> dict[str, Any]:
+    """ENGINE_KEY of the records of `exp`."""
+    sim = exp.engine.kind == "sim"
+    return {
+        "kind": exp.engine.kind,
+        "simulated": sim,
+        "time_scale": exp.engine.sim.time_scale if sim else None,
+    }
 
 
 def remove_partial_client_files(bench_log: Path, *, events: EventLog, cell: str) -> list[Path]:
@@ -369,7 +383,11 @@ def run_cell(
         _check_client(exp=exp, record=record, cell=cell.key, bench_log=bench_log)
         snapshot = before + after + window + samples
         record = BenchRecord.model_validate(
-            {**record.model_dump(), provenance.KEY: provenance.measured_with(exp, cell)}
+            {
+                **record.model_dump(),
+                provenance.KEY: provenance.measured_with(exp, cell),
+                ENGINE_KEY: engine_label(exp),
+            }
         )
         _write(gpu_out, lambda: telemetry.write_snapshot(gpu_out, snapshot), written)
         _write(raw_out, lambda: write_record(raw_out, record), written)

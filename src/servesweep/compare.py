@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from servesweep import stats, summary
+from servesweep import labels, stats, summary
 from servesweep.files import atomic_open
 from servesweep.paths import RunPaths
 from servesweep.results import (
@@ -279,6 +279,7 @@ def compare_runs(
         "run_a": run_a,
         "run_b": run_b,
         "matched_by": MATCHED_BY,
+        "engines": {"a": labels.engine_of(results_a), "b": labels.engine_of(results_b)},
         "direction": DIRECTION,
         "metrics": {m: {"better": summary.SUMMARY_METRICS[m]} for m in used},
         "cells": entries,

@@ -26,6 +26,7 @@ from servesweep.results import (
     record_metrics,
     request_table,
     result_columns,
+    significant,
     write_requests_csv,
     write_results_csv,
 )
@@ -255,6 +256,7 @@ def import_run(
     df = pd.DataFrame(rows, columns=result_columns(server_axes, client_axes))
     for col in (*INTEGER_METRICS, "gpu_count"):
         df[col] = pd.to_numeric(df[col]).astype("Int64")
+    df = significant(df)
     write_results_csv(df, run_dir / "results.csv")
     requests = request_table(request_keys, request_figures)
     write_requests_csv(requests, run_dir / "requests.csv")

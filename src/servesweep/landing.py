@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import html
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ import pandas as pd
 
 from servesweep import labels, stats
 from servesweep.summary import SUMMARY_METRICS
+
+log = logging.getLogger(__name__)
 
 # Rows of the delta table on the page; summary.json holds them all.
 MAX_DELTA_ROWS = 60
@@ -297,6 +300,13 @@ def landing_page(
         "are coarse: <a href='#how-uncertain-the-numbers-are'>the method</a>, below.</p>"
     )
     parts.append("</div>")
+    log.info(
+        "landing page of run %s: %d delta rows, %d warnings, %d plots",
+        run_id,
+        len(rows),
+        len(found),
+        len(plots),
+    )
     # The heading is a section of its own beside the method's: with a single top-level section
     # docutils would lift the method's title above everything as the document title.
     title = "".join("\\" + c if c in "_*`|\\" else c for c in f"Run {run_id}: what it measured")

@@ -74,8 +74,8 @@ SIM_COLUMNS = tuple(f"simulated_{c}" for c in (*SIM_LATENCIES, *SIM_RATES))
 # The server's parallel layout, a column each even when no matrix axis varies it (EP_SIZE
 # changes ep_size for a whole run): runs compared side by side say what differed.
 LAYOUT_ARGS = ("tp_size", "ep_size", "dp_size", "pp_size")
-# Floats in results.csv: 6 significant digits (the records' own figures carry no more).
-SIGNIFICANT_DIGITS = 6
+# Floats in results.csv: 8 significant digits (float noise cut, deltas unchanged to 1e-6 %).
+SIGNIFICANT_DIGITS = 8
 # Keys every supported record version (0.5.9..0.5.23, builtin) has; absent = invalid record.
 REQUIRED_KEYS = (
     "completed",
@@ -396,6 +396,7 @@ def collect_results(
     df = pd.DataFrame(rows, columns=result_columns(server_axes, client_axes))
     for col in (*INTEGER_METRICS, "gpu_count"):
         df[col] = pd.to_numeric(df[col]).astype("Int64")
+    df = significant(df)
     log.info("collected %d cell-repeats of run %s", len(df), run_id)
     keys = [(c.server.id, c.client.id, c.repeat) for c in cells]
     return df, request_table(keys, requests)
@@ -420,6 +421,18 @@ def request_table(
     for i, name in enumerate(REQUEST_COLUMNS[len(REQUEST_ID_COLUMNS) :]):
         columns[name] = np.concatenate([f[i] for _, f in have]) if have else np.array([], float)
     return pd.DataFrame(columns, columns=list(REQUEST_COLUMNS))
+
+
+def significant(df: pd.DataFrame) -> pd.DataFrame:
+    """`df` with every float column rounded to SIGNIFICANT_DIGITS: the values results.csv
+    holds, so a table summarized in memory equals the one read back from the file."""
+    out = df.copy()
+    spec = f"%.{SIGNIFICANT_DIGITS - 1}e"
+    for col in out.columns:
+        if pd.api.types.is_float_dtype(out[col]):
+            values = out[col].to_numpy(dtype=float)
+            out[col] = np.char.mod(spec, values).astype(float)
+    return out
 
 
 def _significant(value: float) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from servesweep import stats
+from servesweep import labels, stats
 from servesweep.config import Experiment, cell_repeats
 from servesweep.errors import ConfigError
 from servesweep.files import write_text_atomic
@@ -593,6 +593,8 @@ def summarize(
     run_ids = sorted({str(r) for r in results["run_id"]}) if "run_id" in results else []
     summary: dict[str, Any] = {
         "run_id": run_ids[0] if len(run_ids) == 1 else None,
+        # {kind, time_scale} of the engine (results.csv's engine_kind, sim_time_scale)
+        "engine": labels.engine_of(results),
         "baseline": {k: _py(v) for k, v in baseline.items()},
         "server_axes": list(server_axes),
         "client_axes": list(client_axes),

@@ -145,11 +145,11 @@ def test_sim_rows_say_so_and_carry_figures_in_simulated_time(tmp_path):
     assert real[["sim_time_scale", *results.SIM_COLUMNS]].isna().all().all()
 
 
-def test_results_csv_floats_have_six_significant_digits(tmp_path):
+def test_results_csv_floats_have_eight_significant_digits(tmp_path):
     values = [207786.59247074625, 0.023745413335465176, 13.0, math.nan]
     results.write_results_csv(pd.DataFrame({"a": values, "b": "x"}), tmp_path / "r.csv")
     lines = (tmp_path / "r.csv").read_text().splitlines()
-    assert lines == ["a,b", "207787.0,x", "0.0237454,x", "13.0,x", ",x"]
+    assert lines == ["a,b", "207786.59,x", "0.023745413,x", "13.0,x", ",x"]
 
 
 def test_results_csv_round_trip(tmp_path):

@@ -99,7 +99,7 @@ def test_results_and_summary(run_dir: Path) -> None:
 def test_results_say_simulated_and_leave_undefined_figures_blank(run_dir: Path) -> None:
     df = pd.read_csv(run_dir / "results.csv")
     assert set(df["engine_kind"]) == {"sim"} and set(df["sim_time_scale"]) == {0.005}
-    # scaled back to simulated time (6 significant digits in the file)
+    # scaled back to simulated time (8 significant digits in the file)
     ratio = df["simulated_ttft_p50_ms"] / (df["ttft_p50_ms"] / 0.005)
     assert ratio.between(1 - 1e-5, 1 + 1e-5).all()
     assert set(df["ep_size"]) == {8}  # EP_SIZE is no axis, still a column
@@ -217,6 +217,7 @@ def test_every_declared_log_is_written(run_dir: Path) -> None:
         "summarize.log",
         "plot_results.log",
         "write_manifest.log",
+        "write_landing_page.log",
     }
     cell_logs = sorted(run_dir.glob("logs/run_cell/*/*/r*.log"))
     bench_logs = sorted(run_dir.glob("bench/*/*/r*.log"))
