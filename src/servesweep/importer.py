@@ -292,7 +292,8 @@ def _plots(
     plots.write_run_plots(
         summary=summary,
         results=results,
-        deltas={m: folder / f"delta_{m}.png" for m in PLOT_METRICS},
+        # no deltas (no baseline twin): no delta plots; summary.json's note says why
+        deltas={m: folder / f"delta_{m}.png" for m in PLOT_METRICS} if summary["deltas"] else {},
         metric_vs={m: folder / f"{m}_vs_{x}.png" for m in PLOT_METRICS} if x else {},
         x=x,
         hue=hue,
