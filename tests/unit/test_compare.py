@@ -386,3 +386,17 @@ def test_snakemake_compares_two_result_directories(runs):
     per_cell = len(result["cells"][0]["metrics"])
     assert len(pd.read_csv(runs / target / "comparison.csv")) == 2 * per_cell
     assert (runs / target / "comparison.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_what_changed_names_the_differing_layout():
+    a = pd.DataFrame({"engine_kind": ["sim"] * 2, "ep_size": [8, 8], "tp_size": [8, 8]})
+    assert compare.what_changed(a, a.assign(ep_size=4)) == "ep_size 8 -> 4"
+    assert compare.what_changed(a, a).startswith("image, engine version or server arguments")
+    b = a.assign(ep_size=4, engine_kind="sglang")
+    assert compare.what_changed(a, b) == "engine_kind sim -> sglang; ep_size 8 -> 4"
+    # layout columns are no axes unless the server id names them
+    table = a.assign(server_id="x", moe_runner_backend="marlin")
+    assert compare.axis_columns(table, server_id="moe_runner_backend~marlin") == [
+        "moe_runner_backend"
+    ]
+    assert "ep_size" in compare.axis_columns(table, server_id="ep_size~8")
