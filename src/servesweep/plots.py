@@ -120,6 +120,11 @@ def _sim_title(engine: Mapping[str, Any]) -> str:
     return f"\n{note}" if note else ""
 
 
+def _sim_engine(engines: Mapping[str, Mapping[str, Any]]) -> Mapping[str, Any]:
+    """The sim engine of a comparison's runs (run A's if both), {} when neither is simulated."""
+    return next((e for e in engines.values() if e.get("kind") == "sim"), {})
+
+
 def _draw_deltas(
     ax: Axes, rows: pd.DataFrame, *, metric: str, of: str = "baseline", legend: bool = True
 ) -> None:
@@ -252,6 +257,7 @@ def plot_comparison(
         f"run {b} vs run {a}: % change of the median per cell = 100 x (B - A) / A\n"
         f"whiskers: {100 * level:g}% bootstrap interval; colour: verdict for B\n"
         f"* = server fingerprint differs, and what differs{coarse}"
+        + _sim_title(_sim_engine(comparison.get("engines") or {}))
     )
     if not cells:
         _message(axes[0], f"No cells in common.\n{comparison.get('note') or ''}")

@@ -315,6 +315,7 @@ def test_table_json_and_plot(comparison, tmp_path):
     # fingerprints differ, and the label says what did
     assert all("\n* " in label for label in labels)
     changed = [c["what_changed"] for c in loaded["cells"]]
+    assert "SIMULATED" not in fig.get_suptitle()  # both runs' rows say engine_kind sglang
     shown = zip(labels, changed, strict=True)
     assert all(label.endswith(textwrap.shorten(w, 48)) for label, w in shown)
     assert {t.get_text() for t in fig.legends[0].get_texts()} == {"better", "within noise"}
