@@ -11,13 +11,14 @@ min_version("9.0")
 configfile: os.path.join(workflow.basedir, "config", "config.yaml")
 
 
-report: "report/method.rst"
-
-
 include: "rules/common.smk"
 include: "rules/cells.smk"
 include: "rules/analysis.smk"
 include: "rules/compare.smk"
+
+
+# The report opens on the run's answer (results/<run>/report.rst) once it is written.
+report: report_page()
 
 
 rule all:
@@ -30,6 +31,7 @@ rule all:
         summary=PATHS.summary_json,
         plots=[*DELTA_PLOTS.values(), *METRIC_VS_PLOTS.values()],
         manifest=PATHS.manifest,
+        landing=PATHS.landing_rst,
         cases=all_case_tables(),
     # A message instead of Snakemake's listing of every input (several KB at 24 cells).
     message:

@@ -143,3 +143,25 @@ rule write_manifest:
         "manifest.json: resolved config, fingerprints, versions"
     script:
         "../scripts/write_manifest.py"
+
+
+rule write_landing_page:
+    input:
+        summary=PATHS.summary_json,
+        csv=PATHS.results_csv,
+        manifest=PATHS.manifest,
+        builds=BUILDS,
+        events=run_events,
+        method=os.path.join(workflow.basedir, "report", "method.rst"),
+        plots=list(KEY_PLOTS.values()),
+    output:
+        rst=str(PATHS.landing_rst),
+    log:
+        f"{LOGS}/write_landing_page.log",
+    params:
+        metrics=PLOT_METRICS,
+        captions=list(KEY_PLOTS),
+    message:
+        "report landing page: identity, deltas, warnings, key plots"
+    script:
+        "../scripts/write_landing_page.py"

@@ -14,6 +14,7 @@ from servesweep.config import (
 )
 from servesweep.compare import run_inputs
 from servesweep.engines import check_experiment
+from servesweep.landing import key_plots
 from servesweep.errors import ConfigError
 from servesweep.paths import RunPaths, aggregate_cells
 from servesweep.plan import dry_run_requested, summary_at_exit
@@ -21,7 +22,7 @@ from servesweep.reference import load_reference
 from servesweep.provenance import measured_with
 from servesweep.logsetup import hangup_like_sigterm
 from servesweep.ratelimit import unthrottle_scheduler
-from servesweep.summary import plot_metrics
+from servesweep.summary import expected_delta_note, plot_metrics
 
 try:
     EXP = load_experiment(
@@ -137,11 +138,25 @@ CELL_PREREQUISITES = (
 SERVER_FINGERPRINTS = sorted(spec.fingerprint for spec in SPECS)
 
 
-DELTA_PLOTS = {m: f"{RUN_DIR}/plots/delta_{m}.png" for m in PLOT_METRICS}
+# A run without deltas (one backend, a PD run) draws no delta plots; the landing page says why.
+DELTA_NOTE = expected_delta_note(EXP)
+DELTA_PLOTS = (
+    {m: f"{RUN_DIR}/plots/delta_{m}.png" for m in PLOT_METRICS}
+    if DELTA_NOTE is None
+    else {}
+)
 METRIC_VS_PLOTS = (
     {m: f"{RUN_DIR}/plots/{m}_vs_{PLOT_X}.png" for m in PLOT_METRICS} if PLOT_X else {}
 )
 ENERGY_PLOTS = [f"{RUN_DIR}/plots/energy_goodput_vs_{PLOT_X}.png"] if PLOT_X else []
+KEY_PLOTS = key_plots(deltas=DELTA_PLOTS, metric_vs=METRIC_VS_PLOTS, x=PLOT_X)
+
+
+def report_page():
+    """The report's first page: the run's answer once written (rule write_landing_page),
+    the method before that."""
+    landing = os.path.abspath(PATHS.landing_rst)
+    return landing if os.path.exists(landing) else "report/method.rst"
 
 
 def all_case_tables():
@@ -157,6 +172,14 @@ def service_files(kind):
         return [str(p) for p in PATHS.service_files()[kind]]
 
     return files
+
+
+def run_events(wildcards):
+    """orchestrator.log once the cells ran, where there is one; ancient: the servers' stop
+    after the jobs appends to it."""
+    checkpoints.collect_results.get()
+    found = PATHS.orchestrator_log.exists()
+    return [ancient(str(PATHS.orchestrator_log))] if found else []
 
 
 def compare_inputs(wildcards):

@@ -13,8 +13,10 @@ from servesweep import compare
 from servesweep.casetable import case_table, markdown_table
 from servesweep.config import cell_repeats, client_specs, load_experiment, unnarrowed_env
 from servesweep.errors import CellFailed
+from servesweep.events import read_events
 from servesweep.files import write_json_atomic, write_text_atomic
 from servesweep.jobs import PathLike, experiment
+from servesweep.landing import landing_page
 from servesweep.logscan import scan_run
 from servesweep.manifest import build_manifest
 from servesweep.paths import aggregate_cells
@@ -62,6 +64,8 @@ def collect_results(
         measured_with=[measured_with(exp, c) for c in cells],
         slo=exp.slo,
         saturation=exp.client.saturation,
+        engine_kind=exp.engine.kind,
+        time_scale=exp.engine.sim.time_scale,
     )
     write_results_csv(results, results_csv)
     write_requests_csv(requests, requests_csv)
@@ -142,6 +146,33 @@ def write_case_table(
         page += f"<p>{heading.strip()}</p>" + versus.to_html(index=False, border=0)
     write_text_atomic(md, text)
     write_text_atomic(html, page)
+
+
+def write_landing_page(
+    *,
+    summary_json: PathLike,
+    results_csv: PathLike,
+    manifest_json: PathLike,
+    builds: Sequence[PathLike],
+    events: Sequence[PathLike],
+    method: PathLike,
+    metrics: Sequence[str],
+    plots: Sequence[tuple[str, PathLike]],
+    out: PathLike,
+) -> None:
+    """Rule write_landing_page: the report's first page (servesweep.landing); `events`: the
+    run's orchestrator.log, if it has one; `plots`: (caption, PNG) of the key plots."""
+    page = landing_page(
+        summary=json.loads(Path(summary_json).read_text()),
+        manifest=json.loads(Path(manifest_json).read_text()),
+        results=read_results_csv(results_csv),
+        metrics=list(metrics),
+        plots=[(caption, Path(p)) for caption, p in plots],
+        builds=[json.loads(Path(b).read_text()) for b in builds],
+        events=[e for path in events for e in read_events(path)],
+        method_rst=Path(method).read_text(),
+    )
+    write_text_atomic(out, page)
 
 
 def write_manifest(

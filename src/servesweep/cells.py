@@ -14,6 +14,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from servesweep import (
     evidence,
@@ -162,6 +163,19 @@ def client_labels(*, exp: Experiment, manager: ServerManager) -> dict[str, str]:
 
 
 ISOLATION_KEY = "servesweep_isolation"
+# What measured a raw record: {kind, simulated, time_scale} (a sim's times are wall-clock times
+# of a clock running time_scale x wall time).
+ENGINE_KEY = "servesweep_engine"
+
+
+def engine_label(exp: Experiment) -> dict[str, Any]:
+    """ENGINE_KEY of the records of `exp`."""
+    sim = exp.engine.kind == "sim"
+    return {
+        "kind": exp.engine.kind,
+        "simulated": sim,
+        "time_scale": exp.engine.sim.time_scale if sim else None,
+    }
 
 
 def remove_partial_client_files(bench_log: Path, *, events: EventLog, cell: str) -> list[Path]:
@@ -478,6 +492,7 @@ def run_cell(
                 provenance.KEY: provenance.measured_with(exp, cell),
                 evidence.KEY: counts,
                 isolation.CACHE_FLUSHED_KEY: flushed,
+                ENGINE_KEY: engine_label(exp),
             }
         )
         _write(gpu_out, lambda: telemetry.write_snapshot(gpu_out, snapshot), written)

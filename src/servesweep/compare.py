@@ -9,15 +9,18 @@ from typing import Any
 
 import pandas as pd
 
-from servesweep import stats, summary
+from servesweep import labels, stats, summary
 from servesweep.files import atomic_open
 from servesweep.paths import RunPaths
 from servesweep.results import (
     DERIVED,
+    ENGINE_COLUMNS,
     FIGURE_COLUMNS,
     GPU_COLUMNS,
     ID_COLUMNS,
+    LAYOUT_ARGS,
     METRICS,
+    SIM_COLUMNS,
     read_requests_csv,
     read_results_csv,
 )
@@ -50,6 +53,7 @@ TABLE_COLUMNS = [
     "fingerprint_a",
     "fingerprint_b",
     "fingerprint_changed",
+    "what_changed",
 ]
 Cell = tuple[str, str]
 
@@ -80,10 +84,44 @@ def load_run(
 # ---------------------------------------------------------------- comparison (pure)
 
 
-def axis_columns(results: pd.DataFrame) -> list[str]:
-    """The matrix-axis columns of a results table (neither ids, metrics nor GPU figures)."""
-    other = {*ID_COLUMNS, *METRICS, *DERIVED, *GPU_COLUMNS, *FIGURE_COLUMNS}
-    return [c for c in results.columns if c not in other]
+def axis_columns(results: pd.DataFrame, *, server_id: str | None = None) -> list[str]:
+    """The matrix-axis columns of a results table (neither ids, engine, metrics nor GPU
+    figures); a parallel-layout column (tp_size, ...) only where `server_id` names it, i.e.
+    where the matrix varied it."""
+    other = {
+        *ID_COLUMNS,
+        *ENGINE_COLUMNS,
+        *METRICS,
+        *DERIVED,
+        *GPU_COLUMNS,
+        *FIGURE_COLUMNS,
+        *SIM_COLUMNS,
+    }
+    return [
+        c
+        for c in results.columns
+        if c not in other and (c not in LAYOUT_ARGS or f"{c}~" in (server_id or ""))
+    ]
+
+
+# Columns that describe a server config beside its fingerprint: what a changed one shows.
+DESCRIBED_BY = ("engine_kind", "sim_time_scale", *LAYOUT_ARGS)
+
+
+def _values(rows: pd.DataFrame, column: str) -> str:
+    return ",".join(sorted({str(summary.json_value(v)) for v in rows[column]}))
+
+
+def what_changed(rows_a: pd.DataFrame, rows_b: pd.DataFrame) -> str:
+    """`ep_size 8 -> 4` for the DESCRIBED_BY columns that differ between two runs' rows of a
+    cell; otherwise where to look (the fingerprint also covers the image, engine version and
+    every other server argument)."""
+    diffs = [
+        f"{c} {_values(rows_a, c)} -> {_values(rows_b, c)}"
+        for c in DESCRIBED_BY
+        if c in rows_a.columns and c in rows_b.columns and _values(rows_a, c) != _values(rows_b, c)
+    ]
+    return "; ".join(diffs) or "image, engine version or server arguments (manifest.json)"
 
 
 def cells_of(results: pd.DataFrame) -> dict[Cell, pd.DataFrame]:
@@ -123,7 +161,7 @@ def _cell_entry(
 ) -> dict[str, Any]:
     names_a, names_b = summary.cell_metric_names(rows_a), summary.cell_metric_names(rows_b)
     names = [m for m in names_a if m in names_b and (metrics is None or m in metrics)]
-    axes_cols = [c for c in axis_columns(rows_b) if c in rows_a.columns]
+    axes_cols = [c for c in axis_columns(rows_b, server_id=key[0]) if c in rows_a.columns]
     first = rows_b.iloc[0]
     axes = {c: summary.json_value(first[c]) for c in axes_cols if pd.notna(first[c])}
     reps = []
@@ -146,6 +184,7 @@ def _cell_entry(
         "fingerprint_a": fp_a,
         "fingerprint_b": fp_b,
         "fingerprint_changed": fp_a != fp_b,
+        "what_changed": what_changed(rows_a, rows_b) if fp_a != fp_b else None,
         "n_a": len(rows_a),
         "n_b": len(rows_b),
         "coarse": stats.is_coarse(len(rows_a)) or stats.is_coarse(len(rows_b)),
@@ -219,6 +258,7 @@ def compare_runs(
                 "fingerprint_a": e["fingerprint_a"],
                 "fingerprint_b": e["fingerprint_b"],
                 "changed": e["fingerprint_changed"],
+                "what_changed": e["what_changed"],
             },
         )
     used = [m for m in summary.SUMMARY_METRICS if any(m in e["metrics"] for e in entries)]
@@ -239,6 +279,7 @@ def compare_runs(
         "run_a": run_a,
         "run_b": run_b,
         "matched_by": MATCHED_BY,
+        "engines": {"a": labels.engine_of(results_a), "b": labels.engine_of(results_b)},
         "direction": DIRECTION,
         "metrics": {m: {"better": summary.SUMMARY_METRICS[m]} for m in used},
         "cells": entries,
@@ -290,6 +331,7 @@ def comparison_table(comparison: Mapping[str, Any]) -> pd.DataFrame:
                     "fingerprint_a": cell["fingerprint_a"],
                     "fingerprint_b": cell["fingerprint_b"],
                     "fingerprint_changed": cell["fingerprint_changed"],
+                    "what_changed": cell.get("what_changed"),
                 }
             )
     return pd.DataFrame(rows, columns=TABLE_COLUMNS)

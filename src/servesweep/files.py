@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import tempfile
 from collections.abc import Iterator
@@ -54,6 +55,61 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         fh.write(text)
 
 
+# Strict JSON has no Infinity/NaN: such a float is written as null, and this top-level key of
+# the document maps its JSON pointer to what it was ("inf", "-inf", "nan").
+NON_FINITE_KEY = "non_finite"
+
+
+def _pointer(parts: tuple[str, ...]) -> str:
+    return "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+def finite_json(data: Any) -> Any:
+    """`data` for strict JSON: every non-finite float becomes None and, in a dict document,
+    `non_finite` maps its JSON pointer to "inf", "-inf" or "nan" (restore_non_finite)."""
+    found: dict[str, str] = {}
+
+    def walk(value: Any, parts: tuple[str, ...]) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            found[_pointer(parts)] = "nan" if math.isnan(value) else str(value)
+            return None
+        if isinstance(value, dict):
+            return {k: walk(v, (*parts, str(k))) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [walk(v, (*parts, str(i))) for i, v in enumerate(value)]
+        return value
+
+    out = walk(data, ())
+    if found and isinstance(out, dict):
+        out[NON_FINITE_KEY] = found
+    return out
+
+
+def restore_non_finite(data: Any) -> Any:
+    """Undo finite_json on a parsed dict document (in place): the non-finite floats come back
+    and the `non_finite` key goes; anything else is returned as it is."""
+    if not isinstance(data, dict) or not isinstance(data.get(NON_FINITE_KEY), dict):
+        return data
+    for pointer, text in data.pop(NON_FINITE_KEY).items():
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in pointer.split("/")[1:]]
+        node: Any = data
+        for part in parts[:-1]:
+            node = node[int(part)] if isinstance(node, list) else node.get(part)
+            if node is None:
+                break
+        else:
+            if isinstance(node, list):
+                node[int(parts[-1])] = float(text)
+            elif isinstance(node, dict):
+                node[parts[-1]] = float(text)
+    return data
+
+
+def strict_json(data: Any, **kwargs: Any) -> str:
+    """json.dumps of finite_json(data): valid for any strict JSON parser."""
+    return json.dumps(finite_json(data), allow_nan=False, **kwargs)
+
+
 def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write `data` as indented JSON to `path` atomically."""
-    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    """Write `data` as indented strict JSON to `path` atomically (finite_json)."""
+    write_text_atomic(path, strict_json(data, indent=2, sort_keys=False, default=str) + "\n")

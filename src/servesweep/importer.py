@@ -16,15 +16,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from servesweep import figures, stats
 from servesweep.checks import CheckInputError
 from servesweep.config import MIN_RETOKENIZED_RATIO, NAME_PATTERN
-from servesweep.files import write_json_atomic, write_text_atomic
+from servesweep.files import strict_json, write_json_atomic, write_text_atomic
 from servesweep.records import BenchRecord
 from servesweep.results import (
     INTEGER_METRICS,
     TAIL_COLUMNS,
+    engine_figures,
     gpu_figures,
     record_metrics,
     request_table,
     result_columns,
+    significant,
     write_requests_csv,
     write_results_csv,
 )
@@ -224,7 +226,9 @@ def import_run(
                 continue
             taken.add(repeat)
             raw = run_dir / "raw" / server_id / client_id / f"r{repeat}.jsonl"
-            write_text_atomic(raw, entry["line"].rstrip("\n") + "\n")
+            # strict JSON (bench_serving's bare Infinity becomes null + non_finite)
+            write_text_atomic(raw, strict_json(entry["data"]) + "\n")
+            metrics = record_metrics(entry["data"])
             rows.append(
                 {
                     "run_id": run_id,
@@ -234,7 +238,8 @@ def import_run(
                     "fingerprint": IMPORTED_FINGERPRINT,
                     **entry["server"],
                     **entry["client"],
-                    **record_metrics(entry["data"]),
+                    **metrics,
+                    **engine_figures(metrics, engine_kind="sglang", time_scale=None),
                     **gpu_figures([]),
                     "gpu_status": "missing",
                     **_tails(entry["record"]),
@@ -251,6 +256,7 @@ def import_run(
     df = pd.DataFrame(rows, columns=result_columns(server_axes, client_axes))
     for col in (*INTEGER_METRICS, "gpu_count"):
         df[col] = pd.to_numeric(df[col]).astype("Int64")
+    df = significant(df)
     write_results_csv(df, run_dir / "results.csv")
     requests = request_table(request_keys, request_figures)
     write_requests_csv(requests, run_dir / "requests.csv")
@@ -286,7 +292,8 @@ def _plots(
     plots.write_run_plots(
         summary=summary,
         results=results,
-        deltas={m: folder / f"delta_{m}.png" for m in PLOT_METRICS},
+        # no deltas (no baseline twin): no delta plots; summary.json's note says why
+        deltas={m: folder / f"delta_{m}.png" for m in PLOT_METRICS} if summary["deltas"] else {},
         metric_vs={m: folder / f"{m}_vs_{x}.png" for m in PLOT_METRICS} if x else {},
         x=x,
         hue=hue,

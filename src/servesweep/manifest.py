@@ -108,6 +108,9 @@ def build_manifest(
         "versions": package_versions(),
         "engine": {
             "kind": exp.engine.kind,
+            "simulated": exp.engine.kind == "sim",
+            # simulated seconds x time_scale = wall seconds (None for a real engine)
+            "time_scale": exp.engine.sim.time_scale if exp.engine.kind == "sim" else None,
             "version_pinned": exp.engine.version,
             "image": exp.runtime.image,
         },

@@ -161,6 +161,12 @@ class RunPaths:
         return self.root / "summary.json"
 
     @property
+    def landing_rst(self) -> Path:
+        """The report's landing page (servesweep.landing), the Snakefile's `report:` once
+        written."""
+        return self.root / "report.rst"
+
+    @property
     def logscan_json(self) -> Path:
         return self.root / "logscan.json"
 

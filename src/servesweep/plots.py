@@ -15,7 +15,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from servesweep import stats
+from servesweep import labels, stats
 from servesweep.files import atomic_open
 from servesweep.summary import SUMMARY_METRICS
 
@@ -33,7 +33,7 @@ VERDICT_COLORS = {
 }
 OUTCOME_COLORS = VERDICT_COLORS
 DPI = 120
-DELTA_COLUMNS = ["cell", "delta_pct", "ci_low", "ci_high", "verdict"]
+DELTA_COLUMNS = ["cell", "delta_pct", "ci_low", "ci_high", "verdict", "baseline"]
 # Bars per delta panel: a bar a cell is unreadable beyond this, and at 10k cell-repeats the
 # figure would be 78,000 px tall (benchmarks/large_run.py). Larger matrices show the largest
 # changes; summary.json / comparison.json have them all.
@@ -75,13 +75,14 @@ def _short_label(axes: Mapping[str, Any], baseline: Mapping[str, Any]) -> str:
     return "\n".join(part for part in (" ".join(first), rest) if part) or "default"
 
 
-def _delta_row(cell: str, m: Mapping[str, Any]) -> dict[str, Any]:
+def _delta_row(cell: str, m: Mapping[str, Any], baseline: float | None) -> dict[str, Any]:
     return {
         "cell": cell,
         "delta_pct": m["delta_pct"],
         "ci_low": m.get("ci_low"),
         "ci_high": m.get("ci_high"),
         "verdict": _verdict(m),
+        "baseline": baseline,
     }
 
 
@@ -91,7 +92,8 @@ def _delta_rows(summary: Mapping[str, Any], metric: str) -> pd.DataFrame:
         m = (delta.get("metrics") or {}).get(metric)
         if not m or m.get("delta_pct") is None:
             continue
-        rows.append(_delta_row(_short_label(delta["axes"], summary.get("baseline") or {}), m))
+        label = _short_label(delta["axes"], summary.get("baseline") or {})
+        rows.append(_delta_row(label, m, m.get("baseline_median")))
     return pd.DataFrame(rows, columns=DELTA_COLUMNS)
 
 
@@ -112,8 +114,22 @@ def _interval_text(delta: float, low: float, high: float, verdict: str) -> str:
     return f"{text} {verdict}"
 
 
-def _draw_deltas(ax: Axes, rows: pd.DataFrame, *, legend: bool = True) -> None:
-    """Bars of % delta (one colour per verdict), whiskers for the interval, a zero line.
+def _sim_title(engine: Mapping[str, Any]) -> str:
+    """A title line saying the figures are simulated ('' for a real engine)."""
+    note = labels.sim_note(engine)
+    return f"\n{note}" if note else ""
+
+
+def _sim_engine(engines: Mapping[str, Mapping[str, Any]]) -> Mapping[str, Any]:
+    """The sim engine of a comparison's runs (run A's if both), {} when neither is simulated."""
+    return next((e for e in engines.values() if e.get("kind") == "sim"), {})
+
+
+def _draw_deltas(
+    ax: Axes, rows: pd.DataFrame, *, metric: str, of: str = "baseline", legend: bool = True
+) -> None:
+    """Bars of % delta (one colour per verdict), whiskers for the interval, a zero line;
+    beside each bar its text and the absolute value it is a % `of` (the baseline's median).
 
     Rows without a delta keep their place (empty), so panels sharing a y axis line up.
     """
@@ -138,10 +154,13 @@ def _draw_deltas(ax: Axes, rows: pd.DataFrame, *, legend: bool = True) -> None:
     values = np.concatenate([delta[has_delta], low[has_ci], high[has_ci], [0.0]])
     lo, hi = float(values.min()), float(values.max())
     span = max(hi - lo, 1.0)
-    ax.set_xlim(lo - 0.1 * span, hi + 0.75 * span)
+    ax.set_xlim(lo - 0.1 * span, hi + 1.1 * span)
+    base = pd.to_numeric(rows["baseline"], errors="coerce").to_numpy(float)
     for i in np.flatnonzero(has_delta):
         right = float(np.nanmax([delta[i], high[i], 0.0]))
         text = _interval_text(delta[i], low[i], high[i], rows["verdict"].iloc[i])
+        if np.isfinite(base[i]):
+            text += f"\nof {of} {labels.value_text(float(base[i]), metric)}"
         ax.text(right + 0.02 * span, pos[i], text, va="center", fontsize=8)
     ax.grid(True, axis="x", alpha=0.3)
     if legend and has_delta.any():
@@ -160,12 +179,15 @@ def _coarse_text(entries: Sequence[Mapping[str, Any]], n_keys: Sequence[str]) ->
     return f"; coarse intervals (repeats per cell: {'/'.join(map(str, ns))}, see method)"
 
 
-def plot_deltas(summary: Mapping[str, Any], *, metric: str) -> Figure:
-    """Horizontal bars: change of `metric` (median over repeats, %) per candidate cell.
+def plot_deltas(
+    summary: Mapping[str, Any], *, metric: str, engine: Mapping[str, Any] | None = None
+) -> Figure:
+    """Horizontal bars: change of `metric` (median over repeats, %) per candidate cell, with
+    the baseline's median beside each; `engine` ({kind, time_scale}): a sim says so.
 
     Whiskers are the bootstrap interval of the % delta, colour and legend the verdict
     (better / worse / within noise / unknown). Without deltas (no baseline in the run, or
-    only the baseline ran) the figure says why.
+    only the baseline ran) the figure says why; the workflow draws none then.
     """
     rows, shown = _largest(_delta_rows(summary, metric))
     fig = Figure(figsize=(10, 2.4 + 0.65 * max(len(rows), 2)), layout="constrained")
@@ -173,14 +195,16 @@ def plot_deltas(summary: Mapping[str, Any], *, metric: str) -> Figure:
     level = (summary.get("method") or {}).get("level", stats.LEVEL)
     coarse = _coarse_text(summary.get("deltas") or [], ("n_candidate", "n_baseline"))
     fig.suptitle(
-        f"{metric}: change of the median vs baseline {_baseline_text(summary)}{shown}\n"
+        f"{labels.label(metric)}: change of the median vs baseline "
+        f"{_baseline_text(summary)}{shown}\n"
         f"whiskers: {100 * level:g}% bootstrap interval; colour: verdict{coarse}"
+        + _sim_title(engine or {})
     )
     if rows.empty:
         why = summary.get("note") or f"no {metric} deltas in this run"
         _message(ax, f"No deltas to plot.\n{why}")
         return fig
-    _draw_deltas(ax, rows)
+    _draw_deltas(ax, rows, metric=metric)
     ax.set_xlabel(
         "change vs baseline, % = 100 x (candidate - baseline) / baseline"
         + _rule_text(_direction(metric))
@@ -194,7 +218,9 @@ def _comparison_rows(comparison: Mapping[str, Any], metric: str) -> pd.DataFrame
     for cell in comparison.get("cells") or []:
         m = (cell.get("metrics") or {}).get(metric) or {}
         label = cell.get("label") or f"{cell.get('server_id')} / {cell.get('client_id')}"
-        label = textwrap.fill(label, 48) + (" *" if cell.get("fingerprint_changed") else "")
+        label = textwrap.fill(label, 48)
+        if cell.get("fingerprint_changed"):
+            label += "\n* " + textwrap.shorten(cell.get("what_changed") or "server config", 48)
         if m.get("delta_pct") is None:
             rows.append(
                 {
@@ -203,10 +229,11 @@ def _comparison_rows(comparison: Mapping[str, Any], metric: str) -> pd.DataFrame
                     "ci_low": None,
                     "ci_high": None,
                     "verdict": stats.UNKNOWN,
+                    "baseline": None,
                 }
             )
         else:
-            rows.append(_delta_row(label, m))
+            rows.append(_delta_row(label, m, m.get("median_a")))
     return pd.DataFrame(rows, columns=DELTA_COLUMNS)
 
 
@@ -229,7 +256,8 @@ def plot_comparison(
     fig.suptitle(
         f"run {b} vs run {a}: % change of the median per cell = 100 x (B - A) / A\n"
         f"whiskers: {100 * level:g}% bootstrap interval; colour: verdict for B\n"
-        f"* = server fingerprint differs{coarse}"
+        f"* = server fingerprint differs, and what differs{coarse}"
+        + _sim_title(_sim_engine(comparison.get("engines") or {}))
     )
     if not cells:
         _message(axes[0], f"No cells in common.\n{comparison.get('note') or ''}")
@@ -239,10 +267,10 @@ def plot_comparison(
     shown: set[str] = set()
     for ax, metric in zip(axes, metrics, strict=True):
         rows, largest = _largest(_comparison_rows(comparison, metric))
-        _draw_deltas(ax, rows, legend=False)
+        _draw_deltas(ax, rows, metric=metric, of=f"run {a}", legend=False)
         shown |= set(rows.loc[rows["delta_pct"].notna(), "verdict"])
         direction = _direction(metric)
-        title = metric + (f" ({direction} is better)" if direction else "")
+        title = labels.label(metric) + (f" ({direction} is better)" if direction else "")
         ax.set_title(title + largest, fontsize=10)
         ax.set_xlabel(f"% change, run {b} vs {a}", fontsize=9)
     handles = [Patch(color=c, label=v) for v, c in VERDICT_COLORS.items() if v in shown]
@@ -259,6 +287,43 @@ def _check_columns(results: pd.DataFrame, **columns: str | None) -> None:
         )
 
 
+def _draw_series(
+    ax: Axes,
+    data: pd.DataFrame,
+    *,
+    metric: str,
+    x: str,
+    hue: str | None,
+    hue_order: Sequence[str] | None,
+    palette: Mapping[str, Any] | None,
+    legend: bool,
+) -> None:
+    """Medians over repeats as a line with hollow markers, each repeat as a dot drawn on top
+    (so no median marker hides a repeat); y from zero."""
+    keys = [hue, x] if hue else [x]
+    medians = data.groupby(keys, sort=True)[metric].median().reset_index()
+    common = {"x": x, "y": metric, "hue": hue, "hue_order": hue_order, "palette": palette}
+    sns.lineplot(
+        data=medians,
+        marker="o",
+        markersize=10,
+        markerfacecolor="none",
+        markeredgewidth=1.5,
+        ax=ax,
+        legend=legend,
+        zorder=2,
+        **common,
+    )
+    for line in ax.lines:  # seaborn draws marker edges white: open circles need the line's colour
+        line.set_markeredgecolor(line.get_color())
+    for handle in ax.get_legend().legend_handles if ax.get_legend() else []:
+        if hasattr(handle, "set_markeredgecolor"):
+            handle.set_markeredgecolor(handle.get_color())
+    sns.scatterplot(data=data, s=22, ax=ax, legend=False, zorder=3, edgecolor="none", **common)
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+
+
 def plot_metric_vs(
     results: pd.DataFrame,
     *,
@@ -267,7 +332,8 @@ def plot_metric_vs(
     hue: str | None = None,
     col: str | None = None,
 ) -> Figure:
-    """`metric` against a client axis: one point per repeat, a line through the medians.
+    """`metric` against a client axis: one dot per repeat, a line through the medians (hollow
+    markers), y from zero, axes labelled with units; a sim run's title says "simulated".
 
     One panel per value of `col` (e.g. the other server axis), one colour per value of `hue`
     (e.g. the baseline axis).
@@ -275,15 +341,17 @@ def plot_metric_vs(
     _check_columns(results, metric=metric, x=x, hue=hue, col=col)
     data = results.dropna(subset=[metric]).copy()
     panels = list(dict.fromkeys(data[col])) if col and not data.empty else [None]
-    fig = Figure(figsize=(max(6.5, 1.5 + 4.2 * len(panels)), 4.6), layout="constrained")
+    fig = Figure(figsize=(max(6.5, 1.5 + 4.2 * len(panels)), 4.8), layout="constrained")
     axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
     direction = _direction(metric)
     fig.suptitle(
-        f"{metric} vs {x}\ndots = repeats, line = median over repeats"
+        f"{labels.label(metric)} vs {labels.label(x)}\n"
+        "dots = repeats, line with open circles = median over repeats"
         + (f"; {direction} is better" if direction else "")
+        + _sim_title(labels.engine_of(results))
     )
     if data.empty:
-        _message(axes[0], f"no {metric} values in the results")
+        _message(axes[0], f"no {labels.label(metric)} values in the results")
         return fig
     if hue:
         data[hue] = data[hue].map(str)
@@ -296,17 +364,21 @@ def plot_metric_vs(
     tick_each_x = pd.api.types.is_numeric_dtype(data[x]) and data[x].nunique() <= MAX_X_TICKS
     for i, (ax, panel) in enumerate(zip(axes, panels, strict=True)):
         sub = data if panel is None else data[data[col] == panel]
-        keys = [hue, x] if hue else [x]
-        medians = sub.groupby(keys, sort=True)[metric].median().reset_index()
-        common = {"x": x, "y": metric, "hue": hue, "hue_order": hue_order, "palette": palette}
-        sns.lineplot(data=medians, marker="o", ax=ax, legend=i == len(panels) - 1, **common)
-        sns.scatterplot(data=sub, alpha=0.55, s=28, ax=ax, legend=False, **common)
+        _draw_series(
+            ax,
+            sub,
+            metric=metric,
+            x=x,
+            hue=hue,
+            hue_order=hue_order,
+            palette=palette,
+            legend=i == len(panels) - 1,
+        )
         if tick_each_x:
             ax.set_xticks(sorted(set(data[x])))
         ax.set_title(f"{col}={panel}" if panel is not None else "", fontsize=10)
-        ax.set_xlabel(x)
-        ax.set_ylabel(metric)
-        ax.grid(True, alpha=0.3)
+        ax.set_xlabel(labels.label(x))
+        ax.set_ylabel(labels.label(metric))
     return fig
 
 
@@ -334,8 +406,9 @@ def plot_energy_goodput(
     saturated = results.get("client_saturated", pd.Series(dtype=object))
     n_saturated = int((saturated.astype(str) == "True").sum())
     fig.suptitle(
-        f"Energy and goodput vs {x} (GPU power: {', '.join(sources) or 'none'}); "
-        "dots = repeats, line = median"
+        f"Energy and goodput vs {labels.label(x)} (GPU power: {', '.join(sources) or 'none'}); "
+        "dots = repeats, line with open circles = median"
+        + _sim_title(labels.engine_of(results))
         + (f"\nCLIENT SATURATED in {n_saturated} cell-repeat(s): client_saturated in results.csv"
            if n_saturated else "")
     )  # fmt: skip
@@ -346,16 +419,18 @@ def plot_energy_goodput(
         hue = None
     for ax, metric in zip(axes, metrics, strict=False):
         sub = data.dropna(subset=[metric]) if metric in data.columns else data.iloc[:0]
-        ax.set_title(f"{metric} ({_direction(metric) or 'see docs/energy.md'} is better)")
+        better = _direction(metric) or "see docs/energy.md"
+        ax.set_title(f"{labels.label(metric)} ({better} is better)", fontsize=10)
         if sub.empty or x not in sub.columns:
-            _message(ax, f"no {metric} values" + (" (no SLO configured)" if "slo" in metric
-                                                   or "goodput" in metric else ""))  # fmt: skip
+            why = " (no SLO configured)" if "slo" in metric or "goodput" in metric else ""
+            _message(ax, f"no {labels.label(metric)} values{why}")
             continue
-        keys = [hue, x] if hue else [x]
-        medians = sub.groupby(keys, sort=True)[metric].median().reset_index()
-        sns.lineplot(data=medians, x=x, y=metric, hue=hue, marker="o", ax=ax)
-        sns.scatterplot(data=sub, x=x, y=metric, hue=hue, alpha=0.55, s=24, ax=ax, legend=False)
-        ax.grid(True, alpha=0.3)
+        order = list(dict.fromkeys(sub[hue])) if hue else None
+        _draw_series(
+            ax, sub, metric=metric, x=x, hue=hue, hue_order=order, palette=None, legend=True
+        )
+        ax.set_xlabel(labels.label(x))
+        ax.set_ylabel(labels.label(metric))
     return fig
 
 
@@ -389,8 +464,9 @@ def write_run_plots(
     """Every figure of a run in one process (seaborn is imported once): a delta plot per
     metric in `deltas` and, against client axis `x`, a metric-vs plot per metric in `metric_vs`
     and the energy and goodput page (`energy`)."""
+    engine = labels.engine_of(results)
     for metric, path in deltas.items():
-        save_figure(plot_deltas(summary, metric=metric), path)
+        save_figure(plot_deltas(summary, metric=metric, engine=engine), path)
     for metric, path in metric_vs.items():
         assert x is not None, "metric-vs plots need a client axis"
         save_figure(plot_metric_vs(results, metric=metric, x=x, hue=hue, col=col), path)

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from servesweep.files import write_text_atomic
+from servesweep.files import restore_non_finite, strict_json, write_text_atomic
 
 
 class BenchRecord(BaseModel):
@@ -52,17 +52,19 @@ class BenchRecord(BaseModel):
     errors: list[str] | None = None
 
     def to_json_line(self) -> str:
-        """One JSONL line, as bench_serving writes it (json.dumps, Infinity allowed)."""
-        return json.dumps(self.model_dump(exclude_none=False)) + "\n"
+        """One JSONL line in bench_serving's layout, but strict JSON: a non-finite figure
+        (request_rate inf) is null, and `non_finite` says what it was (files.finite_json)."""
+        return strict_json(self.model_dump(exclude_none=False)) + "\n"
 
 
 def parse_record_line(line: str, *, keys: Collection[str] | None = None) -> BenchRecord:
-    """Parse one JSONL line (Python's json accepts bench_serving's `Infinity`).
+    """Parse one JSONL line: bench_serving's own (`Infinity` as Python's json writes it) or
+    ours (null + `non_finite`, restored here).
 
     With `keys`, only those keys are validated and kept: much cheaper when a caller needs a
     few figures of a record with per-request details.
     """
-    data = json.loads(line)
+    data = restore_non_finite(json.loads(line))
     if keys is not None and isinstance(data, dict):
         data = {k: data[k] for k in keys if k in data}
     return BenchRecord.model_validate(data)

@@ -46,7 +46,7 @@ METRICS: dict[str, str] = {
     "itl_p50_ms": "median_itl_ms",
     "input_tps": "input_throughput",
     "output_tps": "output_throughput",
-    "request_tps": "request_throughput",
+    "request_throughput_rps": "request_throughput",  # requests/s
     "duration_s": "duration",
     "completed": "completed",
     "total_input_tokens": "total_input_tokens",
@@ -72,6 +72,19 @@ FIGURE_COLUMNS = (
     *figures.CLIENT_COLUMNS,
 )
 INTEGER_METRICS = ("completed", "total_input_tokens", "total_output_tokens")
+# Undefined when every request made one token (bench_serving writes 0.0): blank, never 0.
+ONE_TOKEN_BLANK = ("tpot_p50_ms", "tpot_p95_ms", "itl_p50_ms")
+# The engine that measured a row; a sim row also carries its time scale (wall = simulated x
+# scale) and its figures scaled back to simulated time (latency / scale, rate x scale).
+ENGINE_COLUMNS = ("engine_kind", "sim_time_scale")
+SIM_LATENCIES = ("ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "tpot_p50_ms")
+SIM_RATES = ("input_tps", "output_tps", "request_throughput_rps")
+SIM_COLUMNS = tuple(f"simulated_{c}" for c in (*SIM_LATENCIES, *SIM_RATES))
+# The server's parallel layout, a column each even when no matrix axis varies it (EP_SIZE
+# changes ep_size for a whole run): runs compared side by side say what differed.
+LAYOUT_ARGS = ("tp_size", "ep_size", "dp_size", "pp_size")
+# Floats in results.csv: 8 significant digits (float noise cut, deltas unchanged to 1e-6 %).
+SIGNIFICANT_DIGITS = 8
 # Keys every supported record version (0.5.9..0.5.23, builtin) has; absent = invalid record.
 REQUIRED_KEYS = (
     "completed",
@@ -113,9 +126,43 @@ def record_metrics(record: BenchRecord | Mapping[str, Any]) -> dict[str, float |
     for column, key in METRICS.items():
         value = _number(key, data.get(key))
         out[column] = int(value) if column in INTEGER_METRICS and value.is_integer() else value
+    total, completed = out["total_output_tokens"], out["completed"]
+    if total <= completed:  # NaN compares False: unknown counts keep the record's figures
+        out.update(dict.fromkeys(ONE_TOKEN_BLANK, math.nan))
     retok = _number("total_output_tokens_retokenized", data.get("total_output_tokens_retokenized"))
     total = out["total_output_tokens"]
     out["retokenized_ratio"] = retok / total if total and not math.isnan(total) else math.nan
+    return out
+
+
+def engine_figures(
+    metrics: Mapping[str, Any], *, engine_kind: str, time_scale: float | None
+) -> dict[str, Any]:
+    """ENGINE_COLUMNS and SIM_COLUMNS of one row: for a sim at a time scale > 0 its figures
+    back in simulated time (the sim's clock runs `time_scale` x wall time); NaN otherwise."""
+    scale = time_scale if engine_kind == "sim" and time_scale else math.nan
+    out: dict[str, Any] = {"engine_kind": engine_kind, "sim_time_scale": scale}
+    for c in SIM_LATENCIES:
+        out[f"simulated_{c}"] = float(metrics[c]) / scale
+    for c in SIM_RATES:
+        out[f"simulated_{c}"] = float(metrics[c]) * scale
+    return out
+
+
+def layout_figures(cell: CellRepeat, *, axes: Sequence[str]) -> dict[str, Any]:
+    """LAYOUT_ARGS not among `axes`: the value of every role, or `prefill=X;decode=Y` when
+    the roles differ."""
+    out: dict[str, Any] = {}
+    for arg in LAYOUT_ARGS:
+        if arg in axes:
+            continue
+        values = {r.name: getattr(r.args, arg) for r in cell.server.roles}
+        distinct = set(values.values())
+        out[arg] = (
+            distinct.pop()
+            if len(distinct) == 1
+            else ";".join(f"{k}={v}" for k, v in values.items())
+        )
     return out
 
 
@@ -238,17 +285,21 @@ def _axis_names(axes: Iterable[Mapping[str, Any]]) -> list[str]:
 
 
 def result_columns(server_axes: Sequence[str], client_axes: Sequence[str]) -> list[str]:
-    """Column order of results.csv: ids, server axes, client axes, metrics, GPU figures, the
-    per-request, energy and SLO figures."""
+    """Column order of results.csv: ids, engine, server axes, client axes, the server's
+    parallel layout, metrics, GPU figures, the per-request, energy and SLO figures, the sim's
+    figures in simulated time."""
     return [
         *ID_COLUMNS,
+        *ENGINE_COLUMNS,
         *server_axes,
         *client_axes,
+        *(a for a in LAYOUT_ARGS if a not in server_axes),
         *METRICS,
         *DERIVED,
         *GPU_COLUMNS,
         *FIGURE_COLUMNS,
         *HYGIENE_COLUMNS,
+        *SIM_COLUMNS,
     ]
 
 
@@ -296,8 +347,9 @@ def result_row(
     cell: CellRepeat,
     metrics: Mapping[str, Any],
     gpu: Mapping[str, Any],
+    engine: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One results.csv row (pure)."""
+    """One results.csv row (pure); `engine`: its engine_figures."""
     return {
         "run_id": run_id,
         "server_id": cell.server.id,
@@ -305,8 +357,10 @@ def result_row(
         "repeat": cell.repeat,
         "seed": cell.seed,
         "fingerprint": cell.server.fingerprint,
+        **(engine or {}),
         **cell.server.axes,
         **cell.client.axes,
+        **layout_figures(cell, axes=list(cell.server.axes)),
         **metrics,
         **gpu,
     }
@@ -322,10 +376,13 @@ def collect_results(
     measured_with: Sequence[Mapping[str, Any]] | None = None,
     slo: SloConfig | None = None,
     saturation: SaturationConfig | None = None,
+    engine_kind: str = "sglang",
+    time_scale: float | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """results.csv (one row per cell-repeat) and requests.csv (one row per successful request)
     of a run, from the raw records and GPU files of `cells` (in the same order); goodput
-    against `slo` (NaN without one); `client_saturated` against `saturation`.
+    against `slo` (NaN without one); `client_saturated` against `saturation`; the engine's
+    kind and, for the sim, its `time_scale` (engine_figures).
 
     `measured_with`: per cell, what the current config measures it with; records measured
     with anything else are one CellFailed naming the cells and the differing keys."""
@@ -354,7 +411,12 @@ def collect_results(
             slo=slo,
             saturation=saturation,
         )
-        rows.append(result_row(run_id=run_id, cell=cell, metrics=metrics, gpu={**gpu_row, **extra}))
+        engine = engine_figures(metrics, engine_kind=engine_kind, time_scale=time_scale)
+        rows.append(
+            result_row(
+                run_id=run_id, cell=cell, metrics=metrics, gpu={**gpu_row, **extra}, engine=engine
+            )
+        )
         requests.append(per_request)
     provenance.check_current(stale)
     columns = result_columns(server_axes, client_axes)
@@ -362,6 +424,7 @@ def collect_results(
     df = pd.DataFrame(rows, columns=[*columns, *found])
     for col in (*INTEGER_METRICS, "gpu_count"):
         df[col] = pd.to_numeric(df[col]).astype("Int64")
+    df = significant(df)
     log.info("collected %d cell-repeats of run %s", len(df), run_id)
     keys = [(c.server.id, c.client.id, c.repeat) for c in cells]
     return df, request_table(keys, requests)
@@ -388,10 +451,28 @@ def request_table(
     return pd.DataFrame(columns, columns=list(REQUEST_COLUMNS))
 
 
+def significant(df: pd.DataFrame) -> pd.DataFrame:
+    """`df` with every float column rounded to SIGNIFICANT_DIGITS: the values results.csv
+    holds, so a table summarized in memory equals the one read back from the file."""
+    out = df.copy()
+    spec = f"%.{SIGNIFICANT_DIGITS - 1}e"
+    for col in out.columns:
+        if pd.api.types.is_float_dtype(out[col]):
+            values = out[col].to_numpy(dtype=float)
+            out[col] = np.char.mod(spec, values).astype(float)
+    return out
+
+
+def _significant(value: float) -> str:
+    return np.format_float_positional(
+        value, precision=SIGNIFICANT_DIGITS, unique=True, fractional=False, trim="0"
+    )
+
+
 def write_results_csv(df: pd.DataFrame, path: str | Path) -> None:
-    """Write results.csv atomically."""
+    """Write results.csv atomically, floats to SIGNIFICANT_DIGITS (never in exponent form)."""
     with atomic_open(path) as fh:
-        df.to_csv(fh, index=False)
+        df.to_csv(fh, index=False, float_format=_significant)
 
 
 def read_results_csv(path: str | Path) -> pd.DataFrame:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime as dt
 import json
 import logging
 import os
@@ -83,10 +84,32 @@ class ServerState:
             return None
         data = json.loads(path.read_text())
         data["ranks"] = [RankState(**r) for r in data["ranks"]]
+        for key in TIME_FIELDS:
+            data[key] = _epoch(data.get(key))
         return cls(**data)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """As written to current.json and server.json: times in ISO-8601 (UTC)."""
+        data = asdict(self)
+        for key in TIME_FIELDS:
+            data[key] = _iso(data[key])
+        return data
+
+
+TIME_FIELDS = ("started_at", "ready_at")
+
+
+def _iso(epoch: float | None) -> str | None:
+    if epoch is None:
+        return None
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).isoformat(timespec="milliseconds")
+
+
+def _epoch(value: str | float | None) -> float | None:
+    """A time of a state file: ISO-8601, or the epoch float files before it held."""
+    if value is None or isinstance(value, int | float):
+        return value
+    return dt.datetime.fromisoformat(value).timestamp()
 
 
 def log_name(role: str, node: str) -> str:

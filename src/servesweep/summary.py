@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from servesweep import stats
-from servesweep.config import Experiment
+from servesweep import labels, stats
+from servesweep.config import Experiment, cell_repeats
 from servesweep.errors import ConfigError
 from servesweep.files import write_text_atomic
 from servesweep.records import read_record
@@ -326,11 +326,19 @@ def cell_replicates(
 # ---------------------------------------------------------------- summary.json
 
 
+def expected_delta_note(exp: Experiment) -> str | None:
+    """Why a run of `exp` will have no deltas vs its baseline (summary.json's `note` once it
+    ran), None when its matrix has candidate cells with baseline twins."""
+    cells = {(c.server.id, c.client.id): {**c.server.axes, **c.client.axes}
+             for c in cell_repeats(exp)}  # fmt: skip
+    return _twins(list(cells.values()), exp.baseline, warn=False)[1]
+
+
 def _twins(
-    groups: Sequence[Mapping[str, Any]], baseline: Mapping[str, Any]
+    groups: Sequence[Mapping[str, Any]], baseline: Mapping[str, Any], *, warn: bool = True
 ) -> tuple[dict[int, int], str | None]:
     """Candidate cell index -> its baseline twin's index (cells given by their axes), and a
-    note when there are none."""
+    note when there are none; `warn`: log each candidate without a twin."""
     if not baseline:
         return {}, "no baseline in this run (none configured, or narrowed out of the matrix)"
     if not groups:
@@ -354,6 +362,8 @@ def _twins(
             continue
         twin = index.get(tuple(_key(ax[a]) for a in others))
         if twin is None:
+            if not warn:
+                continue
             log.warning("cell %s has no baseline twin with %s=%s", cell_label(ax), axis, want)
             continue
         twins[i] = twin
@@ -583,6 +593,8 @@ def summarize(
     run_ids = sorted({str(r) for r in results["run_id"]}) if "run_id" in results else []
     summary: dict[str, Any] = {
         "run_id": run_ids[0] if len(run_ids) == 1 else None,
+        # {kind, time_scale} of the engine (results.csv's engine_kind, sim_time_scale)
+        "engine": labels.engine_of(results),
         "baseline": {k: _py(v) for k, v in baseline.items()},
         "server_axes": list(server_axes),
         "client_axes": list(client_axes),

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
@@ -311,7 +312,12 @@ def test_table_json_and_plot(comparison, tmp_path):
         sorted(c["metrics"]["ttft_p50_ms"]["delta_pct"] for c in loaded["cells"])
     )
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
-    assert all(label.endswith("*") for label in labels)  # fingerprints differ
+    # fingerprints differ, and the label says what did
+    assert all("\n* " in label for label in labels)
+    changed = [c["what_changed"] for c in loaded["cells"]]
+    assert "SIMULATED" not in fig.get_suptitle()  # both runs' rows say engine_kind sglang
+    shown = zip(labels, changed, strict=True)
+    assert all(label.endswith(textwrap.shorten(w, 48)) for label, w in shown)
     assert {t.get_text() for t in fig.legends[0].get_texts()} == {"better", "within noise"}
     plots.save_figure(fig, tmp_path / "comparison.png")
     assert (tmp_path / "comparison.png").read_bytes()[:4] == b"\x89PNG"
@@ -381,3 +387,17 @@ def test_snakemake_compares_two_result_directories(runs):
     per_cell = len(result["cells"][0]["metrics"])
     assert len(pd.read_csv(runs / target / "comparison.csv")) == 2 * per_cell
     assert (runs / target / "comparison.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_what_changed_names_the_differing_layout():
+    a = pd.DataFrame({"engine_kind": ["sim"] * 2, "ep_size": [8, 8], "tp_size": [8, 8]})
+    assert compare.what_changed(a, a.assign(ep_size=4)) == "ep_size 8 -> 4"
+    assert compare.what_changed(a, a).startswith("image, engine version or server arguments")
+    b = a.assign(ep_size=4, engine_kind="sglang")
+    assert compare.what_changed(a, b) == "engine_kind sim -> sglang; ep_size 8 -> 4"
+    # layout columns are no axes unless the server id names them
+    table = a.assign(server_id="x", moe_runner_backend="marlin")
+    assert compare.axis_columns(table, server_id="moe_runner_backend~marlin") == [
+        "moe_runner_backend"
+    ]
+    assert "ep_size" in compare.axis_columns(table, server_id="ep_size~8")

@@ -12,7 +12,14 @@ import pytest
 
 from servesweep import compare
 from servesweep.cli import main
-from servesweep.results import DERIVED, FIGURE_COLUMNS, GPU_COLUMNS, HYGIENE_COLUMNS, METRICS
+from servesweep.results import (
+    DERIVED,
+    FIGURE_COLUMNS,
+    GPU_COLUMNS,
+    HYGIENE_COLUMNS,
+    METRICS,
+    SIM_COLUMNS,
+)
 from tests.helpers import REPO
 from tests.unit.test_compare import MARLIN, MATRIX_A, detailed_record, write_run
 
@@ -69,7 +76,15 @@ def test_real_records_import_with_a_record_field_axis(tmp_path, capsys):
     assert sorted(df["request_rate"]) == sorted(json.loads(x)["request_rate"] for x in lines)
     assert df.groupby("client_id")["repeat"].max().max() == 2  # same rate twice: repeats 1, 2
     derived = list(df.columns).index(DERIVED[0])
-    assert list(df.columns[derived + 1 :]) == [*GPU_COLUMNS, *FIGURE_COLUMNS, *HYGIENE_COLUMNS]
+    assert list(df.columns[derived + 1 :]) == [
+        *GPU_COLUMNS,
+        *FIGURE_COLUMNS,
+        *HYGIENE_COLUMNS,
+        *SIM_COLUMNS,
+    ]
+    assert set(df["engine_kind"]) == {"sglang"}
+    for raw in (tmp_path / "results" / "real" / "raw").rglob("*.jsonl"):  # strict JSON copies
+        json.loads(raw.read_text(), parse_constant=pytest.fail)
     assert df["retokenized_ratio"].between(0.98, 1).all() and (df["retokenized_ratio"] < 1).all()
     assert all(c in df.columns for c in METRICS)
     summary = json.loads((tmp_path / "results" / "real" / "summary.json").read_text())

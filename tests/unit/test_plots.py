@@ -11,7 +11,7 @@ import pytest
 from matplotlib.collections import LineCollection, PathCollection
 from matplotlib.figure import Figure
 
-from servesweep import plots
+from servesweep import labels, plots
 from servesweep.config import cell_repeats, load_experiment_file
 from servesweep.results import METRICS, result_row
 from servesweep.summary import summarize
@@ -120,8 +120,14 @@ def test_plot_deltas_intervals_and_verdicts():
     # 3 repeats, record values only: the interval is [min/max, max/min] of the two cells.
     assert want[0] == pytest.approx((100 * (0.8 * 0.95 / 1.1 - 1), 100 * (0.8 * 1.1 / 0.95 - 1)))
     texts = [t.get_text() for t in ax.texts]
-    assert any(t.startswith("+3.0% [") and t.endswith("within noise") for t in texts)
-    assert any(t.startswith("-20.0% [") and t.endswith("better") for t in texts)
+    firsts = [t.splitlines()[0] for t in texts]
+    assert any(t.startswith("+3.0% [") and t.endswith("within noise") for t in firsts)
+    assert any(t.startswith("-20.0% [") and t.endswith("better") for t in firsts)
+    # beside each %: the baseline's absolute median, in the metric's unit
+    base = summary["deltas"][0]["metrics"]["ttft_p50_ms"]["baseline_median"]
+    assert texts[0].splitlines()[1] == f"of baseline {labels.value_text(base, 'ttft_p50_ms')}"
+    assert fig.get_suptitle().startswith("TTFT p50 [ms]: change of the median vs baseline")
+    assert ax.get_xlabel().startswith("change vs baseline, %")
     assert "95% bootstrap interval" in fig.get_suptitle()
     assert "coarse intervals (repeats per cell: 3," in fig.get_suptitle()
     colors = {tuple(p.get_facecolor()[:3]) for p in ax.patches if p.get_width() > 0}
@@ -225,12 +231,30 @@ def test_plot_metric_vs_one_cell_and_no_grouping():
     assert len(points(plain.axes[0])) == 3
 
 
+def test_plot_metric_vs_labels_units_zero_and_repeats_on_top(default):
+    _, df, _ = default
+    sim = df.assign(engine_kind="sim", sim_time_scale=0.005)
+    fig = plots.plot_metric_vs(sim, metric="ttft_p50_ms", hue="moe_runner_backend")
+    ax = fig.axes[0]
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("client concurrency [requests]", "TTFT p50 [ms]")
+    assert ax.get_ylim()[0] == 0
+    assert "SIMULATED engine (time scale 0.005" in fig.get_suptitle()
+    # every repeat is a dot drawn above the medians' line, whose markers are open circles
+    dots = [c for c in ax.collections if isinstance(c, PathCollection)]
+    assert len(points(ax)) == len(df)
+    line_z = max(line.get_zorder() for line in ax.lines)
+    assert all(c.get_zorder() > line_z for c in dots)
+    assert all(line.get_markerfacecolor() == "none" for line in ax.lines if line.get_marker())
+    real = plots.plot_metric_vs(df.assign(engine_kind="sglang"), metric="ttft_p50_ms")
+    assert "SIMULATED" not in real.get_suptitle()
+
+
 def test_plot_metric_vs_bad_column_and_no_values(default):
     _, df, _ = default
     with pytest.raises(ValueError, match="page_size"):
         plots.plot_metric_vs(df, metric="ttft_p50_ms", col="page_size")
     fig = plots.plot_metric_vs(df, metric="itl_p50_ms")  # all NaN in this table
-    assert "no itl_p50_ms values" in message(fig)
+    assert "no ITL p50 [ms] values" in message(fig)
 
 
 def test_write_run_plots_writes_every_figure_of_the_run(default, tmp_path):
@@ -313,17 +337,19 @@ def test_energy_and_goodput_page(default, tmp_path):
         gpu_source="simulated",
         gpu_power_mean_w=5000.0 + df["concurrency"],
         joules_per_input_token=0.01,
-        goodput_rps=df["request_tps"],
+        goodput_rps=df["request_throughput_rps"],
         slo_pct=100.0,
     )
     fig = plots.plot_energy_goodput(data, x="concurrency", hue="moe_runner_backend")
     assert "GPU power: simulated" in fig.get_suptitle()
     shown = [ax for ax in fig.axes if ax.get_visible() and ax.get_title()]
-    assert [ax.get_title().split()[0] for ax in shown] == list(plots.ENERGY_PAGE_METRICS)
+    titles = [ax.get_title().split(" (")[0] for ax in shown]
+    assert titles == [labels.label(m) for m in plots.ENERGY_PAGE_METRICS]
+    assert all(ax.get_ylim()[0] == 0 for ax in shown)  # y from zero
     power = shown[0]
     assert sorted(points(power)[:, 1]) == pytest.approx(sorted(data["gpu_power_mean_w"]))
     empty = plots.plot_energy_goodput(df.assign(goodput_rps=np.nan), x="concurrency")
-    assert "no goodput_rps values (no SLO configured)" in message(empty)
+    assert "no goodput [req/s] values (no SLO configured)" in message(empty)
     assert "CLIENT SATURATED" not in fig.get_suptitle()
     flagged = plots.plot_energy_goodput(data.assign(client_saturated=True), x="concurrency")
     assert f"CLIENT SATURATED in {len(data)} cell-repeat(s)" in flagged.get_suptitle()

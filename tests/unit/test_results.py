@@ -30,7 +30,8 @@ def test_record_metrics_of_bench_serving_0523():
     m = results.record_metrics(read_record(REC_0523))
     assert list(m) == [*results.METRICS, *results.DERIVED]
     for column, key in results.METRICS.items():
-        if key.startswith("client_"):  # the builtin's self-check: bench_serving has none
+        if key.startswith("client_") or column in results.ONE_TOKEN_BLANK:
+            # the builtin's self-check: bench_serving has none; TPOT/ITL of 1-token outputs
             assert math.isnan(m[column]), column
             continue
         assert m[column] == pytest.approx(raw[key]), column
@@ -38,7 +39,14 @@ def test_record_metrics_of_bench_serving_0523():
     assert m["input_tps"] == raw["input_throughput"]
     assert m["completed"] == 40 and isinstance(m["completed"], int)
     assert m["total_input_tokens"] == 40 * 16384
-    assert m["tpot_p50_ms"] == 0.0  # bench_serving reports 0 when every output is 1 token
+    # bench_serving reports 0.0 when every output is 1 token: undefined, so blank
+    assert raw["median_tpot_ms"] == 0.0 and raw["median_itl_ms"] == 0.0
+    assert math.isnan(m["tpot_p50_ms"]) and math.isnan(m["itl_p50_ms"])
+
+
+def test_record_metrics_keep_tpot_of_multi_token_outputs():
+    raw = {**template(REC_0523), "total_output_tokens": 80, "median_tpot_ms": 5.0}
+    assert results.record_metrics(raw)["tpot_p50_ms"] == 5.0
 
 
 def test_record_metrics_of_bench_serving_059_lacks_p95():
@@ -82,20 +90,28 @@ def test_collect_results_default_matrix(tmp_path):
         "repeat",
         "seed",
         "fingerprint",
+        "engine_kind",
+        "sim_time_scale",
         "moe_runner_backend",
         "chunked_prefill_size",
         "concurrency",
+        "tp_size",
+        "ep_size",
+        "dp_size",
+        "pp_size",
         *results.METRICS,
         *results.DERIVED,
         *results.GPU_COLUMNS,
         *results.FIGURE_COLUMNS,
         "cache_flushed",
+        *results.SIM_COLUMNS,
     ]
     assert set(df["run_id"]) == {"moe-prefill-sim"}
     # One seed per client config and repeat, the same for every server config (docs/identity.md)
     assert list(df["seed"]) == [c.seed for c in cells]
     assert df.groupby(["client_id", "repeat"])["seed"].nunique().eq(1).all()
     assert df.drop_duplicates(["client_id", "repeat"])["seed"].is_unique
+    assert set(df["ep_size"]) == {8} and set(df["tp_size"]) == {8}  # not an axis, still a column
     assert list(df["server_id"]) == [c.server.id for c in cells]
     assert list(df["fingerprint"]) == [c.server.fingerprint for c in cells]
     assert list(df["repeat"]) == [1, 2, 3] * 8
@@ -113,6 +129,33 @@ def test_collect_results_default_matrix(tmp_path):
     assert row["gpu_count"] == 8
     assert row["gpu_mem_used_peak_mib"] == 21491
     assert row["gpu_util_mean_pct"] == 100
+
+
+def test_sim_rows_say_so_and_carry_figures_in_simulated_time(tmp_path):
+    exp = experiment()
+    paths = make_run(tmp_path, exp)
+    cells = cell_repeats(exp)
+    sim = results.collect_results(
+        run_id="r",
+        cells=cells,
+        raw=[paths.raw(c) for c in cells],
+        gpu=[paths.gpu(c) for c in cells],
+        engine_kind="sim",
+        time_scale=0.005,
+    )[0]
+    assert set(sim["engine_kind"]) == {"sim"} and set(sim["sim_time_scale"]) == {0.005}
+    assert list(sim["simulated_ttft_p50_ms"]) == pytest.approx(list(sim["ttft_p50_ms"] / 0.005))
+    assert list(sim["simulated_input_tps"]) == pytest.approx(list(sim["input_tps"] * 0.005))
+    real = collect(cells, paths)[0]
+    assert set(real["engine_kind"]) == {"sglang"}
+    assert real[["sim_time_scale", *results.SIM_COLUMNS]].isna().all().all()
+
+
+def test_results_csv_floats_have_eight_significant_digits(tmp_path):
+    values = [207786.59247074625, 0.023745413335465176, 13.0, math.nan]
+    results.write_results_csv(pd.DataFrame({"a": values, "b": "x"}), tmp_path / "r.csv")
+    lines = (tmp_path / "r.csv").read_text().splitlines()
+    assert lines == ["a,b", "207786.59,x", "0.023745413,x", "13.0,x", ",x"]
 
 
 def test_results_csv_round_trip(tmp_path):

@@ -190,8 +190,8 @@ def test_baseline_on_an_axis_the_run_lacks(default_results):
     s = summary_of(exp, df, baseline={"page_size": 64})
     assert s["deltas"] == []
     assert s["note"] == "baseline axis page_size is not an axis of this run"
-    with pytest.raises(ValueError, match="tp_size"):
-        summary.summarize(results=df, baseline={}, server_axes=["tp_size"], client_axes=[])
+    with pytest.raises(ValueError, match="page_size"):
+        summary.summarize(results=df, baseline={}, server_axes=["page_size"], client_axes=[])
 
 
 def test_write_summary_is_strict_json(tmp_path, default_results):

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
@@ -93,6 +96,80 @@ def test_results_and_summary(run_dir: Path) -> None:
     assert manifest["git_sha"]
 
 
+def test_results_say_simulated_and_leave_undefined_figures_blank(run_dir: Path) -> None:
+    df = pd.read_csv(run_dir / "results.csv")
+    assert set(df["engine_kind"]) == {"sim"} and set(df["sim_time_scale"]) == {0.005}
+    # scaled back to simulated time (8 significant digits in the file)
+    ratio = df["simulated_ttft_p50_ms"] / (df["ttft_p50_ms"] / 0.005)
+    assert ratio.between(1 - 1e-5, 1 + 1e-5).all()
+    assert set(df["ep_size"]) == {8}  # EP_SIZE is no axis, still a column
+    # every output is one token: TPOT and ITL are undefined, blank rather than 0.0
+    assert df[["tpot_p50_ms", "tpot_p95_ms", "itl_p50_ms"]].isna().all().all()
+    assert "request_throughput_rps" in df.columns and "request_tps" not in df.columns
+    server = json.loads(next(run_dir.glob("service/*/server.json")).read_text())
+    assert datetime.fromisoformat(server["started_at"]).tzinfo is not None
+
+
+def _strict(text: str) -> None:
+    def refuse(constant: str) -> None:
+        raise ValueError(f"non-JSON constant {constant}")
+
+    json.loads(text, parse_constant=refuse)
+
+
+def test_every_json_file_is_strict_json(run_dir: Path) -> None:
+    files = [*run_dir.rglob("*.json"), *run_dir.rglob("*.jsonl")]
+    assert len(files) > 24
+    for path in files:
+        lines = path.read_text().splitlines() if path.suffix == ".jsonl" else [path.read_text()]
+        for line in filter(str.strip, lines):
+            _strict(line)
+    record = json.loads(next(run_dir.glob("raw/*/*/r1.jsonl")).read_text())
+    assert record["request_rate"] is None and record["non_finite"] == {"/request_rate": "inf"}
+
+
+def test_report_opens_on_the_answer_in_a_browser(run_dir: Path, tmp_path: Path) -> None:
+    """`snakemake --report` in headless Chromium at two window sizes: the landing page's
+    heading is on screen (it sat at y = -359 px) and its delta table is there."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        if os.environ.get("SERVESWEEP_REQUIRE_BROWSER"):
+            pytest.fail("chromium not found, and SERVESWEEP_REQUIRE_BROWSER is set")
+        pytest.skip("chromium not found (apt-get install chromium)")
+    report = tmp_path / "report.html"
+    proc = _jobs(run_dir, "--report", str(report))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            for width, height in ((1400, 900), (1920, 1080)):
+                page = browser.new_page(viewport={"width": width, "height": height})
+                page.goto(report.as_uri())
+                page.wait_for_selector("#app .prose h1", timeout=60_000)
+                found = page.evaluate(LANDING_PROBE)
+                assert found["heading"] == f"Run {RUN}: what it measured", found
+                assert found["top"] >= 0 and found["bottom"] <= height, (width, height, found)
+                assert 0 <= found["left"] < width, (width, height, found)
+                assert found["delta_rows"] >= 4 * 4, found  # 4 candidate cells x 4 metrics
+                assert "SIMULATED" in found["text"], "a sim run says so on its first screen"
+                page.close()
+        finally:
+            browser.close()
+
+
+# The landing page's heading (its box in the window) and its delta table, as the browser
+# laid them out.
+LANDING_PROBE = """() => {
+  const h = document.querySelector('#app .prose h1');
+  const box = h.getBoundingClientRect();
+  const rows = document.querySelectorAll('#app .prose table#deltas tbody tr');
+  return {heading: h.textContent.trim(), top: box.top, bottom: box.bottom, left: box.left,
+          delta_rows: rows.length, text: document.querySelector('#app .prose').innerText};
+}"""
+
+
 def test_second_run_has_nothing_to_do(run_dir: Path) -> None:
     before = len(_starts(run_dir))
     proc = _jobs(run_dir, "--cores", "1", "all")
@@ -140,6 +217,7 @@ def test_every_declared_log_is_written(run_dir: Path) -> None:
         "summarize.log",
         "plot_results.log",
         "write_manifest.log",
+        "write_landing_page.log",
     }
     cell_logs = sorted(run_dir.glob("logs/run_cell/*/*/r*.log"))
     bench_logs = sorted(run_dir.glob("bench/*/*/r*.log"))
