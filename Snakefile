@@ -35,6 +35,7 @@ rule all:
 
 onstart:
     check_secrets_at_start()
+    start_pools()
     unthrottle_scheduler(workflow)
     hangup_like_sigterm()
 
@@ -45,3 +46,4 @@ onsuccess:
 
 onerror:
     stop_servers("workflow failed")
+    report_missing()

@@ -1,4 +1,5 @@
-# One job per cell-repeat; servers are started lazily inside run_cell (DESIGN.md section 5).
+# One job per cell-repeat; servers are started lazily inside run_cell (DESIGN.md section 5),
+# one server set at a time per node pool (resource pool_<i>).
 # Image checks and preflight run first (PREREQUISITES in common.smk).
 
 
@@ -15,7 +16,7 @@ rule run_cell:
         bench=PATHS.cell_pattern("bench"),
     priority: cell_priority
     resources:
-        gpu_server=1,
+        **CELL_RESOURCES,
     params:
         fingerprint=cell_fingerprint,
         workload=cell_workload,
@@ -35,7 +36,7 @@ rule preflight:
         f"{LOGS}/preflight.log",
     priority: PREREQUISITE_PRIORITY
     resources:
-        gpu_server=1,
+        **EVERY_POOL,
     params:
         servers=SERVER_FINGERPRINTS,
     message:
@@ -51,7 +52,7 @@ rule build_image:
         f"{RUN_DIR}/build/{{node}}.log",
     priority: PREREQUISITE_PRIORITY
     resources:
-        gpu_server=1,
+        **EVERY_POOL,
     params:
         image=EXP.runtime.image,
         build=EXP.runtime.model_dump_json(include={"build", "smoke"}),

@@ -10,11 +10,14 @@ from typing import Any
 
 from servesweep import compare
 from servesweep.casetable import case_table, markdown_table
-from servesweep.config import cell_repeats, client_specs
+from servesweep.config import client_specs
 from servesweep.files import write_json_atomic, write_text_atomic
 from servesweep.jobs import PathLike, experiment
 from servesweep.logscan import scan_run
 from servesweep.manifest import build_manifest
+from servesweep.paths import RunPaths
+from servesweep.plan import pool_plan
+from servesweep.pools import PoolPlan, pooled_cells
 from servesweep.provenance import measured_with
 from servesweep.results import collect_results as collect
 from servesweep.results import (
@@ -37,8 +40,8 @@ def collect_results(
 ) -> None:
     """Rule collect_results: results.csv (one row per cell-repeat) and requests.csv (one row
     per request) from the raw records and GPU snapshots, listed in matrix order."""
-    exp, _ = experiment(config)
-    cells = cell_repeats(exp)
+    exp, paths = experiment(config)
+    cells = pooled_cells(exp, planned_pools(exp, paths))
     results, requests = collect(
         run_id=exp.run_id,
         cells=cells,
@@ -51,6 +54,11 @@ def collect_results(
     )
     write_results_csv(results, results_csv)
     write_requests_csv(requests, requests_csv)
+
+
+def planned_pools(exp: Any, paths: RunPaths) -> PoolPlan:
+    """The pool plan the workflow ran with (its onstart wrote pools.json; kept from there)."""
+    return pool_plan(exp=exp, paths=paths, results_dir=paths.root.parent)
 
 
 def scan_logs(
@@ -108,8 +116,13 @@ def write_manifest(
     *, config: Mapping[str, Any], server_info: Sequence[PathLike], repo: PathLike, out: PathLike
 ) -> None:
     """Rule write_manifest: resolved config, fingerprints, versions."""
-    exp, _ = experiment(config)
-    manifest = build_manifest(exp=exp, server_info=[Path(p) for p in server_info], repo=Path(repo))
+    exp, paths = experiment(config)
+    manifest = build_manifest(
+        exp=exp,
+        server_info=[Path(p) for p in server_info],
+        repo=Path(repo),
+        pools=planned_pools(exp, paths),
+    )
     write_json_atomic(out, manifest)
 
 

@@ -2,7 +2,8 @@
 
 Durations come from earlier runs' orchestrator.log where the same server config (fingerprint)
 and client config ran before, else from the simulator's cost model run offline (no sleeping).
-Nothing here touches a node.
+The same estimates balance server configs over node pools (servesweep.pools). Nothing here
+touches a node.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from servesweep.config import CellRepeat, Experiment, cell_repeats
 from servesweep.events import read_events
 from servesweep.paths import RunPaths
+from servesweep.pools import PoolPlan, assign, node_pools, pooled_cells, read_previous
 from servesweep.sim.estimate import closed_loop_seconds
 
 # A real SGLang start of a large MoE model across nodes (seed 000: "about ten minutes").
@@ -86,6 +88,55 @@ def start_s(exp: Experiment) -> float:
     return SGLANG_START_S
 
 
+class CellTimes:
+    """Estimated seconds of starts and cells: earlier runs' medians, else the cost model."""
+
+    def __init__(self, exp: Experiment, history: History) -> None:
+        self.exp = exp
+        self.history = history
+        self.simulated: dict[tuple[str, str], float] = {}
+
+    def start(self, fingerprint: str) -> float:
+        return self.history.ready_s.get(fingerprint, start_s(self.exp))
+
+    def cell(self, cell: CellRepeat) -> tuple[float, bool]:
+        """(seconds incl. the job overhead, whether an earlier run timed it)."""
+        key = (cell.server.fingerprint, cell.client.id)
+        if key in self.history.cell_s:
+            return self.history.cell_s[key] + JOB_OVERHEAD_S, True
+        if key not in self.simulated:
+            self.simulated[key] = simulated_cell_s(self.exp, cell)
+        return self.simulated[key] + JOB_OVERHEAD_S, False
+
+
+def config_estimates(exp: Experiment, times: CellTimes) -> dict[str, float]:
+    """Seconds of every server config: one start and all its cells."""
+    out: dict[str, float] = {}
+    for cell in cell_repeats(exp):
+        sid = cell.server.id
+        if sid not in out:
+            out[sid] = times.start(cell.server.fingerprint)
+        out[sid] += times.cell(cell)[0]
+    return out
+
+
+def pool_plan(
+    *, exp: Experiment, paths: RunPaths, results_dir: Path, history: History | None = None
+) -> PoolPlan:
+    """Each server config's pool: kept from the run's pools.json, new ones balanced by the
+    estimates (one pool: no estimate is computed)."""
+    pools = tuple(node_pools(exp))
+    ids = list(dict.fromkeys(c.server.id for c in cell_repeats(exp)))
+    if len(pools) == 1:
+        return PoolPlan(pools, dict.fromkeys(ids, 0), {})
+    times = CellTimes(exp, history or read_history(results_dir))
+    estimates = config_estimates(exp, times)
+    assignment = assign(
+        server_ids=ids, pools=pools, estimates=estimates, previous=read_previous(paths.pools)
+    )
+    return PoolPlan(pools, assignment, estimates)
+
+
 @dataclass(frozen=True)
 class Plan:
     """What a run still has to do and how long it should take."""
@@ -96,6 +147,8 @@ class Plan:
     starts: list[str]
     estimate_s: float
     from_history: int
+    pools: PoolPlan
+    pool_s: dict[int, float]  # estimated seconds of each pool's missing work
 
     def render(self) -> str:
         lines = [
@@ -104,9 +157,17 @@ class Plan:
             f"estimated wall time: {_duration(self.estimate_s)} "
             f"({self.from_history} of {len(self.missing)} cells timed from earlier runs, "
             f"the rest from the simulator's cost model)",
+            f"node pools: {len(self.pools.pools)} (one server set at a time each)",
         ]
+        for pool in self.pools.pools:
+            servers = self.pools.servers(pool.index)
+            lines.append(
+                f"  pool {pool.index}: nodes {','.join(pool.nodes)}; {len(servers)} server "
+                f"config(s), missing work {_duration(self.pool_s.get(pool.index, 0.0))}: "
+                f"{' '.join(servers) or 'none'}"
+            )
         for cell in self.missing:
-            lines.append(f"  {cell.key}")
+            lines.append(f"  {cell.key} (pool {cell.server.pool})")
         return "\n".join(lines) + "\n"
 
 
@@ -117,24 +178,21 @@ def _duration(seconds: float) -> str:
 
 
 def make_plan(*, exp: Experiment, paths: RunPaths, results_dir: Path) -> Plan:
-    """The missing cell-repeats (no raw file yet), their server starts and time estimate."""
-    cells = cell_repeats(exp)
-    missing = [c for c in cells if not paths.raw(c).exists()]
+    """The missing cell-repeats (no raw file yet), their server starts, their pools and the
+    time estimate: the pools run at once, so the longest pool's work is the wall time."""
     history = read_history(results_dir)
+    pools = pool_plan(exp=exp, paths=paths, results_dir=results_dir, history=history)
+    cells = pooled_cells(exp, pools)
+    missing = [c for c in cells if not paths.raw(c).exists()]
+    times = CellTimes(exp, history)
     starts = list(dict.fromkeys(c.server.fingerprint for c in missing))
-    estimate = sum(history.ready_s.get(fp, start_s(exp)) for fp in starts)
+    pool_s: dict[int, float] = defaultdict(float)
+    for cell in {c.server.fingerprint: c for c in missing}.values():
+        pool_s[cell.server.pool] += times.start(cell.server.fingerprint)
     timed = 0
-    simulated: dict[tuple[str, str], float] = {}
     for cell in missing:
-        key = (cell.server.fingerprint, cell.client.id)
-        if key in history.cell_s:
-            estimate += history.cell_s[key]
-            timed += 1
-        else:
-            if key not in simulated:
-                simulated[key] = simulated_cell_s(exp, cell)
-            estimate += simulated[key]
-        estimate += JOB_OVERHEAD_S
-    if missing:
-        estimate += ANALYSIS_S
-    return Plan(exp.run_id, len(cells), missing, starts, estimate, timed)
+        seconds, known = times.cell(cell)
+        pool_s[cell.server.pool] += seconds
+        timed += known
+    estimate = max(pool_s.values(), default=0.0) + (ANALYSIS_S if missing else 0.0)
+    return Plan(exp.run_id, len(cells), missing, starts, estimate, timed, pools, dict(pool_s))

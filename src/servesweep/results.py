@@ -79,7 +79,7 @@ REQUIRED_KEYS = (
 READ_KEYS = frozenset({*METRICS.values(), *REQUIRED_KEYS, "total_output_tokens_retokenized"})
 # GPU columns of results.csv: snapshot figures, then the sampled ones (servesweep.gpusampling).
 GPU_COLUMNS = tuple(dict.fromkeys((*telemetry.GPU_FIGURES, *gpusampling.SAMPLE_FIGURES)))
-ID_COLUMNS = ("run_id", "server_id", "client_id", "repeat", "fingerprint")
+ID_COLUMNS = ("run_id", "server_id", "client_id", "repeat", "fingerprint", "pool")
 # requests.csv: one row per successful request of every cell-repeat (stats.request_figures).
 REQUEST_ID_COLUMNS = ("server_id", "client_id", "repeat")
 REQUEST_COLUMNS = (*REQUEST_ID_COLUMNS, "ttft_ms", "e2e_ms", "tpot_ms")
@@ -279,6 +279,7 @@ def result_row(
         "client_id": cell.client.id,
         "repeat": cell.repeat,
         "fingerprint": cell.server.fingerprint,
+        "pool": cell.server.pool,  # the node pool it ran in (servesweep.pools)
         **cell.server.axes,
         **cell.client.axes,
         **metrics,

@@ -81,6 +81,7 @@ def test_collect_results_default_matrix(tmp_path):
         "client_id",
         "repeat",
         "fingerprint",
+        "pool",
         "moe_runner_backend",
         "chunked_prefill_size",
         "concurrency",
