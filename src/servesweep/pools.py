@@ -32,7 +32,9 @@ from servesweep.config import (
 from servesweep.errors import ConfigError
 from servesweep.events import read_events
 from servesweep.files import write_json_atomic
+from servesweep.owner import POOL_LABEL, RUN_LABEL
 from servesweep.paths import RunPaths
+from servesweep.runtime import Labelled
 
 # Fixed ports of pool i are the configured ones + i * PORT_STRIDE (pools may share a host).
 PORT_STRIDE = 100
@@ -233,3 +235,47 @@ def missing_report(cells: Sequence[CellRepeat], paths: RunPaths) -> str:
     lines = [f"missing cells: {len(missing)} of {len(cells)} ({counts})"]
     lines += [f"  {c.key} (pool {c.server.pool}): {reason}" for c, reason in missing]
     return "\n".join(lines) + "\n"
+
+
+def node_overlaps(events: Sequence[tuple[str, str, Mapping[str, str]]]) -> list[str]:
+    """From orchestrator.log's events: every start that put a server set on a node another set
+    still held (started, its stop not yet logged); [] when no node ever held two."""
+    held: dict[tuple[str, str], tuple[str, ...]] = {}  # (pool, fp) -> nodes
+    found = []
+    for stamp, event, fields in sorted(events, key=lambda e: e[0]):
+        key = (fields.get("pool", "0"), fields.get("fp", ""))
+        if event == "start":
+            nodes = tuple(fields.get("nodes", "").split(","))
+            for other, other_nodes in held.items():
+                shared = sorted(set(nodes) & set(other_nodes))
+                if shared:
+                    found.append(
+                        f"{stamp}: server {fields.get('server')} (pool {key[0]}) started on "
+                        f"{','.join(shared)} held by fp {other[1]} of pool {other[0]}"
+                    )
+            held[key] = nodes
+        elif event == "stop":
+            held.pop(key, None)
+    return found
+
+
+def label_overlaps(found: Sequence[Labelled]) -> list[str]:
+    """From the labels of the server processes on the nodes at one moment: every node that
+    carries processes of more than one server set (run, pool, fingerprint); [] if none."""
+    sets: dict[str, set[tuple[str, str, str]]] = {}
+    for item in found:
+        node = item.labels.get("node", item.node)
+        labels = item.labels
+        sets.setdefault(node, set()).add(
+            (
+                labels.get(RUN_LABEL, "?"),
+                labels.get(POOL_LABEL, "0"),
+                labels.get("fingerprint", "?"),
+            )
+        )
+    return [
+        f"node {node}: {len(held)} server sets: "
+        + "; ".join(f"run {r} pool {p} fp {f}" for r, p, f in sorted(held))
+        for node, held in sorted(sets.items())
+        if len(held) > 1
+    ]

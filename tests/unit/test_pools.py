@@ -17,14 +17,17 @@ from servesweep.pools import (
     PoolPlan,
     assign,
     every_pool,
+    label_overlaps,
     locate,
     missing_report,
     narrow,
+    node_overlaps,
     node_pools,
     pooled_cells,
     pooled_specs,
     write_plan,
 )
+from servesweep.runtime import Labelled
 from tests.helpers import DEFAULT_CONFIG, REPO, deep_update
 
 TWO_POOLS = REPO / "config" / "experiments" / "moe_prefill_gate_local_2pools.yaml"
@@ -159,3 +162,27 @@ def test_missing_report_names_pool_and_cause(tmp_path: Path) -> None:
     assert f"{failed.key} (pool 1): server start failed on node s605" in text
     assert missing_report(done, paths) == ""
     assert isinstance(plan, PoolPlan)
+
+
+def test_overlaps_from_the_log_and_from_labels() -> None:
+    def ev(stamp: str, event: str, **fields: str) -> tuple[str, str, dict[str, str]]:
+        return (f"2026-01-01T00:00:0{stamp}Z", event, fields)
+
+    clean = [
+        ev("1", "start", fp="a", server="A", nodes="n1,n2", pool="0"),
+        ev("2", "start", fp="b", server="B", nodes="n3,n4", pool="1"),
+        ev("3", "stop", fp="a", server="A", pool="0"),
+        ev("4", "start", fp="c", server="C", nodes="n1,n2", pool="0"),
+    ]
+    assert node_overlaps(clean) == []
+    bad = [*clean, ev("5", "start", fp="d", server="D", nodes="n2,n3", pool="1")]
+    found = " | ".join(node_overlaps(bad))
+    assert found.count("server D (pool 1) started on") == 2
+    assert "n2 held by fp c of pool 0" in found and "n3 held by fp b of pool 1" in found
+    labels = {"run": "r", "pool": "0", "fingerprint": "a", "node": "n1"}
+    same = [Labelled("n1", "1", labels), Labelled("n1", "2", labels)]
+    assert label_overlaps(same) == []
+    other = Labelled("n1", "3", {**labels, "pool": "1", "fingerprint": "b"})
+    assert label_overlaps([*same, other]) == [
+        "node n1: 2 server sets: run r pool 0 fp a; run r pool 1 fp b"
+    ]
