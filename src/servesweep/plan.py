@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from servesweep.config import CellRepeat, Experiment, cell_repeats
+from servesweep.config import CellRepeat, Experiment, cell_repeats, server_specs
 from servesweep.events import read_events
 from servesweep.paths import RunPaths
 from servesweep.pools import PoolPlan, assign, node_pools, pooled_cells, read_previous
@@ -126,7 +126,7 @@ def pool_plan(
     """Each server config's pool: kept from the run's pools.json, new ones balanced by the
     estimates (one pool: no estimate is computed)."""
     pools = tuple(node_pools(exp))
-    ids = list(dict.fromkeys(c.server.id for c in cell_repeats(exp)))
+    ids = [spec.id for spec in server_specs(exp)]
     if len(pools) == 1:
         return PoolPlan(pools, dict.fromkeys(ids, 0), {})
     times = CellTimes(exp, history or read_history(results_dir))
