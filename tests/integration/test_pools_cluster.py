@@ -38,7 +38,7 @@ class LabelWatch(threading.Thread):
         while not self.done.is_set():
             res = self.ssh.run(self.node, command, timeout=30)
             rows = [line.split() for line in res.stdout.splitlines()]
-            self.samples.append([(r[0], r[1], r[2]) for r in rows if r[-1] == "server"])
+            self.samples.append([(r[0], r[1], r[2]) for r in rows if r and r[-1] == "server"])
             self.done.wait(0.3)
 
 
