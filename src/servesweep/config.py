@@ -306,6 +306,8 @@ class PlotsConfig(Strict):
         default_factory=lambda: ["ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "input_tps"],
         min_length=1,
     )
+    # pool: one metric-vs panel per node pool (a node-set effect), not per second server axis
+    facet: Literal["pool"] | None = None
 
 
 class Matrix(Strict):
