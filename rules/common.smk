@@ -171,7 +171,7 @@ def report_missing():
     text = pools.missing_report(list(CELLS.values()), PATHS)
     if text:
         write_text_atomic(PATHS.root / "missing.txt", text)
-        print(f"servesweep: {text}", file=sys.stderr, end="")
+        print(text, file=sys.stderr, end="")
 
 
 def stop_servers(reason):

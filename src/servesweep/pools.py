@@ -224,9 +224,10 @@ def missing_cells(cells: Sequence[CellRepeat], paths: RunPaths) -> list[tuple[Ce
 
 
 def missing_report(cells: Sequence[CellRepeat], paths: RunPaths) -> str:
-    """The missing cells per pool and why (workflow onerror; written to missing.txt)."""
+    """The missing cells per pool and why (workflow onerror; written to missing.txt); "" when
+    no cell failed (e.g. the run stopped before any cell: its own error says why)."""
     missing = missing_cells(cells, paths)
-    if not missing:
+    if all(reason == "not run" for _, reason in missing):
         return ""
     per_pool: dict[int, int] = {}
     for cell, _ in missing:

@@ -161,6 +161,7 @@ def test_missing_report_names_pool_and_cause(tmp_path: Path) -> None:
     assert text.startswith("missing cells: 12 of 24 (pool 1: 12)")
     assert f"{failed.key} (pool 1): server start failed on node s605" in text
     assert missing_report(done, paths) == ""
+    assert missing_report([c for c in cells if c is not failed], paths) == ""  # none failed
     assert isinstance(plan, PoolPlan)
 
 

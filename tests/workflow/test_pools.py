@@ -62,7 +62,7 @@ def test_a_failed_pool_lets_the_other_finish_and_reruns_in_its_own_pool(tmp_path
     assert not (run_dir / "raw" / bad).exists()
     missing = (run_dir / "missing.txt").read_text()
     assert missing.startswith("missing cells: 2 of 4 (pool 1: 2)"), missing
-    assert "servesweep: missing cells: 2 of 4" in proc.stderr
+    assert "missing cells: 2 of 4 (pool 1: 2)" in proc.stderr
     assert f"{bad}/concurrency~4/r1 (pool 1): " in missing
     assert "not ready" in missing or "exited" in missing
     events = read_events(log)
