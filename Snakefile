@@ -31,6 +31,9 @@ rule all:
         plots=[*DELTA_PLOTS.values(), *METRIC_VS_PLOTS.values()],
         manifest=PATHS.manifest,
         cases=all_case_tables(),
+    # A message instead of Snakemake's listing of every input (several KB at 24 cells).
+    message:
+        f"run {EXP.run_id}: {len(RAW_FILES)} cell-repeats, results.csv, summary.json, plots"
 
 
 onstart:

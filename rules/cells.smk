@@ -10,8 +10,7 @@ rule run_cell:
         raw=PATHS.cell_pattern("raw"),
         gpu=PATHS.cell_pattern("gpu"),
     log:
-        # The job's log first: Snakemake's show-failed-logs stops at the first missing log,
-        # and a cell whose server fails to start has no bench log.
+        # The job's log first: a cell whose server fails to start has no bench log.
         job=PATHS.cell_pattern("job"),
         bench=PATHS.cell_pattern("bench"),
     priority: cell_priority

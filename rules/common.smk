@@ -14,7 +14,7 @@ from servesweep.compare import run_inputs
 from servesweep.engines import check_experiment
 from servesweep.errors import ConfigError
 from servesweep.paths import RunPaths
-from servesweep.plan import pool_plan
+from servesweep.plan import dry_run_requested, pool_plan, summary_at_exit
 from servesweep import pools
 from servesweep.provenance import measured_with
 from servesweep.logsetup import hangup_like_sigterm
@@ -29,13 +29,18 @@ try:
     # Each server config's node pool (servesweep.pools), kept stable across matrix extensions.
     POOLS = pool_plan(exp=EXP, paths=PATHS, results_dir=PATHS.root.parent)
     SPECS = pools.pooled_specs(EXP, POOLS)
-    check_experiment(EXP, SPECS)
+    check_experiment(EXP, SPECS, os.environ)
 except ConfigError as exc:
     sys.exit(f"servesweep: ConfigError: {exc}")
 
 RUN_DIR = str(PATHS.root)
 LOGS = str(PATHS.logs)
 CELLS = {cell.key: cell for cell in pools.pooled_cells(EXP, POOLS)}
+# `snakemake -n` ends with the plan's one line (no Snakemake handler runs on a dry-run).
+if dry_run_requested(sys.argv):
+    summary_at_exit(
+        exp=EXP, paths=PATHS, results_dir=PATHS.root.parent, cells=list(CELLS.values())
+    )
 # The set of cells as a param: rules over all cells rerun when it changes (no `input` trigger).
 CELL_KEYS = sorted(CELLS)
 # A params entry of collect_results: a changed SLO recomputes results.csv, never a cell.

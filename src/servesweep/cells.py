@@ -241,6 +241,30 @@ def gpu_sampler(
     )
 
 
+def warn_gpu_gaps(rows: list[dict[str, object]], *, paths: RunPaths, cell: str) -> None:
+    """Say once per run, node and reason that a node's GPU figures are unavailable (e.g.
+    nvidia-smi not found): a warning in the first cell's log, kept in RunPaths.gpu_gap.
+    Every cell's gpu/*.csv keeps its `unavailable` rows."""
+    gaps = {
+        (str(r["node"]), str(r["detail"]))
+        for r in rows
+        if r.get("status") == telemetry.STATUS_UNAVAILABLE
+    }
+    for node, detail in sorted(gaps):
+        marker = paths.gpu_gap(node, detail)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        line = f"GPU figures unavailable: {detail} (said once per node per run; first in {cell})"
+        try:
+            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            continue
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+        logger.warning("%s", line)
+
+
 def run_warmup(
     *, exp: Experiment, cell: CellRepeat, manager: ServerManager, state: ServerState
 ) -> None:
@@ -254,6 +278,7 @@ def run_warmup(
         update={"num_requests": exp.warmup_after_start, "concurrency": 1, "warmup_requests": 0}
     )
     log = service / "warmup.log"
+    started = time.monotonic()
     record = run_client(
         exp=exp,
         manager=manager,
@@ -276,6 +301,7 @@ def run_warmup(
         server=cell.server.id,
         shape=shape.id,
         ttft_ms=f"{record.mean_ttft_ms:.1f}",
+        seconds=f"{time.monotonic() - started:.2f}",
     )
 
 
@@ -287,7 +313,8 @@ def check_prerequisites(*, exp: Experiment, paths: RunPaths, cell: str) -> None:
     if missing:
         raise PreflightFailed(
             f"cell {cell}: evidence missing: {', '.join(missing)}; run `snakemake --cores 1 "
-            f"{paths.preflight}` (checks images, then preflight) or the `all` target"
+            f"{paths.preflight}` with this run's --configfile and env (checks images, then "
+            f"preflight), or the `all` target"
         )
 
 
@@ -375,6 +402,7 @@ def run_cell(
         )
         _check_client(exp=exp, record=record, cell=cell.key, bench_log=bench_log)
         snapshot = before + after + window + samples
+        warn_gpu_gaps(snapshot, paths=manager.paths, cell=cell.key)
         record = BenchRecord.model_validate(
             {**record.model_dump(), provenance.KEY: provenance.measured_with(exp, cell)}
         )
@@ -390,7 +418,7 @@ def run_cell(
                 "cell-failed",
                 cell=cell.key,
                 fp=cell.server.fingerprint,
-                error=(str(shown).splitlines() or [type(exc).__name__])[0][:300],
+                error=(str(shown).splitlines() or [type(exc).__name__])[0],
             )
         except OSError as emit_exc:  # e.g. the disk is full: the cell's own error matters more
             logger.warning("cell %s: could not log cell-failed: %s", cell.key, emit_exc)
@@ -403,6 +431,7 @@ def run_cell(
         fp=cell.server.fingerprint,
         seconds=f"{time.monotonic() - started:.2f}",
         client_seconds=f"{client_seconds:.2f}",
+        measured_seconds=f"{record.duration or 0.0:.2f}",  # the client's window (plan)
     )
 
 

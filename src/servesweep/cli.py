@@ -16,6 +16,7 @@ from servesweep.config import (
     load_experiment_file,
     server_specs,
 )
+from servesweep.engines import check_experiment
 from servesweep.errors import ConfigError, ServesweepError
 from servesweep.paths import RunPaths
 from servesweep.plan import make_plan
@@ -99,8 +100,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def cmd_commands(args: argparse.Namespace) -> None:
+def _experiment(args: argparse.Namespace) -> Experiment:
+    """The experiment of `--configfile` after env narrowing, checked as the Snakefile checks it
+    (rules/common.smk) before anything starts: a name the pinned engine lacks is refused."""
     exp = load_experiment_file(args.configfile, os.environ)
+    check_experiment(exp, server_specs(exp), os.environ)
+    return exp
+
+
+def cmd_commands(args: argparse.Namespace) -> None:
+    exp = _experiment(args)
     paths = RunPaths.for_run(exp, args.results)
     # Command lines only: a local transport is never used to reach a node here.
     transport = LocalTransport()
@@ -140,7 +149,7 @@ def config_warnings(path: str, exp: Experiment) -> list[str]:
 
 
 def cmd_status(args: argparse.Namespace) -> None:
-    exp = load_experiment_file(args.configfile, os.environ)
+    exp = _experiment(args)
     with connect(exp, RunPaths.for_run(exp, args.results)) as manager:
         rows = manager.status()
     if not rows:
@@ -150,7 +159,7 @@ def cmd_status(args: argparse.Namespace) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> None:
-    exp = load_experiment_file(args.configfile, os.environ)
+    exp = _experiment(args)
     paths = RunPaths.for_run(exp, args.results)
     print(make_plan(exp=exp, paths=paths, results_dir=Path(args.results)).render(), end="")
 
@@ -185,7 +194,7 @@ def cmd_nodes(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> None:
-    exp = load_experiment_file(args.configfile, os.environ)
+    exp = _experiment(args)
     specs = server_specs(exp)
     chosen = [s for s in specs if args.server in (None, s.id)]
     if not chosen:
@@ -200,14 +209,15 @@ def cmd_up(args: argparse.Namespace) -> None:
     verb = "started" if fresh else "already running"
     print(
         f"service {state.fingerprint} (server {state.server_id}) {verb} at {state.base_url}; "
-        f"runs with this server config reuse it; stop it with `servesweep down`"
+        f"runs with this server config reuse it; stop it with "
+        f"`servesweep down --configfile {args.configfile}`"
     )
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     from servesweep.doctor import run_doctor
 
-    exp = load_experiment_file(args.configfile, os.environ)
+    exp = _experiment(args)
     with connect(exp, RunPaths.for_run(exp, args.results)) as manager:
         checks = run_doctor(exp=exp, manager=manager, results=Path(args.results))
     for check in checks:
@@ -218,7 +228,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> None:
-    exp = load_experiment_file(args.configfile, os.environ)
+    exp = _experiment(args)
     paths = RunPaths.for_run(exp, args.results)
     shutdown(exp, paths, reason="servesweep down", services=True)
     print(f"run {exp.run_id}: every server and service of this config stopped")

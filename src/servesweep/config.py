@@ -620,9 +620,15 @@ def _format_error(exc: ValidationError) -> str:
 
 
 def _csv(value: str, name: str) -> list[str]:
-    items = [v.strip() for v in value.split(",") if v.strip()]
-    if not items:
-        raise ConfigError(f"env {name}: empty list")
+    """The items of an env list; an empty one, or an empty item (`8,,16`), is an error (an
+    unset variable, not an empty one, keeps the config's axis)."""
+    items = [v.strip() for v in value.split(",")]
+    if not any(items):
+        raise ConfigError(
+            f"env {name}={value!r}: empty list (unset it to keep the config's values)"
+        )
+    if not all(items):
+        raise ConfigError(f"env {name}={value!r}: empty item in the comma-separated list")
     return items
 
 
@@ -634,18 +640,27 @@ def apply_env(raw: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
     if env.get("SUITE"):
         data["suite"] = env["SUITE"]
     for var, arg in SERVER_ARG_ENV.items():
-        if env.get(var):
+        if var in env:
+            if not env[var].strip():
+                raise ConfigError(f"env {var}={env[var]!r}: empty (unset it to keep the config's)")
             data.setdefault("server", {})[arg] = env[var]
     matrix = data.setdefault("matrix", {})
     for side, table in (("server", SERVER_AXIS_ENV), ("client", CLIENT_AXIS_ENV)):
         for var, axis in table.items():
-            if env.get(var):
+            if var in env:
                 matrix.setdefault(side, {})[axis] = _csv(env[var], var)
     return data
 
 
-def _coerce_axes(data: dict[str, Any]) -> None:
-    """Coerce axis values to their field types so '8192' from an env CSV equals 8192."""
+def env_var_of(side: str, axis: str, env: Mapping[str, str]) -> str | None:
+    """The env variable that set this matrix axis, if one did."""
+    table = SERVER_AXIS_ENV if side == "server" else CLIENT_AXIS_ENV
+    return next((var for var, name in table.items() if name == axis and var in env), None)
+
+
+def _coerce_axes(data: dict[str, Any], env: Mapping[str, str]) -> None:
+    """Coerce axis values to their field types so '8192' from an env CSV equals 8192; a value
+    that is not one names the env variable it came from, if any."""
     matrix = data.get("matrix") or {}
     for side, model in (("server", ServerArgs), ("client", Workload)):
         for name, values in (matrix.get(side) or {}).items():
@@ -653,12 +668,16 @@ def _coerce_axes(data: dict[str, Any]) -> None:
             if field is None or not isinstance(values, list):
                 continue
             adapter = TypeAdapter(field.annotation)
-            try:
-                matrix[side][name] = [adapter.validate_python(v) for v in values]
-            except ValidationError as exc:
-                raise ConfigError(
-                    f"config key 'matrix.{side}.{name}': {_first_error(exc)}"
-                ) from None
+            for value in values:
+                try:
+                    adapter.validate_python(value)
+                except ValidationError as exc:
+                    var = env_var_of(side, name, env)
+                    key = f"config key 'matrix.{side}.{name}'"
+                    if var:
+                        key = f"env {var}={env[var]!r}: {key}: {value!r}"
+                    raise ConfigError(f"{key}: {_first_error(exc)}") from None
+            matrix[side][name] = [adapter.validate_python(v) for v in values]
 
 
 def load_experiment(
@@ -689,7 +708,7 @@ def load_experiment(
             )
         raise ConfigError(_format_error(exc) + hint) from None
     data = apply_env(raw, env)
-    _coerce_axes(data)
+    _coerce_axes(data, env)
     baseline = data.pop("baseline", {}) or {}
     try:
         exp = Experiment.model_validate(data)
@@ -712,11 +731,24 @@ def site_dir_of(path: str | Path) -> Path | None:
 
 def load_experiment_file(path: str | Path, env: Mapping[str, str] | None = None) -> Experiment:
     """Read a YAML experiment file and validate it (see `load_experiment`)."""
-    with open(path) as fh:
-        raw = yaml.safe_load(fh) or {}
+    return load_experiment(read_config_file(path), env, site_dir=site_dir_of(path))
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """A YAML config file's mapping; a missing, unreadable or malformed file is a ConfigError."""
+    try:
+        with open(path) as fh:
+            raw = yaml.safe_load(fh) or {}
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"config file {path}: not valid YAML{where}: {problem}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
-    return load_experiment(raw, env, site_dir=site_dir_of(path))
+    return raw
 
 
 # ---------------------------------------------------------------- matrix expansion

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from servesweep.config import PD_ROLES, Experiment, RoleSpec, ServerSpec
+from servesweep.config import PD_ROLES, Experiment, RoleSpec, ServerSpec, env_var_of
 from servesweep.errors import ConfigError
 from servesweep.transport import node_address
 
@@ -208,7 +210,17 @@ def rank_commands(exp: Experiment, spec: ServerSpec) -> list[RankCommand]:
     return commands
 
 
-def check_experiment(exp: Experiment, specs: list[ServerSpec]) -> None:
-    """Check every server config against the pinned engine version (before anything starts)."""
-    for spec in specs:
-        check_supported(exp, spec)
+def check_experiment(
+    exp: Experiment, specs: list[ServerSpec], env: Mapping[str, str] | None = None
+) -> None:
+    """Check every server config against the pinned engine version (before anything starts);
+    a refused matrix value that an env variable set names that variable and its value."""
+    try:
+        for spec in specs:
+            check_supported(exp, spec)
+    except ConfigError as exc:
+        match = re.match(r"config key 'matrix\.(server|client)\.(\w+)'", str(exc))
+        var = env_var_of(match.group(1), match.group(2), env or {}) if match else None
+        if var is None:
+            raise
+        raise ConfigError(f"env {var}={(env or {})[var]!r}: {exc}") from None

@@ -11,8 +11,12 @@ logger = logging.getLogger(__name__)
 
 
 def _value(v: object) -> str:
-    text = str(v)
-    return f'"{text}"' if (" " in text or not text) else text
+    """A field value as written: one line; quoted (with `\\` and `"` escaped) when it holds a
+    space or a quote, or is empty, so any text reads back whole (parse_line)."""
+    text = " ".join(str(v).splitlines())
+    if text and not any(c in text for c in ' "\\'):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 class EventLog:
@@ -31,7 +35,8 @@ class EventLog:
             os.write(fd, line.encode())
         finally:
             os.close(fd)
-        logger.info(line.rstrip())
+        # The job log's formatter stamps the time: the line once, without its own stamp.
+        logger.info(" ".join(parts[1:]))
 
 
 def parse_line(line: str) -> tuple[str, str, dict[str, str]]:
@@ -40,9 +45,14 @@ def parse_line(line: str) -> tuple[str, str, dict[str, str]]:
     event, _, rest = rest.partition(" ")
     fields: dict[str, str] = {}
     token = ""
-    in_quotes = False
+    in_quotes = escaped = False
     for ch in rest + " ":
-        if ch == '"':
+        if escaped:
+            token += ch
+            escaped = False
+        elif ch == "\\" and in_quotes:
+            escaped = True
+        elif ch == '"':
             in_quotes = not in_quotes
         elif ch == " " and not in_quotes:
             if "=" in token:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from servesweep.config import SloConfig
-from servesweep.records import BenchRecord
+from servesweep.stats import RequestDetails
 
 # Tail percentiles from the per-request details: figure -> percentiles (numpy's linear one,
 # as bench_serving uses). Columns `<figure>_p<q>_ms` with `.` as `_` (p99.9 -> p99_9).
@@ -20,8 +19,6 @@ TAIL_PERCENTILES: dict[str, tuple[float, ...]] = {
     "itl": (90.0, 95.0, 99.0, 99.9),
     "e2e": (90.0, 95.0, 99.0, 99.9),
 }
-# The record keys request_details reads.
-DETAIL_KEYS = ("tag", "ttfts", "itls", "output_lens", "errors")
 
 
 def tail_column(figure: str, q: float) -> str:
@@ -49,47 +46,6 @@ GOODPUT_COLUMNS = (
 
 
 CLIENT_COLUMNS = ("client_saturated",)  # loadgen.selfcheck.saturated against the config
-
-
-@dataclass(frozen=True)
-class RequestDetails:
-    """Per-request figures (ms) of every request sent, in record order; NaN where undefined
-    (TPOT of a one-token output, everything of a failed request)."""
-
-    ok: np.ndarray  # bool
-    ttft: np.ndarray
-    tpot: np.ndarray
-    e2e: np.ndarray
-    output_lens: np.ndarray
-    itl: np.ndarray  # every inter-token latency of the successful requests, flat
-
-
-def request_details(record: BenchRecord) -> RequestDetails | None:
-    """The details of a record (stats.request_figures' definitions), None without them."""
-    ttfts, itls = record.ttfts, record.itls
-    if ttfts is None or itls is None or len(ttfts) != len(itls):
-        return None
-    n = len(ttfts)
-    errors = record.errors if record.errors is not None else [""] * n
-    outs = record.output_lens if record.output_lens is not None else [len(i) + 1 for i in itls]
-    if len(errors) != n or len(outs) != n:
-        return None
-    ok = np.array([not e for e in errors], dtype=bool)
-    ttft = np.where(ok, np.array(ttfts, dtype=float) * 1000.0, np.nan)
-    gen = np.fromiter(map(math.fsum, itls), dtype=float, count=n) * 1000.0
-    out = np.array(outs, dtype=float)
-    multi = ok & (out > 1)
-    tpot = np.full(n, np.nan)
-    tpot[multi] = gen[multi] / (out[multi] - 1)
-    flat = [x for i, good in zip(itls, ok, strict=True) if good for x in i]
-    return RequestDetails(
-        ok=ok,
-        ttft=ttft,
-        tpot=tpot,
-        e2e=np.where(ok, ttft + gen, np.nan),
-        output_lens=np.where(ok, out, 0.0),
-        itl=np.array(flat, dtype=float) * 1000.0,
-    )
 
 
 def tail_figures(details: RequestDetails | None) -> dict[str, float]:

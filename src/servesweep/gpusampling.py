@@ -15,6 +15,12 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from servesweep import telemetry
+from servesweep.telemetry import (
+    PHASE_SAMPLE,
+    PHASE_WINDOW_END,
+    PHASE_WINDOW_START,
+    STATUS_SIMULATED,
+)
 
 if TYPE_CHECKING:
     from servesweep.transport import Transport
@@ -38,11 +44,6 @@ SAMPLE_FIELDS: tuple[str, ...] = (
     "temperature.gpu",
     "pstate",
 )
-PHASE_SAMPLE = telemetry.PHASE_SAMPLE
-# Rows of a GPU file that hold the client's measured window (timestamp column, UTC).
-PHASE_WINDOW_START = telemetry.PHASE_WINDOW_START
-PHASE_WINDOW_END = telemetry.PHASE_WINDOW_END
-STATUS_SIMULATED = telemetry.STATUS_SIMULATED
 # nvidia-smi's timestamp; the loop runs with TZ=UTC, so it is UTC.
 TIMESTAMP_FORMAT = "%Y/%m/%d %H:%M:%S.%f"
 # gpu_source values in results.csv.
@@ -125,7 +126,6 @@ def parse_loop_output(text: str, *, node: str) -> list[dict[str, Any]]:
 
 
 def _unavailable(node: str, detail: str) -> dict[str, Any]:
-    log.warning("GPU sampling: %s", detail)
     return {
         "node": node,
         "phase": PHASE_SAMPLE,
@@ -320,10 +320,10 @@ def clip_series(
     inside = [(t, v) for t, v in pts if t0 <= t <= t1]
     before = [p for p in pts if p[0] < t0]
     after = [p for p in pts if p[0] > t1]
-    if before and (inside or after):
+    if before and (inside or after) and not (inside and inside[0][0] == t0):
         nxt = inside[0] if inside else after[0]
         inside.insert(0, (t0, _interp(before[-1], nxt, t0)))
-    if after and (inside or before):
+    if after and (inside or before) and not (inside and inside[-1][0] == t1):
         prev = inside[-1] if inside else before[-1]
         inside.append((t1, _interp(prev, after[0], t1)))
     return inside
@@ -349,9 +349,10 @@ def sample_figures(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """Figures of the samples in a GPU file over its measured window (all samples without one).
 
     Per GPU: energy = trapezoid of power over the window, mean power = energy / span. Per
-    node: mean = sum of its GPUs' means, peak = highest sum over one loop tick. Total: sums
-    over nodes (the peak is the sum of node peaks: nodes are not sampled in lockstep). Peak
-    memory and mean SM utilisation over the samples in the window. NaN where no sample."""
+    node: mean = sum of its GPUs' means, peak = highest sum over one loop tick or window edge
+    (interpolated, as the mean uses them). Total: sums over nodes (the peak is the sum of node
+    peaks: nodes are not sampled in lockstep). Peak memory and mean SM utilisation over the
+    samples in the window. NaN where no sample."""
     rows = list(rows)
     window = measured_window(rows)
     samples = [r for r in rows if _text(r.get("phase")) == PHASE_SAMPLE]
@@ -368,9 +369,16 @@ def sample_figures(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         )
     t0, t1 = window if window else (-math.inf, math.inf)
     energy, node_mean, node_peak = 0.0, {}, {}
+    # Each node's summed power at the window's edges (interpolated): the mean counts them,
+    # so the peak does too (else a short window's mean could exceed its peak).
+    edges: dict[str, dict[float, float]] = {}
     spans_ok = True
     for (node, _), points in series.items():
         power = clip_series([(t, _num(r.get("power_draw_w"))) for t, r in points], window)
+        for t, watts in power:
+            if t in (t0, t1):
+                edges.setdefault(node, {}).setdefault(t, 0.0)
+                edges[node][t] += watts
         if len(power) < 2 or power[-1][0] <= power[0][0]:
             spans_ok = False
             continue
@@ -391,6 +399,7 @@ def sample_figures(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             seen.add(index)
             if t0 <= parse_timestamp(_text(r.get("timestamp"))) <= t1:
                 ticks[-1] += _num(r.get("power_draw_w"))
+        ticks += edges.get(node, {}).values()
         node_peak[node] = max(ticks) if ticks else math.nan
     memory = [_num(r.get("memory_used_mib")) for _, r in in_window]
     util = [_num(r.get("utilization_gpu_pct")) for _, r in in_window]
@@ -399,7 +408,7 @@ def sample_figures(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     out.update(
         gpu_energy_j=energy if spans_ok and node_mean else math.nan,
         gpu_power_mean_w=math.fsum(node_mean.values()) if spans_ok and node_mean else math.nan,
-        gpu_power_peak_w=math.fsum(node_peak.values()) if in_window else math.nan,
+        gpu_power_peak_w=math.fsum(node_peak.values()) if in_window or edges else math.nan,
         gpu_mem_used_peak_mib=max(memory) if memory else math.nan,
         gpu_util_mean_pct=math.fsum(util) / len(util) if util else math.nan,
         gpu_samples=len(in_window),

@@ -296,5 +296,5 @@ def _plots(
 
 def _tails(record: BenchRecord) -> dict[str, float]:
     """The tail percentiles of an imported record's details (no GPU or SLO figures)."""
-    tails = figures.tail_figures(figures.request_details(record))
+    tails = figures.tail_figures(stats.request_details(record))
     return {c: tails[c] for c in TAIL_COLUMNS}

@@ -72,9 +72,10 @@ def job_logging(log_path: str | Path) -> Iterator[None]:
     so code that appends its own lines to the same file, as the image checks do, is kept).
 
     A ServesweepError or an OSError of this host (disk full, read-only, permission denied)
-    ends the process with status 1, Ctrl-C with 130, as one line at the end of the log, which
-    Snakemake shows (profile: show-failed-logs). Any other exception is logged with its
-    traceback and propagates (its traceback also reaches the terminal).
+    ends the process with status 1, Ctrl-C with 130, as one line at the end of the log and on
+    the terminal (not the whole log: a failed cell's bench log holds the client's table). Any
+    other exception is logged with its traceback and propagates (its traceback also reaches
+    the terminal).
     """
     path = Path(log_path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -112,4 +113,5 @@ def job_logging(log_path: str | Path) -> Iterator[None]:
             os.dup2(terminal, 2)
             os.close(terminal)
     if failure is not None:
+        print(failure[0], file=sys.stderr, flush=True)
         sys.exit(failure[1])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,3 +162,9 @@ class RunPaths:
     def logs(self) -> Path:
         """Logs of the jobs that are not about one cell (rules' `log:`)."""
         return self.root / "logs"
+
+    def gpu_gap(self, node: str, detail: str) -> Path:
+        """Holds the first warning that a node's GPU figures are unavailable for `detail`:
+        its existence keeps later cells of the run from repeating it."""
+        digest = hashlib.sha256(detail.encode()).hexdigest()[:12]
+        return self.logs / "gpu_unavailable" / f"{node}~{digest}.log"

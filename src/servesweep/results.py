@@ -124,7 +124,7 @@ def read_cell(
     min_retokenized_ratio: float = MIN_RETOKENIZED_RATIO,
     measured_with: Mapping[str, Any] | None = None,
     stale: list[tuple[str, str, list[str]]] | None = None,
-) -> tuple[dict[str, float | int], tuple[Requests, figures.RequestDetails | None]]:
+) -> tuple[dict[str, float | int], tuple[Requests, stats.RequestDetails | None]]:
     """Read and check one raw cell-repeat file with the cell's own checks (validation.
     judge_record against its workload): its metrics, its per-request figures and details (None
     without usable details); CellFailed names the cell and the file, and says to delete it.
@@ -164,16 +164,16 @@ def read_cell(
 
 def _request_figures(
     path: Path, record: BenchRecord
-) -> tuple[Requests, figures.RequestDetails | None]:
+) -> tuple[Requests, stats.RequestDetails | None]:
     """Per-request figures of a checked record (requests.csv, the bootstrap) and its details
     (tails, goodput); None (with a warning) when its details do not validate: the bootstrap
     then falls back to repeats, and tails and goodput are NaN."""
     try:
-        return stats.request_figures(record), figures.request_details(record)
+        details = stats.request_details(record)
     except (ValueError, ValidationError) as exc:
         log.warning("%s: no per-request data (%s)", path, str(exc).splitlines()[0])
         return None, None
-    return stats.request_figures(record), figures.request_details(record)
+    return stats.successful_figures(details), details
 
 
 def cell_gpu(path: Path, *, cell: CellRepeat) -> dict[str, Any]:
@@ -248,7 +248,7 @@ def cell_figures(
     cell: CellRepeat,
     metrics: Mapping[str, Any],
     gpu: Mapping[str, Any],
-    details: figures.RequestDetails | None,
+    details: stats.RequestDetails | None,
     slo: SloConfig,
     saturation: SaturationConfig,
 ) -> dict[str, Any]:

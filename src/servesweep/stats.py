@@ -103,9 +103,21 @@ class Replicates:
 # ---------------------------------------------------------------- per-request data
 
 
-def request_figures(record: BenchRecord) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """TTFT, E2E and TPOT (ms) of each successful request of a record, in record order (TPOT
-    NaN for a one-token output); None without usable details.
+@dataclass(frozen=True)
+class RequestDetails:
+    """Per-request figures (ms) of every request sent, in record order; NaN where undefined
+    (TPOT of a one-token output, everything of a failed request)."""
+
+    ok: np.ndarray  # bool
+    ttft: np.ndarray
+    tpot: np.ndarray
+    e2e: np.ndarray
+    output_lens: np.ndarray
+    itl: np.ndarray  # every inter-token latency of the successful requests, flat
+
+
+def request_details(record: BenchRecord) -> RequestDetails | None:
+    """Per-request figures of a record; None without usable details.
 
     Successful requests are those with an empty error. E2E per request is ttft + sum(itls)
     (bench_serving's latency also includes the wait for the end of the stream); TPOT is
@@ -120,18 +132,38 @@ def request_figures(record: BenchRecord) -> tuple[np.ndarray, np.ndarray, np.nda
     if len(errors) != n or len(outs) != n:
         log.warning("record %s: per-request details of unequal lengths; ignored", record.tag)
         return None
-    ttft = np.array(ttfts, dtype=float)
-    gen = np.fromiter(map(math.fsum, itls), dtype=float, count=n)
+    ok = np.array([not e for e in errors], dtype=bool)
+    ttft = np.where(ok, np.array(ttfts, dtype=float) * 1000.0, np.nan)
+    gen = np.fromiter(map(math.fsum, itls), dtype=float, count=n) * 1000.0
     out = np.array(outs, dtype=float)
-    if any(errors):  # leave the failed requests out
-        ok = np.array([not e for e in errors], dtype=bool)
-        ttft, gen, out = ttft[ok], gen[ok], out[ok]
-    if not ttft.size:
+    multi = ok & (out > 1)
+    tpot = np.full(n, np.nan)
+    tpot[multi] = gen[multi] / (out[multi] - 1)
+    flat = [x for i, good in zip(itls, ok, strict=True) if good for x in i]
+    return RequestDetails(
+        ok=ok,
+        ttft=ttft,
+        tpot=tpot,
+        e2e=np.where(ok, ttft + gen, np.nan),
+        output_lens=np.where(ok, out, 0.0),
+        itl=np.array(flat, dtype=float) * 1000.0,
+    )
+
+
+def request_figures(record: BenchRecord) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """TTFT, E2E and TPOT (ms) of each successful request of a record, in record order (TPOT
+    NaN for a one-token output); None without a successful request."""
+    return successful_figures(request_details(record))
+
+
+def successful_figures(
+    details: RequestDetails | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """TTFT, E2E and TPOT (ms) of the successful requests of `details`; None without any."""
+    if details is None or not details.ok.any():
         return None
-    multi = out > 1
-    tpot = np.full(ttft.shape, np.nan)
-    tpot[multi] = gen[multi] / (out[multi] - 1) * 1000.0
-    return ttft * 1000.0, (ttft + gen) * 1000.0, tpot
+    ok = details.ok
+    return details.ttft[ok], details.e2e[ok], details.tpot[ok]
 
 
 def sorted_requests(ttft: np.ndarray, e2e: np.ndarray, tpot: np.ndarray) -> Requests:

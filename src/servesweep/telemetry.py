@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import io
-import logging
 import math
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -20,7 +19,6 @@ if TYPE_CHECKING:
 
     from servesweep.transport import CommandResult, Transport
 
-log = logging.getLogger(__name__)
 
 # nvidia-smi --query-gpu fields, in the order the command asks for them (and noheader prints).
 QUERY_FIELDS: tuple[str, ...] = (
@@ -199,7 +197,6 @@ def _typed(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _unavailable(node: str, phase: str, detail: str) -> list[dict[str, Any]]:
-    log.warning("GPU snapshot %s: %s", phase, detail)
     meta = {"node": node, "phase": phase, "status": STATUS_UNAVAILABLE, "detail": detail}
     return [_MISSING_ROW | meta]
 

@@ -12,7 +12,13 @@ import pytest
 import yaml
 
 from servesweep import provenance
-from servesweep.cells import check_prerequisites, client_timeout, run_cell, server_lock
+from servesweep.cells import (
+    check_prerequisites,
+    client_timeout,
+    run_cell,
+    server_lock,
+    warn_gpu_gaps,
+)
 from servesweep.config import cell_repeats, load_experiment, workload_key
 from servesweep.errors import CellFailed, ConfigError, PreflightFailed
 from servesweep.events import read_events
@@ -196,3 +202,21 @@ def test_a_client_enospc_is_named_not_just_its_exit_status(tmp_path: Path) -> No
     assert _client_cause(log).startswith(" (its disk is full: OSError: [Errno 28]")
     log.write_text("start\nTimeoutError\n")
     assert _client_cause(log) == ""
+
+
+def test_a_node_without_nvidia_smi_is_said_once_per_run(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every cell's rows say it; the warning comes once per node and reason."""
+    paths = RunPaths(tmp_path / "run")
+    gap = {"node": "a", "status": "unavailable", "detail": "nvidia-smi not found on node a"}
+    other = {"node": "b", "status": "unavailable", "detail": "nvidia-smi not found on node b"}
+    ok = {"node": "c", "status": "ok", "detail": ""}
+    with caplog.at_level("WARNING"):
+        for k in range(24):  # 24 cells, before + after rows of each
+            warn_gpu_gaps([gap, gap, other, ok], paths=paths, cell=f"s/c/r{k}")
+    warned = [r.getMessage() for r in caplog.records if "unavailable" in r.getMessage()]
+    assert len(warned) == 2, warned
+    assert "nvidia-smi not found on node a" in warned[0] and "s/c/r0" in warned[0]
+    kept = sorted(p.read_text() for p in (paths.logs / "gpu_unavailable").iterdir())
+    assert kept == [w + "\n" for w in warned]

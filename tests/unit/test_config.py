@@ -151,7 +151,7 @@ def test_bad_config_is_one_line_naming_the_key(raw: dict, mutate, key: str) -> N
 def test_bad_env_value_names_the_axis(raw: dict) -> None:
     with pytest.raises(ConfigError, match="chunked_prefill_size"):
         load_experiment(raw, {"CHUNKED_PREFILL_SIZES_CSV": "big"})
-    with pytest.raises(ConfigError, match="CONCURRENCIES_CSV: empty list"):
+    with pytest.raises(ConfigError, match="CONCURRENCIES_CSV=. , .: empty list"):
         load_experiment(raw, {"CONCURRENCIES_CSV": " , "})
 
 

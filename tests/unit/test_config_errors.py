@@ -145,6 +145,22 @@ CONFIG_KINDS = [
         "env narrowing to a value of the wrong type",
         "matrix.client.concurrency",
         env={"CONCURRENCIES_CSV": "eight"},
+        exact="",
+        words=("CONCURRENCIES_CSV='eight'",),
+    ),
+    Bad(
+        "env narrowing to an empty list",
+        "CONCURRENCIES_CSV",
+        env={"CONCURRENCIES_CSV": ""},
+        exact="",
+        words=("empty list",),
+    ),
+    Bad(
+        "env narrowing with an empty item",
+        "CONCURRENCIES_CSV",
+        env={"CONCURRENCIES_CSV": "8,,16"},
+        exact="",
+        words=("empty item",),
     ),
     Bad(
         "page size differing between prefill and decode",

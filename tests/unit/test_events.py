@@ -18,3 +18,17 @@ def test_emit_and_read_back(tmp_path: Path) -> None:
 
 def test_missing_log_is_empty(tmp_path: Path) -> None:
     assert read_events(tmp_path / "nope.log") == []
+
+
+def test_error_text_reads_back_whole(tmp_path: Path) -> None:
+    """Quotes, backslashes and long paths in a value survive: nothing is cut mid-path."""
+    error = (
+        'invalid record: first error: HTTP 500: {"error": {"message": "x \\ y"}}; logs: '
+        + "/".join(["results", "run", "bench", "moe_runner_backend~marlin"] * 20)
+        + "/r1.log"
+    )
+    log = EventLog(tmp_path / "orchestrator.log")
+    log.emit("cell-failed", cell="a/b/r1", error=error + "\nsecond line", fp="f")
+    ((_, event, fields),) = read_events(log.path)
+    assert event == "cell-failed" and fields["fp"] == "f"
+    assert fields["error"] == error + " second line"

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from servesweep import figures
+from servesweep import figures, stats
 from servesweep.config import SloConfig
 from servesweep.records import BenchRecord
 
@@ -33,7 +33,7 @@ RECORD = BenchRecord(
 
 
 def test_goodput_by_hand():
-    details = figures.request_details(RECORD)
+    details = stats.request_details(RECORD)
     got = figures.goodput_figures(
         details, slo=SloConfig(ttft_ms=2000, tpot_ms=50), duration_s=RECORD.duration
     )
@@ -46,7 +46,7 @@ def test_goodput_by_hand():
 
 
 def test_one_slo_and_none():
-    details = figures.request_details(RECORD)
+    details = stats.request_details(RECORD)
     ttft_only = figures.goodput_figures(details, slo=SloConfig(ttft_ms=1000), duration_s=2.0)
     assert ttft_only["slo_pct"] == pytest.approx(100 * 2 / 6)  # r0 (500), r3 (1000)
     assert math.isnan(ttft_only["slo_tpot_pct"])
@@ -57,7 +57,7 @@ def test_one_slo_and_none():
 
 
 def test_tail_percentiles_from_details():
-    tails = figures.tail_figures(figures.request_details(RECORD))
+    tails = figures.tail_figures(stats.request_details(RECORD))
     ttft_ms = [500, 1500, 2500, 1000, 3000]
     assert tails["ttft_p90_ms"] == pytest.approx(np.percentile(ttft_ms, 90))
     assert tails["ttft_p99_9_ms"] == pytest.approx(np.percentile(ttft_ms, 99.9))

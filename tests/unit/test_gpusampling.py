@@ -25,7 +25,7 @@ CAPTURE = Path(
 
 def series_rows(node: str = "n1") -> list[dict]:
     """The recorded series as sample rows of one node (as the loop's rows would be)."""
-    meta = {"node": node, "phase": gpusampling.PHASE_SAMPLE, "status": "ok", "detail": ""}
+    meta = {"node": node, "phase": telemetry.PHASE_SAMPLE, "status": "ok", "detail": ""}
     return [{**meta, **r} for r in telemetry.parse_with_header(SERIES.read_text())]
 
 
@@ -61,6 +61,20 @@ def test_window_edges_between_samples_are_interpolated():
     rows = series_rows() + window("2026/12/01 14:13:56.266", "2026/12/01 14:13:56.516")
     figures = gpusampling.sample_figures(rows)
     assert figures["gpu_energy_j"] == pytest.approx(0.25 * (691.51 + 691.69) / 2, rel=1e-6)
+
+
+def test_a_window_between_two_samples_has_a_peak_at_least_its_mean():
+    """A cell shorter than the interval: no sample inside, the mean comes from the edges."""
+    idle, loaded = series_rows()[0], series_rows()[-1]
+    rows = [
+        idle | {"timestamp": "2026/12/01 14:14:00.000", "power_draw_w": 100.0},
+        loaded | {"timestamp": "2026/12/01 14:14:01.000", "power_draw_w": 700.0},
+        *window("2026/12/01 14:14:00.400", "2026/12/01 14:14:00.600"),
+    ]
+    figures = gpusampling.sample_figures(rows)
+    assert figures["gpu_power_mean_w"] == pytest.approx(400.0, rel=1e-6)
+    assert figures["gpu_power_peak_w"] == pytest.approx(460.0, rel=1e-6)  # the 0.6 s edge
+    assert figures["gpu_samples"] == 0
 
 
 def test_whole_series_idle_load_idle():

@@ -321,3 +321,20 @@ def test_client_process_imports_no_pydantic_or_config() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert json.loads(proc.stdout) == []
+
+
+def test_ctrl_c_is_one_line_without_record(tmp_path, monkeypatch, capsys, caplog):
+    """SIGINT reaches the client with the terminal's process group: one line, exit 130."""
+
+    def interrupted(coro):
+        coro.close()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(asyncio, "run", interrupted)
+    out = tmp_path / "out.jsonl"
+    argv = ["--base-url", "http://127.0.0.1:9", "--num-prompts", "1"]
+    assert main([*argv, "--output-file", str(out), "--disable-tqdm"]) == 130
+    assert "Traceback" not in capsys.readouterr().err and not out.exists()
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
+        "interrupted by SIGINT (Ctrl-C); no record written"
+    ]

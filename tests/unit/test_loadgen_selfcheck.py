@@ -62,9 +62,13 @@ def test_cpu_bound_client_and_gc_pauses():
         return check.stop()
 
     got = asyncio.run(burn())
-    assert got["client_cpu_pct"] > 50
+    # Against an idle loop measured alongside (a loaded machine gives the burner less than a
+    # core, so no absolute share is asserted).
+    idle = asyncio.run(_measure(block_s=0.0, every_s=0.01, total_s=0.3))
+    assert got["client_cpu_pct"] > idle["client_cpu_pct"] + 15
     assert got["client_gc_pause_ms"] > 0 and got["client_gc_pause_max_ms"] > 0
-    assert is_saturated(got, SaturationConfig(cpu_pct=50)) is True
+    limit = SaturationConfig(cpu_pct=idle["client_cpu_pct"] + 10)
+    assert is_saturated(got, limit) is True
 
 
 def test_no_self_check_is_unknown_and_percentile():

@@ -65,7 +65,7 @@ def test_an_expected_failure_is_one_line_at_the_end_of_the_log(
 ) -> None:
     proc, log = _job(tmp_path, kind)
     assert proc.returncode == status
-    assert proc.stderr == "", "Snakemake shows the log (show-failed-logs): no second copy"
+    assert proc.stderr == line + "\n", "the terminal gets the one line, not the log"
     assert log.endswith(line + "\n")
     assert "Traceback" not in log
 

@@ -63,3 +63,13 @@ def test_readme_install_lines_use_the_lock():
     installs = re.findall(r"^pip install .*$", (REPO / "README.md").read_text(), re.M)
     assert len(installs) >= 2
     assert all("-c requirements-lock.txt" in line for line in installs)
+
+
+def test_readme_links_only_files_in_the_repo():
+    """Every Markdown link of the README that is no URL names a file of this checkout."""
+    text = (REPO / "README.md").read_text()
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    assert targets, "the README links its docs"
+    local = [t for t in targets if "://" not in t]
+    missing = [t for t in local if not (REPO / t).is_file() or ".." in Path(t).parts]
+    assert not missing, missing

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from servesweep.config import cell_repeats, load_experiment_file
 from servesweep.events import EventLog
 from servesweep.paths import RunPaths
-from servesweep.plan import make_plan, read_history, simulated_cell_s
+from servesweep.plan import (
+    CELL_FIXED_S,
+    dry_run_requested,
+    make_plan,
+    read_history,
+    simulated_seconds,
+)
 from tests.helpers import DEFAULT_CONFIG
 
 
@@ -17,9 +25,20 @@ def test_everything_missing_is_estimated_from_the_sim(tmp_path: Path) -> None:
     assert len(plan.missing) == 24 and len(plan.starts) == 4
     assert plan.from_history == 0
     cell = cell_repeats(exp)[0]
-    assert plan.estimate_s > 24 * simulated_cell_s(exp, cell) * 0.5
+    assert plan.estimate_s > 24 * simulated_seconds(exp, cell) * 0.5
     text = plan.render()
     assert "24 of 24 cell-repeats missing" in text and "server starts: 4" in text
+    # The parts add up; measuring is the cost model's windows, the rest is around them.
+    parts = plan.starts_s + plan.warmups_s + plan.measuring_s + plan.overhead_s + plan.other_s
+    assert plan.estimate_s == pytest.approx(parts)
+    windows = sum(simulated_seconds(exp, c) for c in plan.missing)
+    assert plan.measuring_s == pytest.approx(windows)
+    assert plan.overhead_s > 24 * CELL_FIXED_S
+    assert 0.0 < plan.measuring_share < 1.0
+    assert f"measuring is {plan.measuring_share:.0%} of the time servers hold the GPUs" in text
+    line = plan.summary()
+    assert "\n" not in line
+    assert "24 of 24 cell-repeats to run, 4 server starts, 0 image builds" in line
 
 
 def test_history_and_existing_files_shape_the_plan(tmp_path: Path) -> None:
@@ -32,12 +51,14 @@ def test_history_and_existing_files_shape_the_plan(tmp_path: Path) -> None:
     first = cells[0]
     log = EventLog(tmp_path / "earlier-run" / "orchestrator.log")
     log.emit("ready", fp=first.server.fingerprint, server=first.server.id, seconds="100.00")
+    log.emit("warmup", fp=first.server.fingerprint, server=first.server.id, seconds="7.00")
     log.emit(
         "cell-done",
         cell=first.key,
         fp=first.server.fingerprint,
         seconds="50.00",
         client_seconds="49.00",
+        measured_seconds="40.00",
     )
     history = read_history(tmp_path)
     assert history.ready_s == {first.server.fingerprint: 100.0}
@@ -46,3 +67,36 @@ def test_history_and_existing_files_shape_the_plan(tmp_path: Path) -> None:
     assert plan.starts == [first.server.fingerprint]
     assert plan.from_history == 1
     assert 150.0 < plan.estimate_s < 200.0  # 100 s start + 50 s cell + overheads
+    assert (plan.starts_s, plan.measuring_s) == (100.0, 40.0)
+    assert plan.warmups_s == 0.0  # the default config has no warm-up after a start
+    assert history.warmup_s == {first.server.fingerprint: 7.0}
+
+
+@pytest.mark.parametrize(
+    ("argv", "dry"),
+    [
+        (["snakemake", "-n"], True),
+        (["snakemake", "--cores", "1", "--dry-run", "all"], True),
+        (["snakemake", "-np", "all"], True),
+        (["snakemake", "--dryrun"], True),
+        (["snakemake", "--cores", "1", "all"], False),
+        (["snakemake", "--nolock", "--cores", "1"], False),
+        (["snakemake", "-Rrun_cell", "--cores", "1"], False),  # a value, not flags
+    ],
+)
+def test_dry_run_is_read_from_the_command_line(argv: list[str], dry: bool) -> None:
+    assert dry_run_requested(argv) is dry
+
+
+def test_the_dry_run_line_gives_no_estimate_beyond_its_budget(tmp_path: Path) -> None:
+    """More configs than the cost-model budget: counts only, and where the estimate is."""
+    exp = load_experiment_file(DEFAULT_CONFIG)
+    paths = RunPaths(tmp_path / exp.run_id)
+    plan = make_plan(exp=exp, paths=paths, results_dir=tmp_path, max_simulated=7)
+    assert plan.unestimated == 8 and len(plan.missing) == 24 and len(plan.starts) == 4
+    assert plan.summary().endswith(
+        "24 of 24 cell-repeats to run, 4 server starts, 0 image builds; no estimate here "
+        "(8 server x client configs for the cost model): `servesweep plan` gives it"
+    )
+    within = make_plan(exp=exp, paths=paths, results_dir=tmp_path, max_simulated=8)
+    assert within.unestimated == 0 and "estimated " in within.summary()

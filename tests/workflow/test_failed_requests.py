@@ -56,6 +56,9 @@ def test_failed_request_aborts_and_leaves_no_raw_file(
     assert cell.startswith("moe_runner_backend~marlin,chunked_prefill_size~8192/concurrency~4/r")
     assert expected in out
     assert f"results/{run_id}/bench/{cell}.log" in out
+    # The console gets the one-line reason once, not the logs: no client table, no progress.
+    assert len(re.findall(r"^servesweep: CellFailed: ", out, re.M)) == 1, out[-3000:]
+    assert "Serving Benchmark Result" not in out and "it/s]" not in out, out[-3000:]
     assert not (run_dir / "raw" / f"{cell}.jsonl").exists()
     assert not (run_dir / "gpu" / f"{cell}.csv").exists()
     assert (run_dir / "bench" / f"{cell}.log").exists(), "the bench log is kept for diagnosis"

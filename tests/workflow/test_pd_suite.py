@@ -12,6 +12,7 @@ import yaml
 from servesweep.cli import main as cli
 from servesweep.config import load_experiment_file
 from servesweep.events import read_events
+from servesweep.owner import current_owner
 from servesweep.runtime import ProcessRuntime
 from servesweep.transport import LocalTransport
 from tests.helpers import REPO, deep_update, free_port, run_snakemake
@@ -157,5 +158,7 @@ def test_up_then_three_suites_reuse_one_service_then_down(
     finally:
         assert cli(["down", *args]) == 0
     exp = load_experiment_file(cfg)
-    assert ProcessRuntime(LocalTransport()).find("p601", {"run": exp.run_id}) == []
+    # This checkout's servers only: another checkout may run the same test (same run id) now.
+    mine = {"run": exp.run_id, **current_owner(results).labels()}
+    assert ProcessRuntime(LocalTransport()).find("p601", mine) == []
     assert not (results / ".services" / f"{fp}.json").exists()

@@ -656,6 +656,9 @@ def main(argv: list[str] | None = None) -> int:
     except ClientError as exc:
         log.error("%s", exc)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: one line, no traceback
+        log.error("interrupted by SIGINT (Ctrl-C); no record written")
+        return 130
     errors = [e for e in record["errors"] if e]
     if errors:
         log.warning("%d request(s) failed; first error: %s", len(errors), errors[0])
