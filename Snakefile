@@ -40,6 +40,7 @@ rule all:
 
 onstart:
     check_secrets_at_start()
+    start_pools()
     unthrottle_scheduler(workflow)
     hangup_like_sigterm()
 
@@ -50,3 +51,4 @@ onsuccess:
 
 onerror:
     stop_servers("workflow failed")
+    report_missing()

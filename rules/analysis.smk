@@ -115,6 +115,7 @@ rule plot_results:
         deltas=list(DELTA_PLOTS),
         metric_vs=list(METRIC_VS_PLOTS),
         x=PLOT_X,
+        facet=EXP.plots.facet,
     message:
         "plots: deltas vs baseline and metrics vs the client axis"
     script:

@@ -1,4 +1,5 @@
-# One job per cell-repeat; servers are started lazily inside run_cell (DESIGN.md section 5).
+# One job per cell-repeat; servers are started lazily inside run_cell (DESIGN.md section 5),
+# one server set at a time per node pool (resource pool_<i>).
 # Image checks and preflight run first (PREREQUISITES in common.smk).
 
 
@@ -14,7 +15,7 @@ rule run_cell:
         bench=PATHS.cell_pattern("bench"),
     priority: cell_priority
     resources:
-        gpu_server=1,
+        **CELL_RESOURCES,
     params:
         fingerprint=cell_fingerprint,
         workload=cell_workload,
@@ -34,7 +35,7 @@ rule preflight:
         f"{LOGS}/preflight.log",
     priority: PREREQUISITE_PRIORITY
     resources:
-        gpu_server=1,
+        **EVERY_POOL,
     params:
         servers=SERVER_FINGERPRINTS,
     message:
@@ -54,7 +55,7 @@ rule build_images:
     # One job for every node: the nodes build at once inside it (transport fan-out). The
     # resource only keeps cells from measuring while the nodes build (docs/architecture.md).
     resources:
-        gpu_server=1,
+        **EVERY_POOL,
     params:
         image=EXP.runtime.image,
     message:

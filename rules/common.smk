@@ -2,14 +2,13 @@
 import json
 import os
 import sys
+from pathlib import Path
 
 from servesweep.config import (
     axis_names,
-    cell_repeats,
     load_experiment,
     measured_config,
     unnarrowed_env,
-    server_specs,
     workload_key,
 )
 from servesweep.compare import run_inputs
@@ -17,8 +16,9 @@ from servesweep.engines import check_experiment
 from servesweep.landing import key_plots
 from servesweep.errors import ConfigError
 from servesweep.paths import RunPaths, aggregate_cells
-from servesweep.plan import dry_run_requested, summary_at_exit
+from servesweep.plan import dry_run_requested, pool_plan, summary_at_exit
 from servesweep.reference import load_reference
+from servesweep import pools
 from servesweep.provenance import measured_with
 from servesweep.logsetup import hangup_like_sigterm
 from servesweep.ratelimit import unthrottle_scheduler
@@ -28,6 +28,10 @@ try:
     EXP = load_experiment(
         config, os.environ, site_dir=os.path.join(workflow.basedir, "config", "site")
     )
+    PATHS = RunPaths.for_run(EXP)
+    # Each server config's node pool (servesweep.pools), kept stable across matrix extensions.
+    POOLS = pool_plan(exp=EXP, paths=PATHS, results_dir=PATHS.root.parent)
+    SPECS = pools.pooled_specs(EXP, POOLS)
     # The run's configured matrix (BACKENDS_CSV, SUITE, ... only select what runs now).
     NARROWED = unnarrowed_env(os.environ) != dict(os.environ)
     CONFIGURED = (
@@ -39,7 +43,6 @@ try:
         if NARROWED
         else EXP
     )
-    SPECS = server_specs(EXP)
     # The reference table (config `reference.file`, relative to the checkout), checked now.
     REFERENCE_FILES = (
         [os.path.join(workflow.basedir, EXP.reference.file)] if EXP.reference else []
@@ -50,10 +53,9 @@ try:
 except ConfigError as exc:
     sys.exit(f"servesweep: ConfigError: {exc}")
 
-PATHS = RunPaths.for_run(EXP)
 RUN_DIR = str(PATHS.root)
 LOGS = str(PATHS.logs)
-CELLS = {cell.key: cell for cell in cell_repeats(EXP)}
+CELLS = {cell.key: cell for cell in pools.pooled_cells(EXP, POOLS)}
 # `snakemake -n` ends with the plan's one line (no Snakemake handler runs on a dry-run).
 if dry_run_requested(sys.argv):
     summary_at_exit(
@@ -100,6 +102,16 @@ def cell_priority(wildcards):
     return cell_of(wildcards).priority
 
 
+def cell_pool(wildcards):
+    return cell_of(wildcards).server.pool
+
+
+# run_cell takes its pool's resource (profiles/default: pool_<i>=1); image checks and
+# preflight take every pool's.
+CELL_RESOURCES = pools.cell_resources(POOLS, cell_pool)
+EVERY_POOL = pools.every_pool(POOLS)
+
+
 # Computed once (10k cells: ~1 s per listing), in matrix order; `all` and collect_results list
 # the raw files, collect_results the GPU snapshots (it reads both).
 RAW_FILES = [str(PATHS.raw(cell)) for cell in CELLS.values()]
@@ -107,7 +119,12 @@ RAW_FILES = [str(PATHS.raw(cell)) for cell in CELLS.values()]
 # the configured matrix (a narrowed run never shrinks them); keys in matrix order.
 AGGREGATED = (
     aggregate_cells(
-        selected=list(CELLS.values()), configured=cell_repeats(CONFIGURED), paths=PATHS
+        selected=list(CELLS.values()),
+        configured=pools.pooled_cells(
+            CONFIGURED,
+            pool_plan(exp=CONFIGURED, paths=PATHS, results_dir=PATHS.root.parent),
+        ),
+        paths=PATHS,
     )
     if NARROWED
     else list(CELLS.values())
@@ -123,7 +140,7 @@ BUILD_LOGS = [str(p) for p in PATHS.build_logs(EXP)]
 # cell: Snakemake (9.27) does not look at jobs downstream of a job it reruns through ancient()
 # inputs that exist, so a rerun preflight (a new server config) would hide missing cells, and
 # without ancient() it would rerun finished ones. A priority above every server config's and
-# the same gpu_server resource order them; `all` and collect_results request them; run_cell
+# every pool's resource order them; `all` and collect_results request them; run_cell
 # refuses to start a server without them. On a fresh run (no raw file yet) the missing evidence
 # is an input of every cell, so a cell targeted alone (`-f .../r2.jsonl`) builds it first. A
 # constant list, not an input function: 10k calls of one cost ~0.4x a plain dry-run
@@ -208,8 +225,25 @@ def check_secrets_at_start():
         sys.exit(f"servesweep: SecretError: {exc}")
 
 
+def start_pools():
+    """onstart: persist the pool assignment; a pool stopped by a failure runs again."""
+    pools.write_plan(PATHS.pools, POOLS)
+    for pool in POOLS.pools:
+        PATHS.pool_stopped(pool.index).unlink(missing_ok=True)
+
+
+def report_missing():
+    """onerror: which cells are missing and why, per pool (also in missing.txt)."""
+    from servesweep.files import write_text_atomic
+
+    text = pools.missing_report(list(CELLS.values()), PATHS)
+    if text:
+        write_text_atomic(PATHS.root / "missing.txt", text)
+        print(text, file=sys.stderr, end="")
+
+
 def stop_servers(reason):
-    if PATHS.current_server.exists():
+    if any(PATHS.current_server_of(p.index).exists() for p in POOLS.pools):
         # Imported here: only a run with a server up needs it.
         from servesweep.servers import shutdown
 

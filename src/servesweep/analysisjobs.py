@@ -11,7 +11,7 @@ from typing import Any
 
 from servesweep import compare
 from servesweep.casetable import case_table, markdown_table
-from servesweep.config import cell_repeats, client_specs, load_experiment, unnarrowed_env
+from servesweep.config import client_specs, load_experiment, unnarrowed_env
 from servesweep.errors import CellFailed
 from servesweep.events import read_events
 from servesweep.files import write_json_atomic, write_text_atomic
@@ -19,7 +19,9 @@ from servesweep.jobs import PathLike, experiment
 from servesweep.landing import landing_page
 from servesweep.logscan import scan_run
 from servesweep.manifest import build_manifest
-from servesweep.paths import aggregate_cells
+from servesweep.paths import RunPaths, aggregate_cells
+from servesweep.plan import pool_plan
+from servesweep.pools import PoolPlan, pooled_cells
 from servesweep.provenance import measured_with
 from servesweep.reference import load_reference, reference_table
 from servesweep.results import collect_results as collect
@@ -48,7 +50,9 @@ def collect_results(
     exp, paths = experiment(config)
     configured = load_experiment(config, unnarrowed_env(os.environ))
     cells = aggregate_cells(
-        selected=cell_repeats(exp), configured=cell_repeats(configured), paths=paths
+        selected=pooled_cells(exp, planned_pools(exp, paths)),
+        configured=pooled_cells(configured, planned_pools(configured, paths)),
+        paths=paths,
     )
     if sorted(c.key for c in cells) != sorted(cell_keys):
         raise CellFailed(
@@ -69,6 +73,11 @@ def collect_results(
     )
     write_results_csv(results, results_csv)
     write_requests_csv(requests, requests_csv)
+
+
+def planned_pools(exp: Any, paths: RunPaths) -> PoolPlan:
+    """The pool plan the workflow ran with (its onstart wrote pools.json; kept from there)."""
+    return pool_plan(exp=exp, paths=paths, results_dir=paths.root.parent)
 
 
 def scan_logs(
@@ -184,12 +193,13 @@ def write_manifest(
     out: PathLike,
 ) -> None:
     """Rule write_manifest: resolved config, fingerprints, versions, image evidence."""
-    exp, _ = experiment(config)
+    exp, paths = experiment(config)
     manifest = build_manifest(
         exp=exp,
         server_info=[Path(p) for p in server_info],
         builds=[Path(p) for p in builds],
         repo=Path(repo),
+        pools=planned_pools(exp, paths),
     )
     write_json_atomic(out, manifest)
 

@@ -37,6 +37,7 @@ from servesweep.errors import (
 from servesweep.events import EventLog
 from servesweep.loadgen import selfcheck
 from servesweep.logsetup import Terminated
+from servesweep.owner import POOL_LABEL
 from servesweep.paths import RunPaths
 from servesweep.records import BenchRecord, read_record, write_record
 from servesweep.runtime import Launch
@@ -158,8 +159,14 @@ def client_launch(
 
 
 def client_labels(*, exp: Experiment, manager: ServerManager) -> dict[str, str]:
-    """Labels of this owner's clients of this run (stale-client search finds only these)."""
-    return {"run": exp.run_id, "role": "client", **manager.owner.labels()}
+    """Labels of this owner's clients of this run and pool (stale-client search finds only
+    these: another pool's client is not stale)."""
+    return {
+        "run": exp.run_id,
+        "role": "client",
+        POOL_LABEL: str(manager.pool),
+        **manager.owner.labels(),
+    }
 
 
 ISOLATION_KEY = "servesweep_isolation"
@@ -396,9 +403,9 @@ def check_prerequisites(*, exp: Experiment, paths: RunPaths, cell: str) -> None:
 
 @contextlib.contextmanager
 def server_lock(path: Path) -> Iterator[None]:
-    """Hold the lock of a node set (RunPaths.server_lock) while a cell owns its servers: one
-    cell at a time, whatever Snakemake's `--cores` and `--resources` (the profile's
-    `gpu_server=1` keeps cells from even starting meanwhile; this holds without it)."""
+    """Hold the lock of a node set (RunPaths.server_lock, one per pool) while a cell owns its
+    servers: one cell at a time per pool, whatever Snakemake's `--cores` and `--resources` (the
+    profile's `pool_<i>=1` keeps cells from even starting meanwhile; this holds without it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as fh:
         try:
@@ -432,7 +439,7 @@ def run_cell(
     written: list[Path] = []
     try:
         # Inside: a full disk while logging the event is an error naming the cell too.
-        events.emit("cell-start", cell=cell.key, fp=cell.server.fingerprint)
+        events.emit("cell-start", cell=cell.key, fp=cell.server.fingerprint, pool=manager.pool)
         state, fresh = manager.ensure(cell.server)
         if fresh and exp.warmup_after_start:
             run_warmup(exp=exp, cell=cell, manager=manager, state=state)

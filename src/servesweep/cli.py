@@ -1,4 +1,5 @@
-"""`servesweep` command line: commands, up, status, down, plan, check, import (no benchmark)."""
+"""`servesweep` command line: commands, up, status, down, plan, nodes, check, import (no
+benchmark)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,14 @@ def _parser() -> argparse.ArgumentParser:
         ("status", "servers on the nodes by label: owner, run, service, uptime, used by, health"),
         ("commands", "print every server launch command per node; touches no node"),
         ("up", "start a service (warm-up included) that every run of this server config reuses"),
-        ("plan", "missing cell-repeats, server starts, estimated wall time; touches no node"),
+        (
+            "plan",
+            "missing cell-repeats, server starts, node pools, estimated wall time; touches no node",
+        ),
+        (
+            "nodes",
+            "no node ever held two server sets: orchestrator.log, and the labels on the nodes now",
+        ),
         (
             "doctor",
             "check every node over SSH: model path, image + version, GPUs idle, IB devices, "
@@ -175,6 +183,35 @@ def cmd_plan(args: argparse.Namespace) -> None:
     print(make_plan(exp=exp, paths=paths, results_dir=Path(args.results)).render(), end="")
 
 
+def cmd_nodes(args: argparse.Namespace) -> int:
+    """One line per node that held two server sets (log, labels); 1 if any, else 0."""
+    from servesweep.events import read_events
+    from servesweep.owner import KIND_LABEL, SERVER_KIND
+    from servesweep.pools import label_overlaps, node_overlaps
+
+    exp = load_experiment_file(args.configfile, os.environ)
+    paths = RunPaths.for_run(exp, args.results)
+    events = read_events(paths.orchestrator_log)
+    problems = node_overlaps(events)
+    with connect(exp, paths) as manager:
+        found = [
+            item
+            for node in dict.fromkeys(exp.cluster.nodes)
+            for item in manager.runtime.labelled(node, {KIND_LABEL: SERVER_KIND})
+            if item.labels.get("node", node) == node
+        ]
+    problems += label_overlaps(found)
+    for line in problems:
+        print(line)
+    starts = sum(e == "start" for _, e, _ in events)
+    print(
+        f"run {exp.run_id}: {starts} server starts in {paths.orchestrator_log}, "
+        f"{len(found)} server processes on the nodes now; "
+        f"times a node held two server sets: {len(problems)}"
+    )
+    return 1 if problems else 0
+
+
 def cmd_up(args: argparse.Namespace) -> None:
     exp = _experiment(args)
     specs = server_specs(exp)
@@ -278,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "doctor":
             return cmd_doctor(args)
+        if args.command == "nodes":
+            return cmd_nodes(args)
         handlers[args.command](args)
     except ServesweepError as exc:
         print(f"servesweep: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -58,13 +58,18 @@ class SshOptions(Strict):
 
 
 class ClusterConfig(Strict):
-    """The nodes a server set runs on; the first node is rank 0 and runs the client."""
+    """The site's nodes; the first node of a server set is rank 0 and runs the client. Node
+    pools (servesweep.pools): disjoint node sets, each running one server config at a time."""
 
     transport: Literal["local", "ssh"] = "local"
     nodes: list[str] = Field(min_length=1)
     addresses: dict[str, str] = Field(default_factory=dict)
     gpus_per_node: int = Field(default=8, ge=1)
     ssh: SshOptions = SshOptions()
+    # Nodes one server set needs (default: every node; PD: its roles' and router's nodes).
+    nodes_per_server: int | None = Field(default=None, ge=1)
+    # None: one pool. auto: as many disjoint sets as fit. Or the sets, each a list of nodes.
+    pools: Literal["auto"] | list[list[str]] | None = None
 
     @model_validator(mode="after")
     def _check_nodes(self) -> ClusterConfig:
@@ -74,6 +79,11 @@ class ClusterConfig(Strict):
         unknown = sorted(set(self.addresses) - set(self.nodes))
         if unknown:
             raise ValueError(f"addresses: given for nodes not in cluster.nodes: {unknown}")
+        if self.nodes_per_server is not None and self.nodes_per_server > len(self.nodes):
+            raise ValueError(
+                f"nodes_per_server: {self.nodes_per_server} is more than the "
+                f"{len(self.nodes)} nodes of cluster.nodes"
+            )
         return self
 
 
@@ -178,6 +188,7 @@ class SimFaults(Strict):
     """Faults the simulated engine injects (for tests and rehearsals)."""
 
     fail_start: bool = False
+    fail_start_nodes: list[str] = Field(default_factory=list)  # fail_start on these nodes only
     crash_after: int | None = Field(default=None, ge=0)
     http_500_at: list[int] = Field(default_factory=list)
     midstream_error_at: list[int] = Field(default_factory=list)
@@ -341,6 +352,8 @@ class PlotsConfig(Strict):
         default_factory=lambda: ["ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "input_tps"],
         min_length=1,
     )
+    # pool: one metric-vs panel per node pool (a node-set effect), not per second server axis
+    facet: Literal["pool"] | None = None
 
 
 class EvidencePattern(Strict):
@@ -427,6 +440,7 @@ class Experiment(Strict):
     @model_validator(mode="after")
     def _check_combinations(self) -> Experiment:
         self._check_roles()
+        node_pools(self)
         for axes in _combinations(self.matrix.server):
             for role in role_layouts(self):
                 args = _validated(ServerArgs, role.base, axes, "matrix.server")
@@ -500,6 +514,83 @@ class Experiment(Strict):
             raise ValueError(f"suite: {self.suite!r} is not one of {[*self.suites, 'all']}")
 
 
+# ---------------------------------------------------------------- node pools (servesweep.pools)
+
+# profiles/default declares one resource per pool, pool_0 .. pool_15 (each = 1).
+MAX_POOLS = 16
+
+
+@dataclass(frozen=True)
+class Pool:
+    """One node set; `nodes` in the template's order."""
+
+    index: int
+    nodes: tuple[str, ...]
+
+    @property
+    def resource(self) -> str:
+        return resource_name(self.index)
+
+
+def resource_name(index: int) -> str:
+    """The Snakemake resource of pool `index` (one server set at a time)."""
+    return f"pool_{index}"
+
+
+def template_nodes(exp: Experiment) -> tuple[str, ...]:
+    """The nodes one server set of the configured topology uses, in position order."""
+    if not exp.roles:
+        return tuple(exp.cluster.nodes[: exp.cluster.nodes_per_server])
+    names = [*exp.roles["prefill"].nodes, *exp.roles["decode"].nodes]
+    if exp.router is not None:
+        names.append(exp.router.node)
+    return tuple(dict.fromkeys(names))
+
+
+def node_pools(exp: Experiment) -> list[Pool]:
+    """The pools of an experiment (one without `cluster.pools`); ValueError names the key."""
+    cluster = exp.cluster
+    template = template_nodes(exp)
+    size = len(template)
+    if exp.roles and cluster.nodes_per_server not in (None, size):
+        raise ValueError(
+            f"cluster.nodes_per_server: {cluster.nodes_per_server}, but the PD roles and router "
+            f"use {size} nodes ({', '.join(template)})"
+        )
+    if cluster.pools is None:
+        sets = [template]
+    elif cluster.pools == "auto":
+        rest = [n for n in cluster.nodes if n not in template]
+        sets = [
+            template,
+            *(tuple(rest[i : i + size]) for i in range(0, len(rest) - size + 1, size)),
+        ]
+    else:
+        sets = [tuple(p) for p in cluster.pools]
+        seen: dict[str, int] = {}
+        for i, nodes in enumerate(sets):
+            if len(nodes) != size:
+                raise ValueError(
+                    f"cluster.pools: pool {i} has {len(nodes)} nodes, one server set needs {size} "
+                    f"({', '.join(template)})"
+                )
+            unknown = [n for n in nodes if n not in cluster.nodes]
+            if unknown:
+                raise ValueError(f"cluster.pools: pool {i}: {unknown} not in cluster.nodes")
+            for node in nodes:
+                if node in seen:
+                    raise ValueError(
+                        f"cluster.pools: node {node} is in pool {seen[node]} and pool {i}; "
+                        f"pools must not share a node"
+                    )
+                seen[node] = i
+    if not sets:
+        raise ValueError("cluster.pools: no pool given")
+    if len(sets) > MAX_POOLS:
+        raise ValueError(f"cluster.pools: {len(sets)} pools, at most {MAX_POOLS}")
+    return [Pool(i, nodes) for i, nodes in enumerate(sets)]
+
+
 # A port given as "auto" in RoleLayout/RoleSpec until ServerManager.start picks a free one.
 AUTO_PORT = 0
 
@@ -526,7 +617,7 @@ def role_layouts(exp: Experiment) -> list[RoleLayout]:
         return [
             RoleLayout(
                 SINGLE_ROLE,
-                tuple(exp.cluster.nodes),
+                template_nodes(exp),
                 port_number(exp.engine.port),
                 port_number(exp.engine.dist_init_port),
                 exp.server,
@@ -784,6 +875,7 @@ class ServerSpec:
     router: RouterConfig | None
     fingerprint: str
     priority: int
+    pool: int = 0  # the node pool it runs in (servesweep.pools)
 
 
 @dataclass(frozen=True)

@@ -142,7 +142,7 @@ def _server_flags(exp: Experiment, role: RoleSpec, rank: int) -> list[str]:
     return flags + list(args.extra_args)
 
 
-def _sim_flags(exp: Experiment, spec: ServerSpec) -> list[str]:
+def _sim_flags(exp: Experiment, spec: ServerSpec, node: str) -> list[str]:
     sim = exp.engine.sim
     # Each server config gets its own noise stream; the same config reproduces it.
     seed = (sim.seed + zlib.crc32(spec.fingerprint.encode())) % 2**31
@@ -153,7 +153,7 @@ def _sim_flags(exp: Experiment, spec: ServerSpec) -> list[str]:
     if sim.profile:
         flags += ["--sim-profile", sim.profile]
     faults = sim.faults
-    if faults.fail_start:
+    if faults.fail_start or node in faults.fail_start_nodes:
         flags.append("--sim-fail-start")
     if faults.crash_after is not None:
         flags += ["--sim-crash-after", str(faults.crash_after)]
@@ -199,7 +199,7 @@ def rank_commands(exp: Experiment, spec: ServerSpec) -> list[RankCommand]:
         for rank, node in enumerate(role.nodes):
             argv = [exp.engine.python, *module, *_server_flags(exp, role, rank)]
             if exp.engine.kind == "sim":
-                argv += _sim_flags(exp, spec)
+                argv += _sim_flags(exp, spec, node)
             commands.append(
                 RankCommand(
                     role=role.name, node=node, rank=rank, argv=argv, env=dict(role.args.env)

@@ -46,6 +46,14 @@ class ServerConflict(ServesweepError):
     """Another owner's server holds a node or port a server of this run needs."""
 
 
+class NodeShared(ServesweepError):
+    """A node a server set needs holds a server of another pool of this run (labels say so)."""
+
+
+class PoolStopped(ServesweepError):
+    """A cell of a pool whose earlier cell failed in this invocation: it does not start."""
+
+
 class ServerStalled(ServesweepError):
     """A server stopped making progress (or answering /health) while a cell's client ran."""
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from servesweep import provenance
+from servesweep import pools, provenance
 from servesweep.cells import check_prerequisites, server_lock
 from servesweep.cells import run_cell as run_cell_repeat
 from servesweep.config import (
@@ -26,8 +26,8 @@ from servesweep.config import (
     server_specs,
     workload_key,
 )
-from servesweep.errors import ConfigError
-from servesweep.files import write_json_atomic
+from servesweep.errors import ConfigError, PoolStopped
+from servesweep.files import write_json_atomic, write_text_atomic
 from servesweep.images import build_images as build_all
 from servesweep.paths import RunPaths
 from servesweep.preflight import run_preflight
@@ -84,40 +84,55 @@ def run_cell(
         raise ConfigError(
             f"cell {server}/{client}/r{repeat}: no server {server} in run {exp.run_id}"
         )
-    if specs[0].fingerprint != fingerprint:
+    multi_pool = len(pools.node_pools(exp)) > 1
+    try:
+        exp, spec = pools.locate(exp, server_id=server, fingerprint=fingerprint)
+    except ConfigError:
         raise ConfigError(
             f"cell {server}/{client}/r{repeat}: the config gives server {server} fingerprint "
             f"{specs[0].fingerprint}, the workflow planned {fingerprint}"
-        )
-    clients = client_specs(exp)
-    found = [c for c in clients if c.id == client]
-    cell = (
-        CellRepeat(
-            server=specs[0],
-            client=found[0],
-            repeat=int(repeat),
-            repeats=exp.repeats,
-            clients=len(clients),
-        )
-        if found
-        else None
-    )
-    if cell is None or workload_key(cell.workload) != workload:
+        ) from None
+    all_clients = client_specs(exp)
+    clients = [c for c in all_clients if c.id == client]
+    if not clients or workload_key(clients[0].workload) != workload:
         raise ConfigError(
             f"cell {server}/{client}/r{repeat}: the config's workload of client {client} is not "
             f"the one the workflow planned ({workload})"
         )
+    cell = CellRepeat(
+        server=spec,
+        client=clients[0],
+        repeat=int(repeat),
+        repeats=exp.repeats,
+        clients=len(all_clients),
+    )
     planned, now = json.loads(measured_with), provenance.measured_with(exp, cell)
     if planned != now:
         diff = ", ".join(provenance.differences(planned, now))
         raise ConfigError(f"cell {cell.key}: the workflow planned it with other settings: {diff}")
     check_prerequisites(exp=exp, paths=paths, cell=cell.key)
-    with server_lock(paths.server_lock(exp.cluster.nodes)), connect(exp, paths) as manager:
-        run_cell_repeat(
-            exp=exp,
-            cell=cell,
-            manager=manager,
-            raw=Path(raw),
-            gpu=Path(gpu),
-            bench_log=Path(bench_log),
-        )
+    stopped = paths.pool_stopped(spec.pool)
+    with (
+        server_lock(paths.server_lock(exp.cluster.nodes)),
+        connect(exp, paths, pool=spec.pool) as manager,
+    ):
+        if stopped.exists():
+            manager.events.emit("cell-skipped", cell=cell.key, pool=spec.pool)
+            raise PoolStopped(
+                f"cell {cell.key}: not started: pool {spec.pool} stopped after a failure "
+                f"({stopped.read_text().strip()})"
+            )
+        try:
+            run_cell_repeat(
+                exp=exp,
+                cell=cell,
+                manager=manager,
+                raw=Path(raw),
+                gpu=Path(gpu),
+                bench_log=Path(bench_log),
+            )
+        except BaseException as exc:
+            if multi_pool:
+                first = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+                write_text_atomic(stopped, f"cell {cell.key} failed: {first}\n")
+            raise

@@ -1,4 +1,5 @@
-"""manifest.json: resolved config, fingerprints, git SHA, package/engine/image versions."""
+"""manifest.json: resolved config, fingerprints, node pools, git SHA, package/engine/image
+versions."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from servesweep.config import Experiment, server_specs
+from servesweep.config import Experiment
+from servesweep.pools import PoolPlan, pooled_specs
 
 PACKAGES = ("servesweep", "snakemake", "pydantic", "pandas", "aiohttp", "paramiko", "seaborn")
 
@@ -73,20 +75,27 @@ def image_records(builds: Sequence[Path]) -> list[dict[str, Any]]:
 
 
 def build_manifest(
-    *, exp: Experiment, server_info: Sequence[Path], repo: Path, builds: Sequence[Path] = ()
+    *,
+    exp: Experiment,
+    server_info: Sequence[Path],
+    repo: Path,
+    pools: PoolPlan,
+    builds: Sequence[Path] = (),
 ) -> dict[str, Any]:
-    """Everything needed to know what ran: config, servers, versions, engine reports, images.
+    """Everything needed to know what ran: config, servers (each in its pool), versions,
+    engine reports, images.
     `server_info`: the /server_info snapshots of the run (service/<server>/server_info.json);
     `builds`: the image evidence per node (docker runtimes)."""
     infos = {path.parent.name: path for path in server_info}
     servers = []
-    for spec in server_specs(exp):
+    for spec in pooled_specs(exp, pools):
         info_path = infos.get(spec.id)
         info = json.loads(info_path.read_text()) if info_path is not None else {}
         servers.append(
             {
                 "id": spec.id,
                 "fingerprint": spec.fingerprint,
+                "pool": spec.pool,
                 "axes": spec.axes,
                 "roles": [
                     {
@@ -115,6 +124,7 @@ def build_manifest(
             "image": exp.runtime.image,
         },
         "images": image_records(builds),
+        "pools": pools.to_dict()["pools"],
         "servers": servers,
         "config": exp.model_dump(mode="json"),
     }

@@ -15,6 +15,7 @@ OWNER_LABEL = "owner"
 CHECKOUT_LABEL = "checkout"
 RUN_LABEL = "run"
 PORTS_LABEL = "ports"
+POOL_LABEL = "pool"  # the node pool (index) a server set runs in (servesweep.pools)
 # Label every server process carries (what a search for any servesweep server filters on).
 KIND_LABEL = "kind"
 SERVER_KIND = "server"

@@ -134,7 +134,23 @@ class RunPaths:
 
     @property
     def current_server(self) -> Path:
-        return self.root / "service" / "current.json"
+        return self.current_server_of(0)
+
+    def current_server_of(self, pool: int) -> Path:
+        """The state of the server set pool `pool` runs (servesweep.pools; pool 0's keeps the
+        one-pool name)."""
+        name = "current.json" if pool == 0 else f"current~pool_{pool}.json"
+        return self.root / "service" / name
+
+    @property
+    def pools(self) -> Path:
+        """Which pool each server config runs in (servesweep.pools.PoolPlan)."""
+        return self.root / "pools.json"
+
+    def pool_stopped(self, pool: int) -> Path:
+        """Written when a cell of pool `pool` failed: its other cells of this invocation do not
+        start (removed when the next invocation starts)."""
+        return self.root / "service" / f"pool_{pool}.stopped"
 
     def server_lock(self, nodes: Sequence[str]) -> Path:
         """The lock a job holds while it owns the servers of this node set (one at a time)."""

@@ -2,6 +2,8 @@
 
 Durations come from earlier runs' orchestrator.log where the same server config (fingerprint)
 and client config ran before, else from the simulator's cost model run offline (no sleeping).
+The same estimates balance server configs over node pools (servesweep.pools), which run at
+once: the wall time counts the longest pool's share.
 Nothing here touches a node.
 """
 
@@ -15,9 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from servesweep.config import CellRepeat, Experiment, Workload, cell_repeats, client_specs
+from servesweep.config import (
+    CellRepeat,
+    Experiment,
+    Workload,
+    cell_repeats,
+    client_specs,
+    server_specs,
+)
 from servesweep.events import read_events
 from servesweep.paths import RunPaths
+from servesweep.pools import PoolPlan, assign, node_pools, pooled_cells, read_previous
 from servesweep.sim.estimate import closed_loop_seconds
 
 K = TypeVar("K")
@@ -114,6 +124,41 @@ def start_s(exp: Experiment) -> float:
     return SGLANG_START_S
 
 
+def config_estimates(exp: Experiment, history: History) -> dict[str, float]:
+    """Seconds of every server config: one start and all its cells (history, else the cost
+    model), the balance of the pool assignment."""
+    out: dict[str, float] = {}
+    simulated: dict[tuple[str, str], float] = {}
+    for cell in cell_repeats(exp):
+        fp, sid = cell.server.fingerprint, cell.server.id
+        if sid not in out:
+            out[sid] = history.ready_s.get(fp, start_s(exp))
+        key = (fp, cell.client.id)
+        if key in history.cell_s:
+            out[sid] += history.cell_s[key] + JOB_OVERHEAD_S
+            continue
+        if key not in simulated:
+            simulated[key] = simulated_seconds(exp, cell)
+        out[sid] += simulated[key] + CELL_FIXED_S + JOB_OVERHEAD_S
+    return out
+
+
+def pool_plan(
+    *, exp: Experiment, paths: RunPaths, results_dir: Path, history: History | None = None
+) -> PoolPlan:
+    """Each server config's pool: kept from the run's pools.json, new ones balanced by the
+    estimates (one pool: no estimate is computed)."""
+    pools = tuple(node_pools(exp))
+    ids = [spec.id for spec in server_specs(exp)]
+    if len(pools) == 1:
+        return PoolPlan(pools, dict.fromkeys(ids, 0), {})
+    estimates = config_estimates(exp, history or read_history(results_dir))
+    assignment = assign(
+        server_ids=ids, pools=pools, estimates=estimates, previous=read_previous(paths.pools)
+    )
+    return PoolPlan(pools, assignment, estimates)
+
+
 @dataclass(frozen=True)
 class Plan:
     """What a run still has to do and how long it should take, by part (seconds)."""
@@ -130,10 +175,16 @@ class Plan:
     other_s: float  # image builds and the analysis rules: no server holds the GPUs
     from_history: int
     unestimated: int = 0  # configs left to the cost model beyond make_plan's max_simulated
+    pools: PoolPlan | None = None
+    pool_held_s: dict[int, float] = field(default_factory=dict)  # servers up, per pool
 
     @property
     def estimate_s(self) -> float:
-        return self.starts_s + self.warmups_s + self.measuring_s + self.overhead_s + self.other_s
+        """Pools run at once: the longest pool's server time, then builds and analysis."""
+        held = self.starts_s + self.warmups_s + self.measuring_s + self.overhead_s
+        if len(self.pool_held_s) > 1:
+            held = max(self.pool_held_s.values())
+        return held + self.other_s
 
     @property
     def measuring_share(self) -> float:
@@ -173,8 +224,18 @@ class Plan:
             f"  builds+analysis{_duration(self.other_s):>9}  (no server up)",
             f"measuring is {self.measuring_share:.0%} of the time servers hold the GPUs",
         ]
+        if self.pools is not None:
+            lines.append(f"node pools: {len(self.pools.pools)} (one server set at a time each)")
+            for pool in self.pools.pools:
+                servers = self.pools.servers(pool.index)
+                lines.append(
+                    f"  pool {pool.index}: nodes {','.join(pool.nodes)}; {len(servers)} server "
+                    f"config(s), missing work "
+                    f"{_duration(self.pool_held_s.get(pool.index, 0.0))}: "
+                    f"{' '.join(servers) or 'none'}"
+                )
         for cell in self.missing:
-            lines.append(f"  {cell.key}")
+            lines.append(f"  {cell.key} (pool {cell.server.pool})")
         return "\n".join(lines) + "\n"
 
 
@@ -192,14 +253,16 @@ def make_plan(
     cells: Sequence[CellRepeat] | None = None,
     max_simulated: int | None = None,
 ) -> Plan:
-    """The missing cell-repeats (no raw file yet), their server starts, missing image checks
-    and the time estimate by part. `cells`: the run's cell-repeats if already expanded.
-    `max_simulated`: at most this many (server, client) configs are run through the cost
-    model (about 15 ms each); with more, the plan has no estimate (`unestimated`)."""
-    cells = list(cells) if cells is not None else cell_repeats(exp)
+    """The missing cell-repeats (no raw file yet), their server starts and pools, missing
+    image checks and the time estimate by part. `cells`: the run's cell-repeats (each in its
+    pool) if already expanded. `max_simulated`: at most this many (server, client) configs are
+    run through the cost model (about 15 ms each); with more, the plan has no estimate
+    (`unestimated`)."""
+    history = read_history(results_dir)
+    pools = pool_plan(exp=exp, paths=paths, results_dir=results_dir, history=history)
+    cells = list(cells) if cells is not None else pooled_cells(exp, pools)
     missing = [c for c in cells if not paths.raw(c).exists()]
     builds = sum(not p.exists() for p in paths.builds(exp)) if missing else 0
-    history = read_history(results_dir)
     to_simulate = {(c.server.fingerprint, c.client.id) for c in missing} - set(history.cell_s)
     if max_simulated is not None and len(to_simulate) > max_simulated:
         return Plan(
@@ -215,10 +278,14 @@ def make_plan(
             other_s=0.0,
             from_history=0,
             unestimated=len(to_simulate),
+            pools=pools,
         )
     first: dict[str, CellRepeat] = {}
     for cell in missing:
         first.setdefault(cell.server.fingerprint, cell)
+    held: dict[int, float] = defaultdict(float)
+    for fp, cell in first.items():
+        held[cell.server.pool] += history.ready_s.get(fp, start_s(exp))
     starts_s = sum(history.ready_s.get(fp, start_s(exp)) for fp in first)
     warmups_s = 0.0
     if exp.warmup_after_start:
@@ -226,9 +293,11 @@ def make_plan(
             update={"num_requests": exp.warmup_after_start, "concurrency": 1}
         )
         for fp, cell in first.items():
-            warmups_s += history.warmup_s.get(fp) or (
+            seconds = history.warmup_s.get(fp) or (
                 simulated_seconds(exp, cell, shape) + CELL_FIXED_S
             )
+            warmups_s += seconds
+            held[cell.server.pool] += seconds
     measuring_s = overhead_s = 0.0
     timed = 0
     simulated: dict[tuple[str, str], float] = {}
@@ -245,6 +314,7 @@ def make_plan(
             whole = measured + CELL_FIXED_S
         measuring_s += measured
         overhead_s += whole - measured + JOB_OVERHEAD_S
+        held[cell.server.pool] += whole + JOB_OVERHEAD_S
     other_s = builds * IMAGE_BUILD_S + (ANALYSIS_S if missing else 0.0)
     return Plan(
         run_id=exp.run_id,
@@ -258,6 +328,8 @@ def make_plan(
         overhead_s=overhead_s,
         other_s=other_s,
         from_history=timed,
+        pools=pools,
+        pool_held_s=dict(held),
     )
 
 

@@ -27,6 +27,7 @@ def plot_results(
     energy and goodput page's file, if the run has a client axis."""
     exp, _ = experiment(config)
     hue, col = plots.series_axes(list(exp.matrix.server), exp.baseline)
+    col = exp.plots.facet or col
     plots.write_run_plots(
         summary=read_summary(summary_json),
         results=read_results_csv(results_csv),

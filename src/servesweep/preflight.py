@@ -10,7 +10,9 @@ from servesweep import gpuidle
 from servesweep.config import AUTO_PORT, PD_ROLES, Experiment, ServerSpec, server_specs
 from servesweep.engines import listening_ports
 from servesweep.errors import PreflightFailed
-from servesweep.servers import ServerManager
+from servesweep.paths import RunPaths
+from servesweep.pools import narrow, node_pools
+from servesweep.servers import ServerManager, ServerState
 from servesweep.transport import node_address
 
 PROBE_TIMEOUT_S = 30.0
@@ -62,14 +64,21 @@ def gpus_idle(*, exp: Experiment, manager: ServerManager) -> list[dict[str, Any]
     return out
 
 
+def up_in(paths: RunPaths, pool: int) -> ServerState | None:
+    """The server set of this run that pool `pool` has up, or None."""
+    return ServerState.load(paths.current_server_of(pool))
+
+
 def run_preflight(*, exp: Experiment, manager: ServerManager) -> dict[str, Any]:
     """Every check for every server config; raise PreflightFailed naming node and reason."""
     transport = manager.transport
     transport.check_reachable(exp.cluster.nodes)
     # A server set of this run that is still up holds its ports; ensure() replaces it.
-    current = manager.current()
+    current = next(filter(None, (up_in(manager.paths, p.index) for p in node_pools(exp))), None)
     checks: dict[str, Any] = {"pd": {}, "ib_devices": [], "image": [], "ports": []}
-    for spec in server_specs(exp):
+    # Every server config as every pool would run it (nodes, ports shifted per pool).
+    pooled = [(narrow(exp, p), s) for p in node_pools(exp) for s in server_specs(narrow(exp, p))]
+    for pool_exp, spec in pooled:
         checks["pd"][spec.id] = pd_agreement(spec)
         for node, dev in _ib_devices(spec):
             if exp.engine.kind == "sim":  # simulated nodes have simulated RDMA devices
@@ -92,11 +101,11 @@ def run_preflight(*, exp: Experiment, manager: ServerManager) -> dict[str, Any]:
             checks["ports"].append({"server": spec.id, "skipped": "its service is up (reused)"})
             continue
         manager.check_foreign(spec)  # another owner's server: name it, not just the port
-        for node, port in listening_ports(exp, spec):
+        for node, port in listening_ports(pool_exp, spec):
             if port == AUTO_PORT:
                 checks["ports"].append({"node": node, "port": "auto"})
                 continue
-            probe = f"bash -c 'exec 3<>/dev/tcp/{node_address(exp.cluster, node)}/{port}'"
+            probe = f"bash -c 'exec 3<>/dev/tcp/{node_address(pool_exp.cluster, node)}/{port}'"
             if transport.run(node, f"{probe} 2>/dev/null", timeout=PROBE_TIMEOUT_S).ok:
                 raise PreflightFailed(
                     f"node {node}: port {port} is already in use (server {spec.id} needs it); "

@@ -14,7 +14,7 @@ def unthrottle_scheduler(workflow: Any) -> bool:
 
     Snakemake 9 (up to 9.27 at least) re-arms a 1 s timer after every scheduling round while
     it is on, and each timer triggers another round: every finished job adds a chain that never
-    ends while jobs are waiting. Here thousands of cells wait on the `gpu_server` resource, so
+    ends while jobs are waiting. Here thousands of cells wait on their pool's resource, so
     after N cells N rounds a second, each costing O(pending jobs), keep Snakemake's main thread
     busy (benchmarks/large_run.py). With the local executor every job runs on this host, one
     cell at a time, so a submission rate limit has nothing to protect; with a cluster executor

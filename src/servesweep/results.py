@@ -103,7 +103,7 @@ READ_KEYS = frozenset({*METRICS.values(), *REQUIRED_KEYS, "total_output_tokens_r
 GPU_COLUMNS = tuple(dict.fromkeys((*telemetry.GPU_FIGURES, *gpusampling.SAMPLE_FIGURES)))
 # Whether the server's radix cache was flushed before the cell (empty: not known, e.g. imported).
 HYGIENE_COLUMNS = ("cache_flushed",)
-ID_COLUMNS = ("run_id", "server_id", "client_id", "repeat", "seed", "fingerprint")
+ID_COLUMNS = ("run_id", "server_id", "client_id", "repeat", "seed", "fingerprint", "pool")
 
 # requests.csv: one row per successful request of every cell-repeat (stats.request_figures).
 REQUEST_ID_COLUMNS = ("server_id", "client_id", "repeat")
@@ -357,6 +357,7 @@ def result_row(
         "repeat": cell.repeat,
         "seed": cell.seed,
         "fingerprint": cell.server.fingerprint,
+        "pool": cell.server.pool,  # the node pool it ran in (servesweep.pools)
         **(engine or {}),
         **cell.server.axes,
         **cell.client.axes,

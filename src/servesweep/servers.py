@@ -1,4 +1,5 @@
-"""Server lifecycle: lazy, fingerprinted, one server set at a time (DESIGN.md section 5)."""
+"""Server lifecycle: lazy, fingerprinted, one server set at a time per node pool (DESIGN.md
+section 5; servesweep.pools)."""
 
 from __future__ import annotations
 
@@ -28,12 +29,13 @@ from servesweep.engines import (
     rank_commands,
     role_url,
 )
-from servesweep.errors import ServerConflict, ServerDied, ServerStartError
+from servesweep.errors import NodeShared, ServerConflict, ServerDied, ServerStartError
 from servesweep.events import EventLog
 from servesweep.files import write_json_atomic, write_text_atomic
 from servesweep.owner import (
     KIND_LABEL,
     OWNER_LABEL,
+    POOL_LABEL,
     PORTS_LABEL,
     RUN_LABEL,
     SERVER_KIND,
@@ -42,6 +44,7 @@ from servesweep.owner import (
     current_owner,
 )
 from servesweep.paths import RunPaths
+from servesweep.pools import narrow, node_pools
 from servesweep.runtime import ONESHOT_DIR, Labelled, Launch, ProcessRuntime, Runtime
 from servesweep.transport import LocalTransport, Transport
 
@@ -149,8 +152,10 @@ class ServerManager:
         runtime: Runtime,
         events: EventLog | None = None,
         owner: Owner | None = None,
+        pool: int = 0,
     ) -> None:
-        self.exp = exp
+        self.exp = exp  # narrowed to the pool's nodes (servesweep.pools.narrow)
+        self.pool = pool
         self.paths = paths
         self.transport = transport
         self.runtime = runtime
@@ -162,7 +167,12 @@ class ServerManager:
     # ------------------------------------------------------------ naming
     def labels(self, spec: ServerSpec | None = None) -> dict[str, str]:
         """Labels of this caller's servers: kind, run and owner (+ fingerprint of `spec`)."""
-        labels = {KIND_LABEL: SERVER_KIND, RUN_LABEL: self.exp.run_id, **self.owner.labels()}
+        labels = {
+            KIND_LABEL: SERVER_KIND,
+            RUN_LABEL: self.exp.run_id,
+            POOL_LABEL: str(self.pool),
+            **self.owner.labels(),
+        }
         if spec is not None:
             labels |= {"fingerprint": spec.fingerprint}
             if self.service_mode:
@@ -197,7 +207,7 @@ class ServerManager:
             launch = Launch(
                 name=(
                     f"servesweep-{self.owner.tag}-{self.exp.run_id}-{spec.fingerprint}-"
-                    f"{cmd.role}-r{cmd.rank}"
+                    f"{cmd.role}-r{cmd.rank}{'' if self.pool == 0 else f'-pool_{self.pool}'}"
                 ),
                 node=cmd.node,
                 argv=cmd.argv,
@@ -227,7 +237,7 @@ class ServerManager:
     # ------------------------------------------------------------ lifecycle
     def current(self) -> ServerState | None:
         """The server set this run started (service/current.json)."""
-        return ServerState.load(self.paths.current_server)
+        return ServerState.load(self.paths.current_server_of(self.pool))
 
     def service(self, fingerprint: str) -> ServerState | None:
         """The service with this fingerprint that `servesweep up` left running, if any."""
@@ -236,7 +246,7 @@ class ServerManager:
     def _state_file(self, state: ServerState) -> Path:
         if state.service:
             return self.paths.service_record(state.fingerprint)
-        return self.paths.current_server
+        return self.paths.current_server_of(self.pool)
 
     def ensure(self, spec: ServerSpec) -> tuple[ServerState, bool]:
         """Reuse a healthy server with `spec`'s fingerprint (this run's, or a service brought
@@ -305,11 +315,13 @@ class ServerManager:
         state_file = self._state_file(state)
         self.transport.check_reachable(self.exp.cluster.nodes)
         self.check_foreign(spec)
+        self.check_nodes_free(spec)
         self.events.emit(
             "start",
             fp=spec.fingerprint,
             server=spec.id,
-            nodes=",".join(self.exp.cluster.nodes),
+            nodes=",".join(spec_nodes(spec)),
+            pool=self.pool,
             owner=self.owner.label,
         )
         try:
@@ -478,8 +490,10 @@ class ServerManager:
         else:
             current = self.current()
             if current is not None and current.fingerprint == state.fingerprint:
-                self.paths.current_server.unlink(missing_ok=True)
-        self.events.emit("stop", fp=state.fingerprint, server=state.server_id, reason=reason)
+                self._state_file(state).unlink(missing_ok=True)
+        self.events.emit(
+            "stop", fp=state.fingerprint, server=state.server_id, pool=self.pool, reason=reason
+        )
 
     def _stop_if_ours(self, state: ServerState, rank: RankState) -> None:
         """Signal a rank only if it provably is the one we started (labels in its env or on its
@@ -512,20 +526,36 @@ class ServerManager:
                 self.events.emit("stale", node=node, handle=found.handle, run=self.exp.run_id)
                 self.runtime.stop(node, found.handle)
 
+    def shared_nodes(self, spec: ServerSpec) -> list[Labelled]:
+        """Server processes of this run's other pools on a node `spec` needs, found by the
+        labels on the node (the plan's disjoint pools are not trusted alone)."""
+        found = []
+        mine = {KIND_LABEL: SERVER_KIND, RUN_LABEL: self.exp.run_id, **self.owner.labels()}
+        for node in spec_nodes(spec):
+            for other in self.runtime.labelled(node, mine):
+                if other.labels.get("node", node) != node:
+                    continue  # one machine or one dockerd serving several test nodes
+                if other.labels.get(POOL_LABEL, "0") != str(self.pool):
+                    found.append(other)
+        return found
+
+    def check_nodes_free(self, spec: ServerSpec) -> None:
+        """NodeShared naming the node and the pool whose server holds it."""
+        found = self.shared_nodes(spec)
+        if found:
+            other = found[0]
+            raise NodeShared(
+                f"server {spec.id} of pool {self.pool}: node {other.node} holds server "
+                f"{other.labels.get('server', '?')} of pool {other.labels.get(POOL_LABEL, '?')} "
+                f"(handle {other.handle[:12]}); no two server sets share a node"
+            )
+
     def foreign(self, spec: ServerSpec) -> list[Labelled]:
         """Servers of other owners in the way of `spec`: on a node it needs (a real engine
         needs the node's GPUs), or holding one of its ports (the sim shares a machine)."""
         needed = listening_ports(self.exp, spec)
-        nodes = list(
-            dict.fromkeys(
-                [
-                    *(n for r in spec.roles for n in r.nodes),
-                    *([spec.router.node] if spec.router else []),
-                ]
-            )
-        )
         found = []
-        for node in nodes:
+        for node in spec_nodes(spec):
             ports = {p for n, p in needed if n == node}
             for other in self.runtime.labelled(node, {KIND_LABEL: SERVER_KIND}):
                 if other.labels.get(OWNER_LABEL) == self.owner.label:
@@ -631,6 +661,18 @@ class ServerManager:
         return row
 
 
+def spec_nodes(spec: ServerSpec) -> list[str]:
+    """Every node a server set runs a process on (roles' nodes, then the router's)."""
+    return list(
+        dict.fromkeys(
+            [
+                *(n for r in spec.roles for n in r.nodes),
+                *([spec.router.node] if spec.router else []),
+            ]
+        )
+    )
+
+
 def resolve_ports(spec: ServerSpec) -> ServerSpec:
     """`spec` with every "auto" port (AUTO_PORT) replaced by a port free on this machine
     (config allows "auto" only with the local transport)."""
@@ -695,17 +737,21 @@ def open_runtime(exp: Experiment, transport: Transport, *, for_commands: bool = 
 
 
 @contextlib.contextmanager
-def connect(exp: Experiment, paths: RunPaths) -> Iterator[ServerManager]:
-    """A ServerManager over a fresh transport, closed on exit."""
+def connect(exp: Experiment, paths: RunPaths, *, pool: int = 0) -> Iterator[ServerManager]:
+    """A ServerManager (of pool `pool`, `exp` narrowed to it) over a fresh transport, closed on
+    exit."""
     transport = open_transport(exp)
     try:
-        yield ServerManager(exp, paths, transport=transport, runtime=open_runtime(exp, transport))
+        yield ServerManager(
+            exp, paths, transport=transport, runtime=open_runtime(exp, transport), pool=pool
+        )
     finally:
         transport.close()
 
 
 def shutdown(exp: Experiment, paths: RunPaths, *, reason: str, services: bool = False) -> None:
-    """Stop every server the run started (workflow onsuccess/onerror); with `services` also
-    the services of this config (`servesweep down`)."""
-    with connect(exp, paths) as manager:
-        manager.stop_all(reason=reason, services=services)
+    """Stop every server the run started, in every pool (workflow onsuccess/onerror); with
+    `services` also the services of this config (`servesweep down`)."""
+    for pool in node_pools(exp):
+        with connect(narrow(exp, pool), paths, pool=pool.index) as manager:
+            manager.stop_all(reason=reason, services=services)

@@ -93,3 +93,30 @@ def test_the_pd_router_container_gets_no_gpu_device_or_privileged_flags(
     for flag in ("--gpus", "--device", "--privileged"):
         assert flag not in router[0]
         assert all(flag in ln for ln in engines)
+
+
+def test_nodes_reads_the_log_and_the_labels(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import yaml
+
+    from servesweep.events import EventLog
+
+    monkeypatch.delenv("RUN_ID", raising=False)
+    raw = yaml.safe_load(
+        (REPO / "config/experiments/moe_prefill_gate_local_2pools.yaml").read_text()
+    )
+    nodes = [f"cli-nodes-{i}" for i in range(8)]  # no other test's server carries these
+    raw["cluster"]["nodes"] = nodes
+    cfg = tmp_path / "exp.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    args = ["nodes", "--configfile", str(cfg), "--results", str(tmp_path)]
+    log = EventLog(tmp_path / raw["run_id"] / "orchestrator.log")
+    log.emit("start", fp="a", server="A", nodes=",".join(nodes[:4]), pool=0)
+    log.emit("start", fp="b", server="B", nodes=",".join(nodes[4:]), pool=1)
+    assert main(args) == 0
+    assert "2 server starts" in capsys.readouterr().out
+    log.emit("start", fp="c", server="C", nodes=",".join(nodes[3:7]), pool=1)
+    assert main(args) == 1
+    out = capsys.readouterr().out
+    assert "server C (pool 1) started on cli-nodes-3 held by fp a of pool 0" in out

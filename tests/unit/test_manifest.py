@@ -5,6 +5,7 @@ from pathlib import Path
 from servesweep.config import load_experiment_file, server_specs
 from servesweep.manifest import build_manifest, git_sha, package_versions
 from servesweep.paths import RunPaths
+from servesweep.plan import pool_plan
 from tests.helpers import DEFAULT_CONFIG, REPO
 
 
@@ -17,12 +18,15 @@ def test_manifest_has_config_fingerprints_versions(tmp_path: Path) -> None:
     info.write_text('{"version": "0.5.23-sim"}')
     found = paths.service_files()["server_info"]
     assert found == [info]
-    manifest = build_manifest(exp=exp, server_info=found, repo=REPO)
+    pools = pool_plan(exp=exp, paths=paths, results_dir=tmp_path)
+    manifest = build_manifest(exp=exp, server_info=found, repo=REPO, pools=pools)
     assert manifest["run_id"] == exp.run_id
     assert [s["fingerprint"] for s in manifest["servers"]] == [
         s.fingerprint for s in server_specs(exp)
     ]
     assert manifest["servers"][0]["engine_version_reported"] == "0.5.23-sim"
+    assert manifest["pools"] == [{"pool": 0, "nodes": ["local"], "servers": pools.servers(0)}]
+    assert {s["pool"] for s in manifest["servers"]} == {0}
     assert manifest["servers"][1]["engine_version_reported"] is None
     assert manifest["config"]["workload"]["input_len"] == 16384
     assert manifest["engine"]["version_pinned"] == "0.5.23"

@@ -218,6 +218,16 @@ def test_plot_metric_vs_default_matrix(default, tmp_path):
     plots.save_figure(fig, tmp_path / "ttft_p50_ms_vs_concurrency.png")
 
 
+def test_plot_metric_vs_a_panel_per_pool(default):
+    _, df, _ = default
+    pooled = df.assign(pool=[i % 2 for i in range(len(df))])
+    fig = plots.plot_metric_vs(
+        pooled, metric="ttft_p50_ms", x="concurrency", hue="moe_runner_backend", col="pool"
+    )
+    assert [ax.get_title() for ax in fig.axes[:2]] == ["pool=0", "pool=1"]
+    assert [len(points(ax)) for ax in fig.axes[:2]] == [12, 12]
+
+
 def test_plot_metric_vs_one_cell_and_no_grouping():
     exp, df = results_for(
         BACKENDS_CSV="marlin", CHUNKED_PREFILL_SIZES_CSV="8192", CONCURRENCIES_CSV="16"

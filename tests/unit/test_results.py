@@ -90,6 +90,7 @@ def test_collect_results_default_matrix(tmp_path):
         "repeat",
         "seed",
         "fingerprint",
+        "pool",
         "engine_kind",
         "sim_time_scale",
         "moe_runner_backend",

@@ -8,9 +8,10 @@ import pytest
 import yaml
 
 from servesweep.config import load_experiment, server_specs
-from servesweep.errors import ServerConflict, ServerStartError
+from servesweep.errors import NodeShared, ServerConflict, ServerStartError
 from servesweep.events import read_events
 from servesweep.paths import RunPaths
+from servesweep.pools import label_overlaps, node_overlaps
 from servesweep.runtime import ProcessRuntime
 from servesweep.servers import ServerManager, http_status
 from servesweep.transport import LocalTransport
@@ -217,3 +218,24 @@ def test_a_service_outlives_runs_and_is_reused_whatever_the_run_id(tmp_path: Pat
         assert up.service(spec.fingerprint) is None
     finally:
         up.stop_all(reason="test teardown", services=True)
+
+
+def test_a_start_refuses_a_node_that_another_pool_holds(tmp_path: Path) -> None:
+    first = _manager(tmp_path)
+    second = ServerManager(
+        first.exp, first.paths, transport=first.transport, runtime=first.runtime, pool=1
+    )
+    a, b = server_specs(first.exp)[:2]
+    try:
+        state, _ = first.ensure(a)
+        # pool 1's stale search (its labels) leaves pool 0's server alone; its start refuses
+        with pytest.raises(NodeShared, match=r"node local holds server .* of pool 0"):
+            second.ensure(b)
+        assert first.runtime.is_running("local", state.ranks[0].handle)
+        assert second.paths.current_server_of(1).exists() is False
+        found = first.runtime.labelled("local", {"run": first.exp.run_id})
+        assert {f.labels["pool"] for f in found} == {"0"} and label_overlaps(found) == []
+    finally:
+        first.stop_all(reason="test teardown")
+        second.stop_all(reason="test teardown")
+    assert node_overlaps(read_events(first.paths.orchestrator_log)) == []
