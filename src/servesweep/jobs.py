@@ -94,18 +94,22 @@ def run_cell(
         ) from None
     all_clients = client_specs(exp)
     clients = [c for c in all_clients if c.id == client]
-    if not clients or workload_key(clients[0].workload) != workload:
+    cell = (
+        CellRepeat(
+            server=spec,
+            client=clients[0],
+            repeat=int(repeat),
+            repeats=exp.repeats,
+            clients=len(all_clients),
+        )
+        if clients
+        else None
+    )
+    if cell is None or workload_key(cell.workload) != workload:
         raise ConfigError(
             f"cell {server}/{client}/r{repeat}: the config's workload of client {client} is not "
             f"the one the workflow planned ({workload})"
         )
-    cell = CellRepeat(
-        server=spec,
-        client=clients[0],
-        repeat=int(repeat),
-        repeats=exp.repeats,
-        clients=len(all_clients),
-    )
     planned, now = json.loads(measured_with), provenance.measured_with(exp, cell)
     if planned != now:
         diff = ", ".join(provenance.differences(planned, now))
