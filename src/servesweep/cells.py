@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import logging
 import math
 import os
@@ -18,6 +19,7 @@ from servesweep import gpusampling, isolation, loadgen, provenance, telemetry, v
 from servesweep.config import CellRepeat, Experiment, Workload, client_specs
 from servesweep.engines import ROUTER_ROLE
 from servesweep.errors import (
+    CellFailed,
     ClientError,
     PreflightFailed,
     ServerDied,
@@ -30,7 +32,8 @@ from servesweep.logsetup import Terminated
 from servesweep.paths import RunPaths
 from servesweep.records import BenchRecord, read_record, write_record
 from servesweep.runtime import Launch
-from servesweep.servers import ServerManager, ServerState
+from servesweep.secrets import scrub
+from servesweep.servers import ServerManager, ServerState, auth_headers
 from servesweep.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
@@ -56,6 +59,7 @@ def run_client(
 ) -> BenchRecord:
     """Run the configured client on the client node (in the runtime); return its record."""
     node = exp.cluster.nodes[0]
+    key = manager.api_key(state)
     # Per job: a stale job of the same cell (its Snakemake killed) never removes this one's file.
     local_out = bench_log.with_name(f".{bench_log.stem}.{os.getpid()}.client.jsonl")
     remove_partial_client_files(bench_log, events=manager.events, cell=tag)
@@ -85,9 +89,11 @@ def run_client(
         log_path=node_log,
         env=loadgen.client_env(exp.client.kind),
         labels=client_labels(exp=exp, manager=manager),
+        secret_env=None if key is None else (loadgen.API_KEY_ENV, key),
     )
     bench_log.parent.mkdir(parents=True, exist_ok=True)
     alone = measured_alone(exp=exp, manager=manager, state=state, tag=tag)
+    counters = isolation.request_counters(_entry_urls(state), key=key)
     watchdog = Watchdog(
         health_url=f"{state.base_url}/health",
         metric_urls=[r.url for r in state.ranks if r.url] or [state.base_url],
@@ -118,8 +124,24 @@ def run_client(
             raise ClientError(f"cell {tag}: client wrote no record; bench log {bench_log}")
         record = read_record(local_out)
     finally:
-        local_out.unlink(missing_ok=True)
-    return BenchRecord.model_validate({**record.model_dump(), ISOLATION_KEY: alone.to_dict()})
+        local_out.unlink(missing_ok=True)  # it holds the key (SGLang's server_info): read, gone
+        if not direct:
+            manager.transport.run(node, f"rm -f {shlex.quote(node_out)}", timeout=60)
+    sent = workload.num_requests + workload.warmup_requests
+    count = isolation.compare_requests(
+        before=counters, after=isolation.request_counters(_entry_urls(state), key=key), sent=sent
+    )
+    # SGLang reports its api_key in /server_info, which the record carries: masked.
+    fields = json.loads(scrub(json.dumps(record.model_dump()), key))
+    access = {"api_key": key is not None, **count.to_dict()}
+    return BenchRecord.model_validate(
+        {**fields, ISOLATION_KEY: alone.to_dict(), REQUESTS_KEY: access}
+    )
+
+
+def _entry_urls(state: ServerState) -> list[str]:
+    """Rank 0 of each role (not the router): the servers that count requests."""
+    return [r.url for r in state.ranks if r.url and r.role != ROUTER_ROLE] or [state.base_url]
 
 
 def client_labels(*, exp: Experiment, manager: ServerManager) -> dict[str, str]:
@@ -128,6 +150,8 @@ def client_labels(*, exp: Experiment, manager: ServerManager) -> dict[str, str]:
 
 
 ISOLATION_KEY = "servesweep_isolation"
+# The server's own request count over the client's run against the client's (issue 17 item 11).
+REQUESTS_KEY = "servesweep_requests"
 
 
 def remove_partial_client_files(bench_log: Path, *, events: EventLog, cell: str) -> list[Path]:
@@ -161,7 +185,11 @@ def measured_alone(
     )
     urls = [r.url for r in state.ranks if r.url]
     load = isolation.wait_idle(
-        urls=urls or [state.base_url], server=state.server_id, node=node, cell=tag
+        urls=urls or [state.base_url],
+        server=state.server_id,
+        node=node,
+        cell=tag,
+        key=manager.api_key(state),
     )
     alone = isolation.Isolation(
         stale_clients_removed=removed,
@@ -223,6 +251,7 @@ def gpu_sampler(
             loads=loads,
             gpus_per_node=exp.cluster.gpus_per_node,
             interval_s=interval_ms / 1000 * exp.engine.sim.time_scale,
+            headers=auth_headers(manager.api_key(state)),
         )
     digest = hashlib.sha256(tag.encode()).hexdigest()[:12]
     return gpusampling.NvidiaSmiSampler(
@@ -367,6 +396,7 @@ def run_cell(
             min_retokenized_ratio=exp.validation.min_retokenized_ratio,
         )
         _check_client(exp=exp, record=record, cell=cell.key, bench_log=bench_log)
+        _check_requests(exp=exp, manager=manager, record=record, cell=cell.key, state=state)
         snapshot = before + after + window + samples
         record = BenchRecord.model_validate(
             {**record.model_dump(), provenance.KEY: provenance.measured_with(exp, cell)}
@@ -416,6 +446,33 @@ def _check_client(*, exp: Experiment, record: BenchRecord, cell: str, bench_log:
     )
     if limits.invalid:
         raise ClientError(text)
+    logger.warning("%s", text)
+
+
+def _check_requests(
+    *, exp: Experiment, manager: ServerManager, record: BenchRecord, cell: str, state: ServerState
+) -> None:
+    """Requests the server counted beyond the client's (someone else's in the measurement):
+    an event and a warning; with `validation.foreign_requests_invalid` the cell fails."""
+    count = (record.model_extra or {}).get(REQUESTS_KEY) or {}
+    extra = count.get("difference")
+    if not extra:
+        return
+    if extra < 0:  # fewer than sent: a request the server never finished (the record says so)
+        logger.warning("cell %s: the server counted %+d request(s) vs the client", cell, extra)
+        return
+    manager.events.emit(
+        "foreign-requests", cell=cell, server=state.server_id, client=count.get("client"),
+        counted=count.get("server"), difference=extra,
+    )  # fmt: skip
+    text = (
+        f"cell {cell}: server {state.server_id} counted {count.get('server')} request(s) during "
+        f"the client's run, the client sent {count.get('client')} (difference {extra:+d}, "
+        f"from {', '.join(count.get('sources') or [])}): someone else's requests are in the "
+        f"measurement"
+    )
+    if exp.validation.foreign_requests_invalid:
+        raise CellFailed(text)
     logger.warning("%s", text)
 
 
