@@ -465,8 +465,10 @@ def _check_requests(
         "foreign-requests", cell=cell, server=state.server_id, client=count.get("client"),
         counted=count.get("server"), difference=extra,
     )  # fmt: skip
+    node = state.ranks[0].node if state.ranks else "?"
     text = (
-        f"cell {cell}: server {state.server_id} counted {count.get('server')} request(s) during "
+        f"cell {cell}: server {state.server_id} on node {node} counted {count.get('server')} "
+        f"request(s) during "
         f"the client's run, the client sent {count.get('client')} (difference {extra:+d}, "
         f"from {', '.join(count.get('sources') or [])}): someone else's requests are in the "
         f"measurement"

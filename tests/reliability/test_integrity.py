@@ -10,6 +10,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,11 +21,13 @@ import pandas as pd
 import pytest
 import yaml
 
+from servesweep.engines import API_KEY_ENV
 from tests.reliability.harness import (
     ACROSS,
     REQUESTS,
     SECOND_CELL_INDEX,
     SNAKEMAKE_TIMEOUT_S,
+    STABLE_COLUMNS,
     TARGET,
     WITHIN,
     Checks,
@@ -432,3 +438,139 @@ def test_cell_job_sigkilled_alone(
         if " partial-removed " in line:
             checks.message(line)
     check_rerun(checks, run, before, n_events, rerun, reference)
+
+
+class ForeignClient:
+    """Requests from elsewhere while the run's second cell runs (after its `cell-start`, until
+    its end): with `key` (read, as anyone of the same uid can, from the server's environment)
+    or without. Keeps the status of every answer."""
+
+    def __init__(self, run: Run, *, with_key: bool) -> None:
+        self.run, self.with_key = run, with_key
+        self.statuses: list[int] = []
+        self.key = ""
+        self.in_argv: set[str] = set()  # processes whose command line held the key
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> ForeignClient:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _second_cell_running(self) -> bool:
+        events = self.run.events()
+        starts = [f["cell"] for _, e, f in events if e == "cell-start"]
+        ends = [f["cell"] for _, e, f in events if e in ("cell-done", "cell-failed")]
+        return len(starts) >= 2 and len(ends) < 2
+
+    def _loop(self) -> None:
+        current = self.run.run_dir / "service" / "current.json"
+        while not self._stop.is_set() and not self._second_cell_running():
+            time.sleep(0.02)
+        state = json.loads(current.read_text())
+        pid = state["ranks"][0]["handle"]
+        environ = Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0")
+        self.key = next(e.split("=", 1)[1] for e in environ if e.startswith(f"{API_KEY_ENV}="))
+        headers = {"Content-Type": "application/json"}
+        if self.with_key:
+            headers["Authorization"] = f"Bearer {self.key}"
+        body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1}}
+        while not self._stop.is_set() and self._second_cell_running():
+            self.in_argv |= {c for c in _cmdlines() if self.key in c}
+            request = urllib.request.Request(
+                f"{state['base_url']}/generate", data=json.dumps(body).encode(), headers=headers
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=10) as resp:
+                    resp.read()
+                    self.statuses.append(resp.status)
+            except urllib.error.HTTPError as exc:
+                self.statuses.append(exc.code)
+            except OSError:
+                pass
+            time.sleep(0.05)
+
+
+def _cmdlines() -> list[str]:
+    return [_cmdline(int(p.name)) for p in Path("/proc").glob("[0-9]*")]
+
+
+def _files_holding(root: Path, text: str) -> list[str]:
+    return [str(p) for p in root.rglob("*") if p.is_file() and text.encode() in p.read_bytes()]
+
+
+def test_foreign_requests_without_the_key(
+    checks: Checks, make_run: Callable[..., Run], reference: pd.DataFrame
+) -> None:
+    checks.scenario(
+        "another client on the network sends requests to the server during a cell, without "
+        "the service's API key"
+    )
+    run = make_run(WITHIN, validation={"foreign_requests_invalid": True})
+    with ForeignClient(run, with_key=False) as foreign:
+        proc = run.snakemake()
+    checks.check("the run succeeds", proc.returncode == 0, output(proc)[-3000:])
+    checks.check(
+        "every foreign request is refused with 401 (SGLang's --api-key; the sim enforces it)",
+        bool(foreign.statuses) and set(foreign.statuses) == {401},
+        str(foreign.statuses),
+    )
+    checks.note(f"{len(foreign.statuses)} foreign requests, all answered 401")
+    counts = [
+        json.loads(run.raw(c).read_text()).get("servesweep_requests") or {} for c in run.cells
+    ]
+    checks.check(
+        "each raw record compares the server's request counter with the client's count: "
+        "no difference",
+        all(c.get("api_key") and c.get("difference") == 0 and c.get("sources") for c in counts),
+        str(counts),
+    )
+    checks.check(
+        "the key is in no process's command line while the cell runs (server, client, shells)",
+        not foreign.in_argv,
+        str(foreign.in_argv),
+    )
+    checks.check(
+        "the key is in no file of the run (results, logs, records, .snakemake)",
+        bool(foreign.key) and not _files_holding(run.workdir, foreign.key),
+        str(_files_holding(run.workdir, foreign.key)),
+    )
+    df = pd.read_csv(run.run_dir / "results.csv")
+    keys = ["server_id", "client_id"]
+    ref = reference[reference["server_id"].isin(df["server_id"])]
+    checks.check(
+        "results.csv equals an undisturbed run's (cells, counts, token totals)",
+        df[STABLE_COLUMNS]
+        .sort_values(keys)
+        .reset_index(drop=True)
+        .equals(ref[STABLE_COLUMNS].sort_values(keys).reset_index(drop=True)),
+        f"{df[STABLE_COLUMNS]}\nvs\n{ref[STABLE_COLUMNS]}",
+    )
+
+
+def test_foreign_requests_with_the_key_counted(
+    checks: Checks, make_run: Callable[..., Run], reference: pd.DataFrame
+) -> None:
+    checks.scenario(
+        "someone holding the key (same uid: the server's environment) sends requests during a "
+        "cell; validation.foreign_requests_invalid is true"
+    )
+    run = make_run(WITHIN, validation={"foreign_requests_invalid": True})
+    with ForeignClient(run, with_key=True) as foreign:
+        proc = run.snakemake()
+    checks.check("foreign requests were answered", 200 in foreign.statuses, str(foreign.statuses))
+    line = check_stopped_cleanly(
+        checks,
+        run,
+        proc,
+        cause=r"CellFailed: .*counted \d+ request\(s\).*client sent \d+.*someone else's",
+        finished=1,
+    )
+    events = [f for _, e, f in run.events() if e == "foreign-requests"]
+    checks.check("a `foreign-requests` event names the cell", bool(events), str(run.events()))
+    checks.message(line)
+    rerun_and_check(checks, run, reference)
