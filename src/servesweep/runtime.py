@@ -320,21 +320,20 @@ class DockerRuntime:
             sudo_password = Secret(sudo_password)
         self._password = sudo_password if runtime.sudo else None
 
-    def _prefix(self, launch: Launch | None = None) -> str:
-        """`docker`, through sudo when configured (keeping `launch`'s secret variable, which
-        the shell read from stdin, for `docker run -e NAME`)."""
+    def _prefix(self) -> str:
         docker = shlex.quote(self.docker)
-        if not self.runtime.sudo:
-            return docker
-        keep = f"--preserve-env={launch.secret_env[0]} " if launch and launch.secret_env else ""
-        return f"sudo -S -p '' {keep}{docker}"
+        return f"sudo -S -p '' {docker}" if self.runtime.sudo else docker
 
     def _stdin(self, launch: Launch | None = None) -> str | None:
-        """The secret's line (read by the shell first), then the password's (read by sudo)."""
-        secret = secret_stdin(launch) if launch is not None else ""
+        """The password's line (read by sudo, which reads one line), then `launch`'s secret
+        variable as `NAME=value` (read by `docker run --env-file /dev/stdin`): a restricted
+        sudoers rule keeps no caller variable (`--preserve-env` is refused)."""
+        secret = ""
+        if launch is not None and launch.secret_env is not None:
+            secret = f"{launch.secret_env[0]}={launch.secret_env[1].reveal()}\n"
         if not self.runtime.sudo:
             return secret or None
-        return secret + ("" if self._password is None else self._password.reveal() + "\n")
+        return ("" if self._password is None else self._password.reveal() + "\n") + secret
 
     def run_docker(self, node: str, args: str, *, timeout: float | None = None) -> CommandResult:
         """Run `docker <args>` on `node` (through sudo when configured)."""
@@ -356,8 +355,7 @@ class DockerRuntime:
         )
 
     def command_line(self, launch: Launch) -> str:
-        run = shlex.join(self._run_args(launch, detach=True, gpus=True))
-        return f"{read_secret_line(launch)}{self._prefix(launch)} {run}"
+        return f"{self._prefix()} {shlex.join(self._run_args(launch, detach=True, gpus=True))}"
 
     def _run_args(self, launch: Launch, *, detach: bool, gpus: bool) -> list[str]:
         rt = self.runtime
@@ -375,7 +373,7 @@ class DockerRuntime:
         for key, value in {**rt.env, **launch.env}.items():
             args += ["-e", f"{key}={value}"]
         if launch.secret_env is not None:
-            args += ["-e", launch.secret_env[0]]  # its value from docker's own environment
+            args += ["--env-file", "/dev/stdin"]  # NAME=value after sudo's line (_stdin)
         for mount in [*rt.mounts, *([] if detach else [f"{ONESHOT_DIR}:{ONESHOT_DIR}"])]:
             args += ["-v", mount]
         for key, value in launch.labels.items():
@@ -385,10 +383,7 @@ class DockerRuntime:
     def oneshot_line(self, launch: Launch, *, gpus: bool = False) -> str:
         log = shlex.quote(launch.log_path)
         run = shlex.join(self._run_args(launch, detach=False, gpus=gpus))
-        return (
-            f"{read_secret_line(launch)}{node_dir_prep(launch.log_path)} && "
-            f"{self._prefix(launch)} {run} > {log} 2>&1"
-        )
+        return f"{node_dir_prep(launch.log_path)} && {self._prefix()} {run} > {log} 2>&1"
 
     def run_oneshot(self, launch: Launch, *, timeout: float, gpus: bool = False) -> CommandResult:
         """`docker run --rm` to completion; on a timeout the container is removed too."""
