@@ -116,7 +116,8 @@ def run_client(
         if not result.ok:
             raise ClientError(
                 f"cell {tag}: client exited {result.returncode} on node {node}"
-                f"{_client_cause(bench_log)}; bench log {bench_log}"
+                f"{_client_cause(bench_log) or _full_disk(manager, node, node_out)}; "
+                f"bench log {bench_log}"
             )
         if not direct:
             manager.transport.get(node, node_out, local_out)
@@ -220,6 +221,21 @@ def _client_cause(bench_log: Path) -> str:
     return ""
 
 
+def _full_disk(manager: ServerManager, node: str, path: str) -> str:
+    """ " (its disk is full: DIR has 0 KiB free)" when the filesystem the client writes its
+    record (and, beside it, its log) to has no space left: a full disk cannot hold the
+    client's own error message either. "" otherwise, or when `df` cannot tell."""
+    folder = shlex.quote(str(Path(path).parent))
+    try:
+        res = manager.transport.run(node, f"df -Pk {folder} | tail -n 1", timeout=60)
+    except TransportError:
+        return ""
+    fields = res.stdout.split()
+    if res.ok and len(fields) >= 4 and fields[3] == "0":
+        return f" (its disk is full: {Path(path).parent} has 0 KiB free on node {node})"
+    return ""
+
+
 def _fetch_log(manager: ServerManager, *, node: str, remote: str, local: Path) -> None:
     """Copy the client's log back, best effort: a failed copy must not hide the real error."""
     try:
@@ -314,12 +330,17 @@ def check_prerequisites(*, exp: Experiment, paths: RunPaths, cell: str) -> None:
 
 
 @contextlib.contextmanager
-def server_lock(path: Path) -> Iterator[None]:
+def server_lock(path: Path, *, cell: str = "") -> Iterator[None]:
     """Hold the lock of a node set (RunPaths.server_lock) while a cell owns its servers: one
     cell at a time, whatever Snakemake's `--cores` and `--resources` (the profile's
     `gpu_server=1` keeps cells from even starting meanwhile; this holds without it)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fh = path.open("a")
+    except OSError as exc:  # a full disk: name the file and the cell
+        where = f"cell {cell}: " if cell else ""
+        raise OSError(exc.errno, f"{where}cannot open {path}: {exc.strerror or exc}") from exc
+    with fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -403,6 +424,14 @@ def run_cell(
         )
         _write(gpu_out, lambda: telemetry.write_snapshot(gpu_out, snapshot), written)
         _write(raw_out, lambda: write_record(raw_out, record), written)
+        # Inside too: a full disk while logging it removes the files and names the cell.
+        events.emit(
+            "cell-done",
+            cell=cell.key,
+            fp=cell.server.fingerprint,
+            seconds=f"{time.monotonic() - started:.2f}",
+            client_seconds=f"{client_seconds:.2f}",
+        )
     except BaseException as exc:
         for path in written:
             path.unlink(missing_ok=True)
@@ -420,13 +449,6 @@ def run_cell(
         if failure is not None and failure is not exc:
             raise failure from exc
         raise
-    events.emit(
-        "cell-done",
-        cell=cell.key,
-        fp=cell.server.fingerprint,
-        seconds=f"{time.monotonic() - started:.2f}",
-        client_seconds=f"{client_seconds:.2f}",
-    )
 
 
 def _check_client(*, exp: Experiment, record: BenchRecord, cell: str, bench_log: Path) -> None:

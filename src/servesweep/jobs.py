@@ -98,7 +98,8 @@ def run_cell(
         diff = ", ".join(provenance.differences(planned, now))
         raise ConfigError(f"cell {cell.key}: the workflow planned it with other settings: {diff}")
     check_prerequisites(exp=exp, paths=paths, cell=cell.key)
-    with server_lock(paths.server_lock(exp.cluster.nodes)), connect(exp, paths) as manager:
+    lock = server_lock(paths.server_lock(exp.cluster.nodes), cell=cell.key)
+    with lock, connect(exp, paths) as manager:
         run_cell_repeat(
             exp=exp,
             cell=cell,

@@ -178,6 +178,14 @@ ORDER = (
     "stale_pid_of_an_unrelated_process_is_left_alone",
     "server_freezes_mid_cell",
     "snakemake_gets_sighup",
+    "snakemake_gets_sigterm",
+    "event_log_disk_full",
+    "client_disk_fills",
+    "record_cut_mid_line",
+    "record_corrupted_bytes",
+    "foreign_requests_without_the_key",
+    "foreign_requests_with_the_key_counted",
+    "service_key_found_by_a_later_run",
 )
 
 
