@@ -73,18 +73,24 @@ class RankCommand:
 # it to SGLang's `--api-key` inside Python, so it is in no process's argv; a forked filter masks
 # it in everything the server prints (SGLang logs its server_args, key included).
 API_KEY_ENV = "SERVESWEEP_API_KEY"
-KEYED_LAUNCH = (
-    "import os,runpy,sys\n"
-    f"k=os.environ['{API_KEY_ENV}'].encode()\n"
-    "r,w=os.pipe()\n"
-    "if os.fork()==0:\n"
-    " os.close(w)\n"
-    " for line in os.fdopen(r,'rb'):os.write(1,line.replace(k,b'***'))\n"
-    " os._exit(0)\n"
-    "os.close(r);os.dup2(w,1);os.dup2(w,2);os.close(w)\n"
-    "m=sys.argv.pop(1);sys.argv[0]=m;sys.argv+=['--api-key',k.decode()]\n"
-    "runpy.run_module(m,run_name='__main__',alter_sys=True)\n"
-)
+KEYED_LAUNCH = ";".join(
+    [
+        "import os,runpy,sys",
+        f"k=os.environ['{API_KEY_ENV}'].encode()",
+        "r,w=os.pipe()",
+        # the child (fork() == 0) masks the key in every line, until the server's end
+        "os.fork() or [os.close(w),[os.write(1,x.replace(k,b'***')) for x in os.fdopen(r,'rb')]"
+        ",os._exit(0)]",
+        "os.close(r)",
+        "os.dup2(w,1)",
+        "os.dup2(w,2)",
+        "os.close(w)",
+        "m=sys.argv.pop(1)",
+        "sys.argv[0]=m",
+        "sys.argv+=['--api-key',k.decode()]",
+        "runpy.run_module(m,run_name='__main__',alter_sys=True)",
+    ]
+)  # one line: commands.sh keeps one line per command
 
 
 def keyed(spec: ServerSpec) -> bool:

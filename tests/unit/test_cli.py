@@ -22,7 +22,9 @@ def test_commands_prints_every_docker_and_launch_command(
     commands = [line for line in lines if not line.startswith("#")]
     assert len(commands) == 4 * 4  # 4 server configs x 4 nodes, one command per line
     assert all(c.startswith("sudo -S -p '' docker run -d") for c in commands)
-    assert all("python3 -m sglang.launch_server" in c for c in commands)
+    # The key comes on stdin (`--env-file /dev/stdin`), never in the command (docs/access.md).
+    assert all("' sglang.launch_server --model-path" in c for c in commands)
+    assert all("--env-file /dev/stdin" in c and "SERVESWEEP_API_KEY=" not in c for c in commands)
     assert sum("--node-rank 3" in c for c in commands) == 4
     assert sum("--moe-runner-backend flashinfer_mxfp4" in c for c in commands) == 8
 
