@@ -71,7 +71,7 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def test_snakemake_and_cell_job_sigkilled_client_left(
+def test_double_load_after_sigkill_stale_client_removed(
     checks: Checks, make_run: Callable[..., Run], shim: FaultShim, reference: pd.DataFrame
 ) -> None:
     checks.scenario(
