@@ -376,7 +376,7 @@ def test_config_changed_after_a_run(checks: Checks, make_run: Callable[..., Run]
     )
 
 
-def test_server_freezes_mid_cell(
+def test_watchdog_stops_a_frozen_server(
     checks: Checks, make_run: Callable[..., Run], shim: FaultShim, reference: pd.DataFrame
 ) -> None:
     checks.scenario(
@@ -402,7 +402,7 @@ def test_server_freezes_mid_cell(
     rerun_and_check(checks, run, reference)
 
 
-def test_cell_job_sigkilled_alone(
+def test_cell_job_sigkilled_alone_stale_partials_removed(
     checks: Checks, make_run: Callable[..., Run], shim: FaultShim, reference: pd.DataFrame
 ) -> None:
     checks.scenario(
