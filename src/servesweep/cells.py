@@ -127,7 +127,8 @@ def run_client(
     finally:
         local_out.unlink(missing_ok=True)  # it holds the key (SGLang's server_info): read, gone
         if not direct:
-            manager.transport.run(node, f"rm -f {shlex.quote(node_out)}", timeout=60)
+            with contextlib.suppress(TransportError):  # never hides the cell's own error
+                manager.transport.run(node, f"rm -f {shlex.quote(node_out)}", timeout=60)
     sent = workload.num_requests + workload.warmup_requests
     count = isolation.compare_requests(
         before=counters, after=isolation.request_counters(_entry_urls(state), key=key), sent=sent
