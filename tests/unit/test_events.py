@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import pytest
+
 from servesweep.events import EventLog, read_events
 
 
@@ -18,3 +20,10 @@ def test_emit_and_read_back(tmp_path: Path) -> None:
 
 def test_missing_log_is_empty(tmp_path: Path) -> None:
     assert read_events(tmp_path / "nope.log") == []
+
+
+def test_an_unwritable_log_names_its_file(tmp_path: Path) -> None:
+    """A full disk (here: the path is a directory) says which file (issue 17 item 10)."""
+    (tmp_path / "orchestrator.log").mkdir()
+    with pytest.raises(OSError, match=r"writing .*orchestrator\.log"):
+        EventLog(tmp_path / "orchestrator.log").emit("cell-start", cell="a/b/r1")

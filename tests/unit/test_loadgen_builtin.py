@@ -321,3 +321,10 @@ def test_client_process_imports_no_pydantic_or_config() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert json.loads(proc.stdout) == []
+
+
+def test_api_key_header_from_the_environment_like_bench_serving() -> None:
+    from servesweep.loadgen.builtin import auth_headers
+
+    assert auth_headers({"OPENAI_API_KEY": "k"}) == {"Authorization": "Bearer k"}
+    assert auth_headers({}) == {}
