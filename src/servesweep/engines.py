@@ -96,8 +96,19 @@ KEYED_LAUNCH = ";".join(
 def keyed(spec: ServerSpec) -> bool:
     """Whether a server set gets an API key: a single role (SGLang's `--api-key`, every pinned
     version). A PD set has none: sglang-router 0.3.2 checks no key from its clients and its
-    --mini-lb forwards none to the workers (docs/access.md)."""
-    return spec.router is None
+    --mini-lb forwards none to the workers; nor does a server SGLang refuses a key with
+    (`--tokenizer-worker-num` > 1 asserts no key; 0.5.23's `--grpc-port` refuses one)
+    (docs/access.md)."""
+    if spec.router is not None:
+        return False
+    for role in spec.roles:
+        extra = [str(a) for a in role.args.extra_args]
+        for i, arg in enumerate(extra):
+            name, _, inline = arg.partition("=")
+            value = inline or (extra[i + 1] if i + 1 < len(extra) else "")
+            if name == "--grpc-port" or (name == "--tokenizer-worker-num" and value != "1"):
+                return False
+    return True
 
 
 ROUTER_ROLE = "router"

@@ -100,3 +100,12 @@ def test_sim_fault_flags(raw: dict) -> None:
     assert _flag(argv, "--sim-midstream-error-at") == "1,2"
     assert _flag(argv, "--sim-crash-after") == "5"
     assert "--sim-fail-start" in argv
+
+
+def test_no_key_where_sglang_refuses_one(raw: dict) -> None:
+    """Multi-tokenizer mode asserts no API key (0.5.9, 0.5.23): such a server starts without."""
+    raw = copy.deepcopy(raw)
+    raw["server"]["extra_args"] = ["--tokenizer-worker-num", "4"]
+    exp = load_experiment(raw, {})
+    [cmd] = rank_commands(exp, server_specs(exp)[0])
+    assert not cmd.keyed and cmd.argv[1] == "-m"
