@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import functools
 import hashlib
+import json
 import logging
 import math
 import os
@@ -28,6 +29,7 @@ from servesweep import (
 from servesweep.config import CellRepeat, Experiment, Workload, client_specs, derived_seed
 from servesweep.engines import ROUTER_ROLE
 from servesweep.errors import (
+    CellFailed,
     ClientError,
     PreflightFailed,
     ServerDied,
@@ -41,7 +43,8 @@ from servesweep.owner import POOL_LABEL
 from servesweep.paths import RunPaths
 from servesweep.records import BenchRecord, read_record, write_record
 from servesweep.runtime import Launch
-from servesweep.servers import ServerManager, ServerState
+from servesweep.secrets import scrub
+from servesweep.servers import ServerManager, ServerState, auth_headers
 from servesweep.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
@@ -67,6 +70,7 @@ def run_client(
 ) -> BenchRecord:
     """Run the configured client on the client node (in the runtime); return its record."""
     node = exp.cluster.nodes[0]
+    key = manager.api_key(state)
     # Per job: a stale job of the same cell (its Snakemake killed) never removes this one's file.
     local_out = bench_log.with_name(f".{bench_log.stem}.{os.getpid()}.client.jsonl")
     remove_partial_client_files(bench_log, events=manager.events, cell=tag)
@@ -88,9 +92,11 @@ def run_client(
         tag=tag,
         output_file=node_out,
         log_path=node_log,
+        key=key,
     )
     bench_log.parent.mkdir(parents=True, exist_ok=True)
     alone = measured_alone(exp=exp, manager=manager, state=state, tag=tag)
+    counters = isolation.request_counters(_entry_urls(state), key=key)
     watchdog = Watchdog(
         health_url=f"{state.base_url}/health",
         metric_urls=[r.url for r in state.ranks if r.url] or [state.base_url],
@@ -113,7 +119,8 @@ def run_client(
         if not result.ok:
             raise ClientError(
                 f"cell {tag}: client exited {result.returncode} on node {node}"
-                f"{_client_cause(bench_log)}; bench log {bench_log}"
+                f"{_client_cause(bench_log) or _full_disk(manager, node, node_out)}; "
+                f"bench log {bench_log}"
             )
         if not direct:
             manager.transport.get(node, node_out, local_out)
@@ -121,8 +128,25 @@ def run_client(
             raise ClientError(f"cell {tag}: client wrote no record; bench log {bench_log}")
         record = read_record(local_out)
     finally:
-        local_out.unlink(missing_ok=True)
-    return BenchRecord.model_validate({**record.model_dump(), ISOLATION_KEY: alone.to_dict()})
+        local_out.unlink(missing_ok=True)  # it holds the key (SGLang's server_info): read, gone
+        if not direct:
+            with contextlib.suppress(TransportError):  # never hides the cell's own error
+                manager.transport.run(node, f"rm -f {shlex.quote(node_out)}", timeout=60)
+    sent = workload.num_requests + workload.warmup_requests
+    count = isolation.compare_requests(
+        before=counters, after=isolation.request_counters(_entry_urls(state), key=key), sent=sent
+    )
+    # SGLang reports its api_key in /server_info, which the record carries: masked.
+    fields = json.loads(scrub(json.dumps(record.model_dump()), key))
+    access = {"api_key": key is not None, **count.to_dict()}
+    return BenchRecord.model_validate(
+        {**fields, ISOLATION_KEY: alone.to_dict(), REQUESTS_KEY: access}
+    )
+
+
+def _entry_urls(state: ServerState) -> list[str]:
+    """Rank 0 of each role (not the router): the servers that count requests."""
+    return [r.url for r in state.ranks if r.url and r.role != ROUTER_ROLE] or [state.base_url]
 
 
 def client_launch(
@@ -134,9 +158,11 @@ def client_launch(
     tag: str,
     output_file: str,
     log_path: str,
+    key: str | None = None,
 ) -> Launch:
     """The client of one cell (or warm-up) on the client node: the bench_serving or builtin
-    command line, its log and labels (`servesweep commands` prints it too)."""
+    command line, its log and labels (`servesweep commands` prints it too); `key`: the
+    server's API key, given to the client in its environment (never in argv)."""
     digest = hashlib.sha256(tag.encode()).hexdigest()[:12]
     return Launch(
         name=f"servesweep-{manager.owner.tag}-{exp.run_id}-client-{digest}",
@@ -155,6 +181,7 @@ def client_launch(
         env=loadgen.client_env(exp.client.kind),
         labels=client_labels(exp=exp, manager=manager),
         accelerators=False,  # a client needs the network only: no GPU, device, privilege
+        secret_env=None if key is None else (loadgen.API_KEY_ENV, key),
     )
 
 
@@ -183,6 +210,10 @@ def engine_label(exp: Experiment) -> dict[str, Any]:
         "simulated": sim,
         "time_scale": exp.engine.sim.time_scale if sim else None,
     }
+
+
+# The server's own request count over the client's run against the client's (issue 17 item 11).
+REQUESTS_KEY = "servesweep_requests"
 
 
 def remove_partial_client_files(bench_log: Path, *, events: EventLog, cell: str) -> list[Path]:
@@ -216,7 +247,11 @@ def measured_alone(
     )
     urls = [r.url for r in state.ranks if r.url]
     load = isolation.wait_idle(
-        urls=urls or [state.base_url], server=state.server_id, node=node, cell=tag
+        urls=urls or [state.base_url],
+        server=state.server_id,
+        node=node,
+        cell=tag,
+        key=manager.api_key(state),
     )
     alone = isolation.Isolation(
         stale_clients_removed=removed,
@@ -244,6 +279,21 @@ def _client_cause(bench_log: Path) -> str:
     for line in reversed(text.splitlines()):
         if "No space left on device" in line or "[Errno 28]" in line:
             return f" (its disk is full: {line.strip()[-200:]})"
+    return ""
+
+
+def _full_disk(manager: ServerManager, node: str, path: str) -> str:
+    """ " (its disk is full: DIR has 0 KiB free)" when the filesystem the client writes its
+    record (and, beside it, its log) to has no space left: a full disk cannot hold the
+    client's own error message either. "" otherwise, or when `df` cannot tell."""
+    folder = shlex.quote(str(Path(path).parent))
+    try:
+        res = manager.transport.run(node, f"df -Pk {folder} | tail -n 1", timeout=60)
+    except TransportError:
+        return ""
+    fields = res.stdout.split()
+    if res.ok and len(fields) >= 4 and fields[3] == "0":
+        return f" (its disk is full: {Path(path).parent} has 0 KiB free on node {node})"
     return ""
 
 
@@ -307,6 +357,7 @@ def gpu_sampler(
             loads=loads,
             gpus_per_node=exp.cluster.gpus_per_node,
             interval_s=interval_ms / 1000 * exp.engine.sim.time_scale,
+            headers=auth_headers(manager.api_key(state)),
         )
     digest = hashlib.sha256(tag.encode()).hexdigest()[:12]
     return gpusampling.NvidiaSmiSampler(
@@ -402,12 +453,17 @@ def check_prerequisites(*, exp: Experiment, paths: RunPaths, cell: str) -> None:
 
 
 @contextlib.contextmanager
-def server_lock(path: Path) -> Iterator[None]:
+def server_lock(path: Path, *, cell: str = "") -> Iterator[None]:
     """Hold the lock of a node set (RunPaths.server_lock, one per pool) while a cell owns its
     servers: one cell at a time per pool, whatever Snakemake's `--cores` and `--resources` (the
     profile's `pool_<i>=1` keeps cells from even starting meanwhile; this holds without it)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fh = path.open("a")
+    except OSError as exc:  # a full disk: name the file and the cell
+        where = f"cell {cell}: " if cell else ""
+        raise OSError(exc.errno, f"{where}cannot open {path}: {exc.strerror or exc}") from exc
+    with fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -491,6 +547,7 @@ def run_cell(
             exp.evidence, before=marks, after=evidence.count(exp.evidence, logs)
         )
         evidence.check(exp.evidence, counts, cell=cell.key, logs=logs)
+        _check_requests(exp=exp, manager=manager, record=record, cell=cell.key, state=state)
         snapshot = before + after + window + samples
         warn_gpu_gaps(snapshot, paths=manager.paths, cell=cell.key)
         record = BenchRecord.model_validate(
@@ -504,6 +561,15 @@ def run_cell(
         )
         _write(gpu_out, lambda: telemetry.write_snapshot(gpu_out, snapshot), written)
         _write(raw_out, lambda: write_record(raw_out, record), written)
+        # Inside too: a full disk while logging it removes the files and names the cell.
+        events.emit(
+            "cell-done",
+            cell=cell.key,
+            fp=cell.server.fingerprint,
+            seconds=f"{time.monotonic() - started:.2f}",
+            client_seconds=f"{client_seconds:.2f}",
+            measured_seconds=f"{record.duration or 0.0:.2f}",  # the client's window (plan)
+        )
     except BaseException as exc:
         for path in written:
             path.unlink(missing_ok=True)
@@ -521,14 +587,6 @@ def run_cell(
         if failure is not None and failure is not exc:
             raise failure from exc
         raise
-    events.emit(
-        "cell-done",
-        cell=cell.key,
-        fp=cell.server.fingerprint,
-        seconds=f"{time.monotonic() - started:.2f}",
-        client_seconds=f"{client_seconds:.2f}",
-        measured_seconds=f"{record.duration or 0.0:.2f}",  # the client's window (plan)
-    )
 
 
 def _check_client(*, exp: Experiment, record: BenchRecord, cell: str, bench_log: Path) -> None:
@@ -548,6 +606,35 @@ def _check_client(*, exp: Experiment, record: BenchRecord, cell: str, bench_log:
     )
     if limits.invalid:
         raise ClientError(text)
+    logger.warning("%s", text)
+
+
+def _check_requests(
+    *, exp: Experiment, manager: ServerManager, record: BenchRecord, cell: str, state: ServerState
+) -> None:
+    """Requests the server counted beyond the client's (someone else's in the measurement):
+    an event and a warning; with `validation.foreign_requests_invalid` the cell fails."""
+    count = (record.model_extra or {}).get(REQUESTS_KEY) or {}
+    extra = count.get("difference")
+    if not extra:
+        return
+    if extra < 0:  # fewer than sent: a request the server never finished (the record says so)
+        logger.warning("cell %s: the server counted %+d request(s) vs the client", cell, extra)
+        return
+    manager.events.emit(
+        "foreign-requests", cell=cell, server=state.server_id, client=count.get("client"),
+        counted=count.get("server"), difference=extra,
+    )  # fmt: skip
+    node = state.ranks[0].node if state.ranks else "?"
+    text = (
+        f"cell {cell}: server {state.server_id} on node {node} counted {count.get('server')} "
+        f"request(s) during "
+        f"the client's run, the client sent {count.get('client')} (difference {extra:+d}, "
+        f"from {', '.join(count.get('sources') or [])}): someone else's requests are in the "
+        f"measurement"
+    )
+    if exp.validation.foreign_requests_invalid:
+        raise CellFailed(text)
     logger.warning("%s", text)
 
 

@@ -329,6 +329,9 @@ class ValidationConfig(Strict):
     min_retokenized_ratio: float = Field(default=MIN_RETOKENIZED_RATIO, ge=0, le=1)
     # Liveness during a cell: the server's counters flat this long, or /health failing, aborts.
     stall_timeout_s: float = Field(default=120.0, gt=0)
+    # The server counted more requests during a cell than its client sent: fail the cell (else
+    # a warning; the raw record keeps both counts either way).
+    foreign_requests_invalid: bool = False
 
 
 class TelemetryConfig(Strict):

@@ -68,6 +68,49 @@ class RankCommand:
     rank: int
     argv: list[str]
     env: dict[str, str]
+    keyed: bool = False  # started by KEYED_LAUNCH: needs API_KEY_ENV in its environment
+
+
+# The service's API key (docs/access.md): the process reads it from its environment and hands
+# it to SGLang's `--api-key` inside Python, so it is in no process's argv; a forked filter masks
+# it in everything the server prints (SGLang logs its server_args, key included).
+API_KEY_ENV = "SERVESWEEP_API_KEY"
+KEYED_LAUNCH = ";".join(
+    [
+        "import os,runpy,sys",
+        f"k=os.environ['{API_KEY_ENV}'].encode()",
+        "r,w=os.pipe()",
+        # the child (fork() == 0) masks the key in every line, until the server's end
+        "os.fork() or [os.close(w),[os.write(1,x.replace(k,b'***')) for x in os.fdopen(r,'rb')]"
+        ",os._exit(0)]",
+        "os.close(r)",
+        "os.dup2(w,1)",
+        "os.dup2(w,2)",
+        "os.close(w)",
+        "m=sys.argv.pop(1)",
+        "sys.argv[0]=m",
+        "sys.argv+=['--api-key',k.decode()]",
+        "runpy.run_module(m,run_name='__main__',alter_sys=True)",
+    ]
+)  # one line: commands.sh keeps one line per command
+
+
+def keyed(spec: ServerSpec) -> bool:
+    """Whether a server set gets an API key: a single role (SGLang's `--api-key`, every pinned
+    version). A PD set has none: sglang-router 0.3.2 checks no key from its clients and its
+    --mini-lb forwards none to the workers; nor does a server SGLang refuses a key with
+    (`--tokenizer-worker-num` > 1 asserts no key; 0.5.23's `--grpc-port` refuses one)
+    (docs/access.md)."""
+    if spec.router is not None:
+        return False
+    for role in spec.roles:
+        extra = [str(a) for a in role.args.extra_args]
+        for i, arg in enumerate(extra):
+            name, _, inline = arg.partition("=")
+            value = inline or (extra[i + 1] if i + 1 < len(extra) else "")
+            if name == "--grpc-port" or (name == "--tokenizer-worker-num" and value != "1"):
+                return False
+    return True
 
 
 ROUTER_ROLE = "router"
@@ -112,6 +155,9 @@ def _server_flags(exp: Experiment, role: RoleSpec, rank: int) -> list[str]:
     if exp.engine.served_model_name:
         flags += ["--served-model-name", exp.engine.served_model_name]
     flags += ["--host", server_host(exp), "--port", str(role.port)]
+    # Request counters and load gauges on /metrics (the watchdog, the isolation check and the
+    # request-count comparison read them; /metrics needs no key).
+    flags.append("--enable-metrics")
     flags += ["--tp-size", str(args.tp_size), "--ep-size", str(args.ep_size)]
     flags += ["--dp-size", str(args.dp_size), "--pp-size", str(args.pp_size)]
     if len(role.nodes) > 1:
@@ -195,6 +241,9 @@ def rank_commands(exp: Experiment, spec: ServerSpec) -> list[RankCommand]:
     else:
         module = ["-m", "servesweep.sim"]
     commands = []
+    key = keyed(spec)
+    if key:
+        module = ["-c", KEYED_LAUNCH, module[1]]
     for role in spec.roles:
         for rank, node in enumerate(role.nodes):
             argv = [exp.engine.python, *module, *_server_flags(exp, role, rank)]
@@ -202,7 +251,12 @@ def rank_commands(exp: Experiment, spec: ServerSpec) -> list[RankCommand]:
                 argv += _sim_flags(exp, spec, node)
             commands.append(
                 RankCommand(
-                    role=role.name, node=node, rank=rank, argv=argv, env=dict(role.args.env)
+                    role=role.name,
+                    node=node,
+                    rank=rank,
+                    argv=argv,
+                    env=dict(role.args.env),
+                    keyed=key,
                 )
             )
     if spec.router is not None:

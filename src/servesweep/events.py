@@ -29,12 +29,15 @@ class EventLog:
         stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         parts = [stamp, event, *(f"{k}={_value(v)}" for k, v in fields.items())]
         line = " ".join(parts) + "\n"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            os.write(fd, line.encode())
-        finally:
-            os.close(fd)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                os.write(fd, line.encode())
+            finally:
+                os.close(fd)
+        except OSError as exc:  # a full disk: say which file (the caller adds the cell)
+            raise OSError(exc.errno, f"{exc.strerror or exc} writing {self.path}") from exc
         # The job log's formatter stamps the time: the line once, without its own stamp.
         logger.info(" ".join(parts[1:]))
 

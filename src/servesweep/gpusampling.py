@@ -210,10 +210,16 @@ class SimulatedSampler:
     It samples every `interval_s` of wall time from a thread in the cell's process."""
 
     def __init__(
-        self, *, loads: Mapping[str, str | None], gpus_per_node: int, interval_s: float
+        self,
+        *,
+        loads: Mapping[str, str | None],
+        gpus_per_node: int,
+        interval_s: float,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         # node -> the base URL whose load its GPUs follow (its role's rank 0; None: idle)
         self.loads = dict(loads)
+        self.headers = dict(headers or {})  # the server's API key (/get_load is behind it)
         self.url = ", ".join(sorted({f"{u}/get_load" for u in self.loads.values() if u}))
         self.nodes = list(loads)
         self.gpus = gpus_per_node
@@ -224,7 +230,8 @@ class SimulatedSampler:
         self._error = ""
 
     def _held(self, base_url: str) -> float:
-        with urllib.request.urlopen(f"{base_url}/get_load", timeout=5) as resp:
+        request = urllib.request.Request(f"{base_url}/get_load", headers=self.headers)
+        with urllib.request.urlopen(request, timeout=5) as resp:
             data = json.loads(resp.read())
         return float(sum(d.get("num_reqs", 0) for d in data))
 

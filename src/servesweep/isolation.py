@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -13,12 +14,16 @@ from typing import Any
 from servesweep.errors import ServerBusy
 from servesweep.events import EventLog
 from servesweep.runtime import Runtime
+from servesweep.secrets import Secret
 
 IDLE_WAIT_S = 60.0
 # The raw record's key: True when run_cell flushed the radix cache before the cell's client.
 CACHE_FLUSHED_KEY = "servesweep_cache_flushed"
 POLL_S = 0.2
 _METRIC = re.compile(r"^sglang:(num_running_reqs|num_queue_reqs)(?:\{[^}]*\})?\s+(\S+)", re.M)
+# Finished requests (SGLang counts each at its end, per is_streaming label; /health's probes
+# are not counted: log_metrics=False, 0.5.9 and 0.5.23).
+_REQUESTS = re.compile(r"^sglang:num_requests_total(?:\{[^}]*\})?\s+(\S+)", re.M)
 
 
 @dataclass(frozen=True)
@@ -47,18 +52,63 @@ class Isolation:
         return asdict(self)
 
 
-def _get(url: str, timeout: float) -> str | None:
+@dataclass(frozen=True)
+class RequestCount:
+    """The server's own count of finished requests over a client's run vs what it sent."""
+
+    client: int
+    server: int | None  # None: no endpoint has the counter (no /metrics)
+    sources: list[str] = field(default_factory=list)
+
+    @property
+    def difference(self) -> int | None:
+        return None if self.server is None else self.server - self.client
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "difference": self.difference}
+
+
+def _get(url: str, timeout: float, *, key: Secret | None = None) -> str | None:
+    headers = {} if key is None else {"Authorization": f"Bearer {key.reveal()}"}
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        request = urllib.request.Request(url, headers=headers)
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
             return resp.read().decode(errors="replace")
     except (urllib.error.URLError, OSError, TimeoutError):
         return None
 
 
-def endpoint_load(url: str, *, timeout: float = 5.0) -> tuple[int, int, str] | None:
-    """(running, queued, source) from SGLang's `/v1/loads` (newer versions) or `/metrics`
-    (with --enable-metrics); None when the server exposes neither."""
-    text = _get(f"{url}/v1/loads", timeout)
+def request_counters(urls: list[str], *, key: Secret | None = None) -> dict[str, float]:
+    """`sglang:num_requests_total` (summed over its labels) per endpoint that has it."""
+    found = {}
+    for url in urls:
+        text = _get(f"{url}/metrics", 5.0, key=key)
+        values = _REQUESTS.findall(text or "")
+        with contextlib.suppress(ValueError):
+            if values:
+                found[url] = sum(float(v) for v in values)
+    return found
+
+
+def compare_requests(
+    *, before: dict[str, float], after: dict[str, float], sent: int
+) -> RequestCount:
+    """The client's `sent` requests vs the most any endpoint counted between the two readings
+    (every role's rank 0 sees each request once)."""
+    deltas = {url: int(after[url] - before[url]) for url in before if url in after}
+    if not deltas:
+        return RequestCount(client=sent, server=None)
+    return RequestCount(
+        client=sent, server=max(deltas.values()), sources=[f"{u}/metrics" for u in deltas]
+    )
+
+
+def endpoint_load(
+    url: str, *, timeout: float = 5.0, key: Secret | None = None
+) -> tuple[int, int, str] | None:
+    """(running, queued, source) from SGLang's `/v1/loads` (newer versions; behind the API key)
+    or `/metrics` (with --enable-metrics); None when the server exposes neither."""
+    text = _get(f"{url}/v1/loads", timeout, key=key)
     if text is not None:
         try:
             loads = json.loads(text)["loads"]
@@ -84,12 +134,12 @@ def endpoint_load(url: str, *, timeout: float = 5.0) -> tuple[int, int, str] | N
     return None
 
 
-def server_load(urls: list[str]) -> ServerLoad:
+def server_load(urls: list[str], *, key: Secret | None = None) -> ServerLoad:
     """The summed load of every endpoint of a server set that reports one."""
     running = queued = 0
     sources = []
     for url in urls:
-        got = endpoint_load(url)
+        got = endpoint_load(url, key=key)
         if got is not None:
             running, queued = running + got[0], queued + got[1]
             sources.append(got[2])
@@ -118,13 +168,19 @@ def stop_clients(*, runtime: Runtime, node: str, labels: dict[str, str]) -> None
 
 
 def wait_idle(
-    *, urls: list[str], server: str, node: str, cell: str, wait_s: float = IDLE_WAIT_S
+    *,
+    urls: list[str],
+    server: str,
+    node: str,
+    cell: str,
+    wait_s: float = IDLE_WAIT_S,
+    key: Secret | None = None,
 ) -> ServerLoad:
     """Wait until the server reports no running or queued request (aborted requests of a removed
     client drain within moments); ServerBusy after `wait_s`. Unknown load passes, recorded."""
     deadline = time.monotonic() + wait_s
     while True:
-        load = server_load(urls)
+        load = server_load(urls, key=key)
         if not load.known or (load.running == 0 and load.queued == 0):
             return load
         if time.monotonic() >= deadline:

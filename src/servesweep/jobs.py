@@ -117,7 +117,7 @@ def run_cell(
     check_prerequisites(exp=exp, paths=paths, cell=cell.key)
     stopped = paths.pool_stopped(spec.pool)
     with (
-        server_lock(paths.server_lock(exp.cluster.nodes)),
+        server_lock(paths.server_lock(exp.cluster.nodes), cell=cell.key),
         connect(exp, paths, pool=spec.pool) as manager,
     ):
         if stopped.exists():

@@ -41,6 +41,9 @@ class Launch:
     labels: dict[str, str] = field(default_factory=dict)
     # False for the PD router: no --gpus, --device or --privileged (it only forwards HTTP).
     accelerators: bool = True
+    # (NAME, value): an environment variable the process gets through the command's stdin,
+    # never through argv, a file or a label (the service's API key, docs/access.md).
+    secret_env: tuple[str, Secret] | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,11 @@ class Runtime(Protocol):
         """The shell command that runs `launch` to completion, output into its log_path."""
         ...
 
+    def secret_env(self, node: str, handle: str, name: str) -> Secret | None:
+        """The value of environment variable `name` the process was started with (read back
+        over the transport, never logged); None if it has none or is gone."""
+        ...
+
     def run_oneshot(self, launch: Launch, *, timeout: float, gpus: bool = False) -> CommandResult:
         """Run `launch` to completion (client, smoke test); its output goes to log_path."""
         ...
@@ -107,6 +115,28 @@ def node_dir_prep(path: str) -> str:
         f"mkdir -p {shared} && (chmod 1777 {shared} 2>/dev/null || true) && "
         f"mkdir -p $(dirname {shlex.quote(path)})"
     )
+
+
+def read_secret_line(launch: Launch) -> str:
+    """Shell: read `launch.secret_env`'s value from stdin into its (exported) variable."""
+    if launch.secret_env is None:
+        return ""
+    name = launch.secret_env[0]
+    # Its own statement: an asynchronous list after it (`... &`) would read /dev/null.
+    return f"IFS= read -r {name} || exit 1; export {name}; "
+
+
+def secret_stdin(launch: Launch) -> str:
+    """The stdin line carrying `launch.secret_env`'s value ("" without one)."""
+    return "" if launch.secret_env is None else launch.secret_env[1].reveal() + "\n"
+
+
+def env_value(environ: str, name: str) -> Secret | None:
+    """`name`'s value in a NUL- or newline-separated environment listing."""
+    for entry in environ.replace("\0", "\n").splitlines():
+        if entry.startswith(f"{name}="):
+            return Secret(entry.split("=", 1)[1])
+    return None
 
 
 def label_env(labels: dict[str, str]) -> dict[str, str]:
@@ -126,12 +156,17 @@ class ProcessRuntime:
         argv = " ".join(shlex.quote(a) for a in launch.argv)
         log = shlex.quote(launch.log_path)
         return (
-            f"{node_dir_prep(launch.log_path)} && "
+            f"{read_secret_line(launch)}{node_dir_prep(launch.log_path)} && "
             f"env {assigns} setsid {argv} > {log} 2>&1 < /dev/null & echo $!"
         )
 
     def start(self, launch: Launch) -> str:
-        res = self.transport.run(launch.node, self.command_line(launch), timeout=COMMAND_TIMEOUT_S)
+        res = self.transport.run(
+            launch.node,
+            self.command_line(launch),
+            timeout=COMMAND_TIMEOUT_S,
+            stdin=secret_stdin(launch),
+        )
         pid = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
         if not res.ok or not pid.isdigit():
             raise ServerStartError(
@@ -169,12 +204,9 @@ class ProcessRuntime:
 
     def owns(self, node: str, handle: str, labels: dict[str, str], identity: str) -> bool:
         pid = int(handle)
-        wanted = [f"{k}={v}" for k, v in label_env(labels).items()]
-        greps = " && ".join(f'grep -qxF {shlex.quote(w)} "$t"' for w in wanted) or "true"
-        script = (
-            f't=$(mktemp); tr "\\0" "\\n" < /proc/{pid}/environ > "$t" 2>/dev/null && '
-            f'{greps}; rc=$?; rm -f "$t"; exit $rc'
-        )
+        # The environment stays in a shell variable: it may hold a secret (never in a file).
+        script = f'e=$(tr "\\0" "\\n" < /proc/{pid}/environ 2>/dev/null) && {_has_all(labels)}'
+
         res = self.transport.run(node, script, timeout=COMMAND_TIMEOUT_S)
         if not res.ok:
             return False
@@ -185,20 +217,28 @@ class ProcessRuntime:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in assigns.items())
         log = shlex.quote(launch.log_path)
         argv = shlex.join(launch.argv)
-        return f"{node_dir_prep(launch.log_path)} && env {env} {argv} > {log} 2>&1"
+        return (
+            f"{read_secret_line(launch)}{node_dir_prep(launch.log_path)} && "
+            f"env {env} {argv} > {log} 2>&1"
+        )
 
     def run_oneshot(self, launch: Launch, *, timeout: float, gpus: bool = False) -> CommandResult:
-        return self.transport.run(launch.node, self.oneshot_line(launch), timeout=timeout)
+        return self.transport.run(
+            launch.node, self.oneshot_line(launch), timeout=timeout, stdin=secret_stdin(launch)
+        )
+
+    def secret_env(self, node: str, handle: str, name: str) -> Secret | None:
+        cmd = f"cat /proc/{int(handle)}/environ 2>/dev/null"
+        res = self.transport.run(node, cmd, timeout=COMMAND_TIMEOUT_S)
+        return env_value(res.stdout, name) if res.ok else None
 
     def find(self, node: str, labels: dict[str, str]) -> list[str]:
-        wanted = [f"{k}={v}" for k, v in label_env(labels).items()]
-        greps = " && ".join(f'grep -qxF {shlex.quote(w)} "$t"' for w in wanted)
         script = (
-            "t=$(mktemp); for p in /proc/[0-9]*; do "
-            'tr "\\0" "\\n" < $p/environ > "$t" 2>/dev/null || continue; '
-            f"if {greps}; then pid=${{p#/proc/}}; "
-            'echo "$pid $(ps -o ppid=,pgid= -p $pid) $(grep -cxF '
-            f'{CLIENT_ENV} "$t")"; fi; done; rm -f "$t"'
+            "for p in /proc/[0-9]*; do "
+            'e=$(tr "\\0" "\\n" < $p/environ 2>/dev/null) || continue; '
+            f"if {_has_all(labels)}; then pid=${{p#/proc/}}; "
+            'echo "$pid $(ps -o ppid=,pgid= -p $pid) $(printf "%s\\n" "$e" | grep -cxF '
+            f'{CLIENT_ENV})"; fi; done'
         )
         res = self.transport.run(node, script, timeout=COMMAND_TIMEOUT_S)
         found: dict[str, tuple[str, str, bool]] = {}
@@ -215,14 +255,12 @@ class ProcessRuntime:
         ]
 
     def labelled(self, node: str, labels: dict[str, str]) -> list[Labelled]:
-        wanted = [f"{k}={v}" for k, v in label_env(labels).items()]
-        greps = " && ".join(f'grep -qxF {shlex.quote(w)} "$t"' for w in wanted) or "true"
         script = (
-            "t=$(mktemp); for p in /proc/[0-9]*; do "
-            'tr "\\0" "\\n" < $p/environ > "$t" 2>/dev/null || continue; '
-            f"if {greps}; then pid=${{p#/proc/}}; "
+            "for p in /proc/[0-9]*; do "
+            'e=$(tr "\\0" "\\n" < $p/environ 2>/dev/null) || continue; '
+            f"if {_has_all(labels)}; then pid=${{p#/proc/}}; "
             '[ "$(ps -o pgid= -p $pid | tr -d " ")" = "$pid" ] || continue; '
-            f'echo "@pid $pid"; grep "^{ENV_LABEL_PREFIX}" "$t"; fi; done; rm -f "$t"'
+            f'echo "@pid $pid"; printf "%s\\n" "$e" | grep "^{ENV_LABEL_PREFIX}"; fi; done'
         )
         res = self.transport.run(node, script, timeout=COMMAND_TIMEOUT_S)
         found: list[Labelled] = []
@@ -233,6 +271,15 @@ class ProcessRuntime:
                 key, value = line.removeprefix(ENV_LABEL_PREFIX).split("=", 1)
                 found[-1].labels[key.lower()] = value
         return found
+
+
+def _has_all(labels: dict[str, str]) -> str:
+    """Shell: whether the environment listing in `$e` carries every label (printf is a builtin:
+    the listing is in no argv)."""
+    wanted = [f"{k}={v}" for k, v in label_env(labels).items()]
+    return (
+        " && ".join(f'printf "%s\\n" "$e" | grep -qxF {shlex.quote(w)}' for w in wanted) or "true"
+    )
 
 
 # ---------------------------------------------------------------- docker
@@ -277,10 +324,16 @@ class DockerRuntime:
         docker = shlex.quote(self.docker)
         return f"sudo -S -p '' {docker}" if self.runtime.sudo else docker
 
-    def _stdin(self) -> str | None:
+    def _stdin(self, launch: Launch | None = None) -> str | None:
+        """The password's line (read by sudo, which reads one line), then `launch`'s secret
+        variable as `NAME=value` (read by `docker run --env-file /dev/stdin`): a restricted
+        sudoers rule keeps no caller variable (`--preserve-env` is refused)."""
+        secret = ""
+        if launch is not None and launch.secret_env is not None:
+            secret = f"{launch.secret_env[0]}={launch.secret_env[1].reveal()}\n"
         if not self.runtime.sudo:
-            return None
-        return "" if self._password is None else self._password.reveal() + "\n"
+            return secret or None
+        return ("" if self._password is None else self._password.reveal() + "\n") + secret
 
     def run_docker(self, node: str, args: str, *, timeout: float | None = None) -> CommandResult:
         """Run `docker <args>` on `node` (through sudo when configured)."""
@@ -323,6 +376,8 @@ class DockerRuntime:
             args += ["--ulimit", ulimit]
         for key, value in {**rt.env, **launch.env}.items():
             args += ["-e", f"{key}={value}"]
+        if launch.secret_env is not None:
+            args += ["--env-file", "/dev/stdin"]  # NAME=value after sudo's line (_stdin)
         for mount in [*rt.mounts, *([] if detach else [f"{ONESHOT_DIR}:{ONESHOT_DIR}"])]:
             args += ["-v", mount]
         for key, value in launch.labels.items():
@@ -341,7 +396,7 @@ class DockerRuntime:
                 launch.node,
                 self.oneshot_line(launch, gpus=gpus),
                 timeout=timeout,
-                stdin=self._stdin(),
+                stdin=self._stdin(launch),
             )
         except TransportError:
             self.run_docker(launch.node, f"rm -f {shlex.quote(launch.name)}")
@@ -352,7 +407,7 @@ class DockerRuntime:
             launch.node,
             self.command_line(launch),
             timeout=self.start_timeout_s,
-            stdin=self._stdin(),
+            stdin=self._stdin(launch),
         )
         lines = res.stdout.strip().splitlines()
         handle = lines[-1].strip() if lines else ""
@@ -395,6 +450,11 @@ class DockerRuntime:
         fmt = shlex.quote("{{.Created}}")
         res = self.run_docker(node, f"inspect --type container -f {fmt} {shlex.quote(handle)}")
         return res.stdout.strip() if res.ok else ""
+
+    def secret_env(self, node: str, handle: str, name: str) -> Secret | None:
+        fmt = shlex.quote("{{range .Config.Env}}{{println .}}{{end}}")
+        res = self.run_docker(node, f"inspect --type container -f {fmt} {shlex.quote(handle)}")
+        return env_value(res.stdout, name) if res.ok else None
 
     def owns(self, node: str, handle: str, labels: dict[str, str], identity: str) -> bool:
         fmt = shlex.quote("{{json .Config.Labels}}|{{.Created}}")

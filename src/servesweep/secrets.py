@@ -1,9 +1,11 @@
-"""The sudo password: read at run time from the environment or a private file, never shown."""
+"""Secrets: the sudo password (read at run time from the environment or a private file) and a
+service's API key (made at its start); never shown."""
 
 from __future__ import annotations
 
 import logging
 import os
+import secrets
 import stat
 from collections.abc import Mapping
 from pathlib import Path
@@ -38,6 +40,11 @@ class Secret:
 
     def __reduce__(self) -> tuple[object, ...]:
         raise TypeError("a Secret is not pickled (it would leave the process in clear)")
+
+
+def new_api_key() -> Secret:
+    """A random API key for one server set (256 bits, URL-safe: fits an HTTP header)."""
+    return Secret(secrets.token_urlsafe(32))
 
 
 def scrub(text: str, secret: str | Secret | None) -> str:

@@ -22,6 +22,7 @@ from typing import Any
 from servesweep import logscan
 from servesweep.config import SINGLE_ROLE, Experiment, ServerSpec, server_specs
 from servesweep.engines import (
+    API_KEY_ENV,
     ROUTER_ROLE,
     RankCommand,
     base_url,
@@ -46,6 +47,7 @@ from servesweep.owner import (
 from servesweep.paths import RunPaths
 from servesweep.pools import narrow, node_pools
 from servesweep.runtime import ONESHOT_DIR, Labelled, Launch, ProcessRuntime, Runtime
+from servesweep.secrets import Secret, new_api_key, scrub
 from servesweep.transport import LocalTransport, Transport
 
 logger = logging.getLogger(__name__)
@@ -131,10 +133,16 @@ def http_status(url: str, timeout: float = 2.0) -> int | None:
         return None
 
 
-def http_json(url: str, timeout: float = 5.0) -> Any:
+def auth_headers(key: Secret | None) -> dict[str, str]:
+    """The header SGLang's `--api-key` wants (none without a key)."""
+    return {} if key is None else {"Authorization": f"Bearer {key.reveal()}"}
+
+
+def http_json(url: str, timeout: float = 5.0, *, key: Secret | None = None) -> Any:
     """GET a JSON document (None on any failure)."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        request = urllib.request.Request(url, headers=auth_headers(key))
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
             return json.loads(resp.read())
     except (urllib.error.URLError, OSError, TimeoutError, ValueError):
         return None
@@ -163,6 +171,9 @@ class ServerManager:
         self.owner = owner or current_owner(paths.root.parent)
         # `servesweep up`: what starts is a service (labelled, recorded in paths.services).
         self.service_mode = False
+        # API keys of server sets by id: made at start, or read back from the entry process's
+        # environment (a later job, a service); only ever in memory here (docs/access.md).
+        self._keys: dict[str, Secret | None] = {}
 
     # ------------------------------------------------------------ naming
     def labels(self, spec: ServerSpec | None = None) -> dict[str, str]:
@@ -192,8 +203,11 @@ class ServerManager:
     def local_log_path(self, server_id: str, role: str, node: str) -> Path:
         return self.paths.service(server_id) / log_name(role, node)
 
-    def launches(self, spec: ServerSpec) -> list[tuple[RankCommand, Launch]]:
-        """Every process of a server set in start order, with its launch."""
+    def launches(
+        self, spec: ServerSpec, key: Secret | None = None
+    ) -> list[tuple[RankCommand, Launch]]:
+        """Every process of a server set in start order, with its launch (a keyed process gets
+        `key` in API_KEY_ENV through stdin)."""
         out = []
         ports = listening_ports(self.exp, spec)
         for cmd in rank_commands(self.exp, spec):
@@ -215,6 +229,7 @@ class ServerManager:
                 env=cmd.env,
                 labels=labels,
                 accelerators=cmd.role != ROUTER_ROLE,
+                secret_env=(API_KEY_ENV, key or Secret("")) if cmd.keyed else None,
             )
             out.append((cmd, launch))
         return out
@@ -324,8 +339,12 @@ class ServerManager:
             pool=self.pool,
             owner=self.owner.label,
         )
+        key = new_api_key()
+        self._keys[spec.id] = key
         try:
-            launches = self.launches(spec)
+            launches = self.launches(spec, key)
+            if not any(launch.secret_env for _, launch in launches):
+                self._keys[spec.id] = None
             for role in dict.fromkeys(cmd.role for cmd, _ in launches):
                 role_started = time.time()
                 for cmd, launch in launches:
@@ -367,9 +386,10 @@ class ServerManager:
         if state.service:
             self._note_use(spec.fingerprint)
         write_json_atomic(service / "server.json", state.to_dict())
-        info = http_json(f"{state.ranks[0].url}/server_info")
-        if info is not None:
-            write_json_atomic(service / "server_info.json", info)
+        key = self.api_key(state)
+        info = http_json(f"{state.ranks[0].url}/server_info", key=key)
+        if info is not None:  # SGLang reports its api_key (and launch command): masked
+            write_text_atomic(service / "server_info.json", scrub(json.dumps(info, indent=2), key))
         self.events.emit(
             "ready",
             fp=spec.fingerprint,
@@ -447,8 +467,22 @@ class ServerManager:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         target = self.local_log_path(server_id, rank.role, rank.node)
         kept = target.with_name(f"{target.name}.failed-{stamp}")
-        write_text_atomic(kept, text)
+        write_text_atomic(kept, scrub(text, self._keys.get(server_id)))
         return kept
+
+    def api_key(self, state: ServerState) -> Secret | None:
+        """The server set's API key (None: it has none): made at its start by this process,
+        else read back from its entry process's environment over the transport (a later job of
+        the run, a service of `servesweep up`); never written anywhere."""
+        if state.server_id not in self._keys:
+            entry = next((r for r in state.ranks if r.role == ROUTER_ROLE), None) or (
+                state.ranks[0] if state.ranks else None
+            )
+            key = None
+            if entry is not None:
+                key = self.runtime.secret_env(entry.node, entry.handle, API_KEY_ENV)
+            self._keys[state.server_id] = key if key is not None and key.reveal() else None
+        return self._keys[state.server_id]
 
     def check_alive(self, state: ServerState) -> None:
         """After a cell: every process running, no fatal pattern, the entry point healthy."""
@@ -471,7 +505,7 @@ class ServerManager:
     def _save_log(self, server_id: str, rank: RankState, text: str) -> None:
         target = self.local_log_path(server_id, rank.role, rank.node)
         if str(target.resolve()) != rank.log_path:
-            write_text_atomic(target, text)
+            write_text_atomic(target, scrub(text, self._keys.get(server_id)))
 
     def stop(self, state: ServerState, *, reason: str) -> None:
         """Collect every rank's log, stop every rank (in parallel), forget the state."""
@@ -485,6 +519,7 @@ class ServerManager:
 
         with ThreadPoolExecutor(max_workers=max(1, len(state.ranks))) as pool:
             list(pool.map(_stop, state.ranks))
+        self._keys.pop(state.server_id, None)
         if state.service:
             self.paths.service_record(state.fingerprint).unlink(missing_ok=True)
         else:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from servesweep.config import Workload
-from servesweep.loadgen import client_argv, client_env
+from servesweep.loadgen import API_KEY_ENV, client_argv, client_env
 from servesweep.loadgen.builtin import sample_rows
 from servesweep.loadgen.metrics import BUILTIN_EXTRA_KEYS, RequestResult, compute_metrics
 from servesweep.recordkeys import DETAIL_KEYS, RECORD_KEYS
@@ -321,3 +321,23 @@ def test_metrics_equal_bench_calculate_metrics(staged_bench, tokenizer_dir, tmp_
             key = METRIC_NAMES.get(name, name)
             assert ours[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
     assert [r.output_len if r.success else 0 for r in results] == got["output_lens"]
+
+
+@needs_sim
+def test_bench_sends_the_api_key_from_openai_api_key(staged_bench, tokenizer_dir, tmp_path):
+    """bench_serving sends `Authorization: Bearer $OPENAI_API_KEY` (its get_auth_headers: the
+    variable the workflow gives every client, docs/access.md); without it the keyed sim answers
+    401 and nothing completes."""
+    key = "contract-key-0123456789"
+    env = {k: v for k, v in bench_env(staged=staged_bench).items() if k != API_KEY_ENV}
+    with running_sim(log_path=tmp_path / "sim.log", args=["--api-key", key]) as sim:
+        keyed = tmp_path / "keyed.jsonl"
+        argv = bench_argv(port=sim.port, tokenizer=tokenizer_dir, output=keyed, tag="k")
+        rc = run(argv, env={**env, API_KEY_ENV: key}, cwd=tmp_path, log=tmp_path / "keyed.log")
+        assert rc == 0, (tmp_path / "keyed.log").read_text()[-3000:]
+        assert read_record(keyed).completed == 8
+        bare = tmp_path / "bare.jsonl"
+        argv = bench_argv(port=sim.port, tokenizer=tokenizer_dir, output=bare, tag="b")
+        argv += ["--ready-check-timeout-sec", "0"]
+        rc = run(argv, env=env, cwd=tmp_path, log=tmp_path / "bare.log")
+    assert rc != 0 and "Unauthorized" in (tmp_path / "bare.log").read_text()

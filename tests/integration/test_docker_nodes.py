@@ -3,6 +3,7 @@ unprivileged `sweeper` through `sudo -S` (password on stdin, never in argv, file
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
 import os
@@ -15,8 +16,10 @@ from pathlib import Path
 import pytest
 
 from servesweep.config import RuntimeConfig
+from servesweep.engines import API_KEY_ENV
 from servesweep.errors import ServerStartError
 from servesweep.runtime import DockerRuntime, Launch
+from servesweep.secrets import Secret
 from servesweep.ssh import SshTransport
 from tests.integration.nodes import free_port, root_docker, wait_until
 
@@ -134,8 +137,9 @@ def test_sim_in_a_container_answers_health_on_the_host(
 class ProcessScanner:
     """Watches every process's argv and environment on this machine for a string."""
 
-    def __init__(self, needle: str) -> None:
+    def __init__(self, needle: str, parts: tuple[str, ...] = ("cmdline", "environ")) -> None:
         self.needle = needle.encode()
+        self.parts = parts
         self.hits: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -146,7 +150,7 @@ class ProcessScanner:
             for pid in os.listdir("/proc"):
                 if not pid.isdigit() or pid == me:
                     continue
-                for part in ("cmdline", "environ"):
+                for part in self.parts:
                     try:
                         with open(f"/proc/{pid}/{part}", "rb") as fh:
                             data = fh.read()
@@ -262,3 +266,53 @@ def test_wrong_sudo_password_fails_cleanly(
     assert wrong not in message and wrong not in caplog.text
     assert scanner.hits == []
     assert root_docker(ssh, sim_runtime).find("node1", run_label) == []
+
+
+KEYED = (
+    "import hashlib, os, time; k = os.environ['SERVESWEEP_API_KEY'].encode(); "
+    "print('keyed', hashlib.sha256(k).hexdigest(), flush=True); time.sleep(600)"
+)
+
+
+def test_api_key_reaches_the_container_by_stdin_only(
+    ssh: SshTransport,
+    sweeper_docker: DockerRuntime,
+    nodes_dir: Path,
+    run_label: dict[str, str],
+    cleanup: list[tuple[str, str]],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A service's API key (issue 17 item 11) through `sudo -S` as the sweeper: the shell reads
+    it from stdin before sudo reads the password, `sudo --preserve-env` and `docker run -e NAME`
+    pass it on; it is in no process's argv, no file, no log; `secret_env` reads it back from
+    the container's environment (how a later job or run finds a service's key)."""
+    caplog.set_level(logging.DEBUG)
+    key = Secret("apikey-" + os.urandom(16).hex())
+    node = "node2-sweeper"
+    name = f"ss-{run_label['run']}"
+    cleanup.append((node, name))
+    rt = sweeper_docker
+    launch = Launch(
+        name=name,
+        node=node,
+        argv=["python3", "-c", KEYED],
+        log_path="/unused",
+        labels=run_label,
+        secret_env=(API_KEY_ENV, key),
+    )
+    digest = hashlib.sha256(key.reveal().encode()).hexdigest()
+    with ProcessScanner(key.reveal(), parts=("cmdline",)) as scanner:
+        handle = rt.start(launch)
+        assert wait_until(lambda: digest in rt.logs(node, handle, "/unused"))
+        back = rt.secret_env(node, handle, API_KEY_ENV)
+        root_dir = ssh.run("node1", "docker info -f '{{.DockerRootDir}}'", timeout=60).stdout
+        logs = Path(root_dir.strip()) / "containers" / handle / f"{handle}-json.log"
+        leaked = _files_containing(key.reveal(), [tmp_path, logs, Path("/home/sweeper")])
+        rt.stop(node, handle)
+    assert back is not None and back.reveal() == key.reveal()
+    assert scanner.hits == []
+    assert leaked == []
+    assert _files_containing(key.reveal(), [nodes_dir / "sshd.log"]) == []
+    assert key.reveal() not in caplog.text
+    assert key.reveal() not in rt.command_line(launch)

@@ -169,15 +169,23 @@ ORDER = (
     "snakemake_is_sigkilled_then_rerun_with_containers",
     "disk_fills_while_writing_a_raw_file",
     # issue 17: data integrity
-    "snakemake_and_cell_job_sigkilled_client_left",
-    "cell_job_sigkilled_alone",
+    "double_load_after_sigkill_stale_client_removed",
+    "cell_job_sigkilled_alone_stale_partials_removed",
     "record_edited_completed",
     "record_edited_error_string",
     "gpu_snapshot_cut_corrupted_deleted",
     "config_changed_after_a_run",
     "stale_pid_of_an_unrelated_process_is_left_alone",
-    "server_freezes_mid_cell",
+    "watchdog_stops_a_frozen_server",
     "snakemake_gets_sighup",
+    "snakemake_gets_sigterm",
+    "event_log_disk_full",
+    "client_disk_fills",
+    "record_cut_mid_line",
+    "record_corrupted_bytes",
+    "foreign_requests_without_the_key",
+    "foreign_requests_with_the_key_counted",
+    "service_key_found_by_a_later_run",
 )
 
 

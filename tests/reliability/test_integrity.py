@@ -10,6 +10,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,11 +21,14 @@ import pandas as pd
 import pytest
 import yaml
 
+from servesweep.engines import API_KEY_ENV
+from servesweep.events import read_events
 from tests.reliability.harness import (
     ACROSS,
     REQUESTS,
     SECOND_CELL_INDEX,
     SNAKEMAKE_TIMEOUT_S,
+    STABLE_COLUMNS,
     TARGET,
     WITHIN,
     Checks,
@@ -31,12 +38,14 @@ from tests.reliability.harness import (
     check_stopped_cleanly,
     descendants,
     error_lines,
+    fill,
     hang_started,
     kill_group,
     output,
     rerun_and_check,
     rerun_unlocked,
     run_during_hang,
+    small_filesystem,
     wait_for,
 )
 
@@ -62,7 +71,7 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def test_snakemake_and_cell_job_sigkilled_client_left(
+def test_double_load_after_sigkill_stale_client_removed(
     checks: Checks, make_run: Callable[..., Run], shim: FaultShim, reference: pd.DataFrame
 ) -> None:
     checks.scenario(
@@ -367,7 +376,7 @@ def test_config_changed_after_a_run(checks: Checks, make_run: Callable[..., Run]
     )
 
 
-def test_server_freezes_mid_cell(
+def test_watchdog_stops_a_frozen_server(
     checks: Checks, make_run: Callable[..., Run], shim: FaultShim, reference: pd.DataFrame
 ) -> None:
     checks.scenario(
@@ -393,7 +402,7 @@ def test_server_freezes_mid_cell(
     rerun_and_check(checks, run, reference)
 
 
-def test_cell_job_sigkilled_alone(
+def test_cell_job_sigkilled_alone_stale_partials_removed(
     checks: Checks, make_run: Callable[..., Run], shim: FaultShim, reference: pd.DataFrame
 ) -> None:
     checks.scenario(
@@ -432,3 +441,307 @@ def test_cell_job_sigkilled_alone(
         if " partial-removed " in line:
             checks.message(line)
     check_rerun(checks, run, before, n_events, rerun, reference)
+
+
+class ForeignClient:
+    """Requests from elsewhere while the run's second cell runs (after its `cell-start`, until
+    its end): with `key` (read, as anyone of the same uid can, from the server's environment)
+    or without. Keeps the status of every answer."""
+
+    def __init__(self, run: Run, *, with_key: bool) -> None:
+        self.run, self.with_key = run, with_key
+        self.statuses: list[int] = []
+        self.key = ""
+        self.in_argv: set[str] = set()  # processes whose command line held the key
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> ForeignClient:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _second_cell_running(self) -> bool:
+        events = self.run.events()
+        starts = [f["cell"] for _, e, f in events if e == "cell-start"]
+        ends = [f["cell"] for _, e, f in events if e in ("cell-done", "cell-failed")]
+        return len(starts) >= 2 and len(ends) < 2
+
+    def _loop(self) -> None:
+        current = self.run.run_dir / "service" / "current.json"
+        while not self._stop.is_set() and not self._second_cell_running():
+            time.sleep(0.02)
+        state = json.loads(current.read_text())
+        pid = state["ranks"][0]["handle"]
+        environ = Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0")
+        self.key = next(e.split("=", 1)[1] for e in environ if e.startswith(f"{API_KEY_ENV}="))
+        headers = {"Content-Type": "application/json"}
+        if self.with_key:
+            headers["Authorization"] = f"Bearer {self.key}"
+        body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1}}
+        while not self._stop.is_set() and self._second_cell_running():
+            self.in_argv |= {c for c in _cmdlines() if self.key in c}
+            request = urllib.request.Request(
+                f"{state['base_url']}/generate", data=json.dumps(body).encode(), headers=headers
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=10) as resp:
+                    resp.read()
+                    self.statuses.append(resp.status)
+            except urllib.error.HTTPError as exc:
+                self.statuses.append(exc.code)
+            except OSError:
+                pass
+            time.sleep(0.05)
+
+
+def cell_named(events: list[dict[str, str]], line: str) -> bool:
+    """The `foreign-requests` event's cell is the one the error line names."""
+    return all(f"cell {f.get('cell')}:" in line for f in events)
+
+
+def _cmdlines() -> list[str]:
+    return [_cmdline(int(p.name)) for p in Path("/proc").glob("[0-9]*")]
+
+
+def _files_holding(root: Path, text: str) -> list[str]:
+    return [str(p) for p in root.rglob("*") if p.is_file() and text.encode() in p.read_bytes()]
+
+
+def test_foreign_requests_without_the_key(
+    checks: Checks, make_run: Callable[..., Run], reference: pd.DataFrame
+) -> None:
+    checks.scenario(
+        "another client on the network sends requests to the server during a cell, without "
+        "the service's API key"
+    )
+    run = make_run(WITHIN, validation={"foreign_requests_invalid": True})
+    with ForeignClient(run, with_key=False) as foreign:
+        proc = run.snakemake()
+    checks.check("the run succeeds", proc.returncode == 0, output(proc)[-3000:])
+    checks.check(
+        "every foreign request is refused with 401 (SGLang's --api-key; the sim enforces it)",
+        bool(foreign.statuses) and set(foreign.statuses) == {401},
+        str(foreign.statuses),
+    )
+    checks.note(f"{len(foreign.statuses)} foreign requests, all answered 401")
+    counts = [
+        json.loads(run.raw(c).read_text()).get("servesweep_requests") or {} for c in run.cells
+    ]
+    checks.check(
+        "each raw record compares the server's request counter with the client's count: "
+        "no difference",
+        all(c.get("api_key") and c.get("difference") == 0 and c.get("sources") for c in counts),
+        str(counts),
+    )
+    checks.check(
+        "the key is in no process's command line while the cell runs (server, client, shells)",
+        not foreign.in_argv,
+        str(foreign.in_argv),
+    )
+    checks.check(
+        "the key is in no file of the run (results, logs, records, .snakemake)",
+        bool(foreign.key) and not _files_holding(run.workdir, foreign.key),
+        str(_files_holding(run.workdir, foreign.key)),
+    )
+    df = pd.read_csv(run.run_dir / "results.csv")
+    keys = ["server_id", "client_id"]
+    ref = reference[reference["server_id"].isin(df["server_id"])]
+    checks.check(
+        "results.csv equals an undisturbed run's (cells, counts, token totals)",
+        df[STABLE_COLUMNS]
+        .sort_values(keys)
+        .reset_index(drop=True)
+        .equals(ref[STABLE_COLUMNS].sort_values(keys).reset_index(drop=True)),
+        f"{df[STABLE_COLUMNS]}\nvs\n{ref[STABLE_COLUMNS]}",
+    )
+
+
+def test_foreign_requests_with_the_key_counted(
+    checks: Checks, make_run: Callable[..., Run], reference: pd.DataFrame
+) -> None:
+    checks.scenario(
+        "someone holding the key (same uid: the server's environment) sends requests during a "
+        "cell; validation.foreign_requests_invalid is true"
+    )
+    run = make_run(WITHIN, validation={"foreign_requests_invalid": True})
+    with ForeignClient(run, with_key=True) as foreign:
+        proc = run.snakemake()
+    checks.check("foreign requests were answered", 200 in foreign.statuses, str(foreign.statuses))
+    line = check_stopped_cleanly(
+        checks,
+        run,
+        proc,
+        cause=r"CellFailed: .*counted \d+ request\(s\).*client sent \d+.*someone else's",
+        finished=1,
+    )
+    events = [f for _, e, f in run.events() if e == "foreign-requests"]
+    checks.check(
+        "a `foreign-requests` event names the cell", bool(events) and cell_named(events, line), ""
+    )
+    rerun_and_check(checks, run, reference)
+
+
+def _servesweep(run: Run, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from servesweep.cli import main; sys.exit(main(sys.argv[1:]))",
+            *args,
+            "--configfile",
+            str(run.config),
+            "--results",
+            str(run.workdir / "results"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=run.workdir,
+        env=run.full_env(),
+        timeout=300,
+    )
+
+
+def test_service_key_found_by_a_later_run(checks: Checks, make_run: Callable[..., Run]) -> None:
+    checks.scenario(
+        "`servesweep up` starts a service with its API key; a later run under another RUN_ID "
+        "finds the key over the transport (the service's environment), not in a file"
+    )
+    run = make_run({"backends": (TARGET,), "concurrencies": (2,)})
+    up = _servesweep(run, "up")
+    try:
+        checks.check("`servesweep up` succeeds", up.returncode == 0, output(up))
+        [record] = (run.workdir / "results" / ".services").glob("*.json")
+        pid = json.loads(record.read_text())["ranks"][0]["handle"]
+        environ = Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0")
+        keys = [e.split("=", 1)[1] for e in environ if e.startswith(f"{API_KEY_ENV}=")]
+        checks.check("the service has a key (in its environment only)", bool(keys), str(pid))
+        later = f"{run.run_id}-later"
+        proc = run.snakemake("--cores", "1", f"results/{later}/results.csv", env={"RUN_ID": later})
+        checks.check("the later run succeeds", proc.returncode == 0, output(proc)[-3000:])
+        events = read_events(run.workdir / "results" / later / "orchestrator.log")
+        checks.check(
+            "it reuses the service (no start)",
+            any(e == "reuse" and f.get("service") for _, e, f in events)
+            and not any(e == "start" for _, e, _ in events),
+            str(events),
+        )
+        raws = list((run.workdir / "results" / later / "raw").rglob("*.jsonl"))
+        counts = [json.loads(p.read_text()).get("servesweep_requests") or {} for p in raws]
+        checks.check(
+            "its cell sent the key and the server counted exactly its requests",
+            bool(counts) and all(c.get("api_key") and c.get("difference") == 0 for c in counts),
+            str(counts),
+        )
+        checks.check(
+            "the key is in no file (results, service records, logs)",
+            not _files_holding(run.workdir, keys[0]),
+            str(_files_holding(run.workdir, keys[0])),
+        )
+    finally:
+        down = _servesweep(run, "down")
+        checks.check("`servesweep down` succeeds", down.returncode == 0, output(down))
+
+
+# ---------------------------------------------------------------- item 10: messages
+
+
+def test_snakemake_gets_sigterm(
+    checks: Checks, make_run: Callable[..., Run], shim: FaultShim, reference: pd.DataFrame
+) -> None:
+    checks.scenario(
+        "snakemake's process group gets SIGTERM mid-cell (a batch system ending the job): the "
+        "cell's own line, not 'job process N ended without a status'"
+    )
+    run = make_run(WITHIN)
+    proc = run_during_hang(run, shim, lambda p: kill_group(p, signal.SIGTERM))
+    check_stopped_cleanly(checks, run, proc, cause=r"Terminated: .*SIGTERM", finished=1)
+    events = [e for _, e, _ in run.events()]
+    checks.check("the cell job wrote `cell-failed`", "cell-failed" in events, events)
+    checks.check("onerror stopped the server (last event `stop`)", events[-1] == "stop", events)
+    rerun_and_check(checks, run, reference)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["cut", "bytes"],
+    ids=["record_cut_mid_line", "record_corrupted_bytes"],
+)
+def test_corrupt_record_rejected_by_aggregation(
+    damage: str, checks: Checks, make_run: Callable[..., Run]
+) -> None:
+    what = "cut in the middle of its line" if damage == "cut" else "with bytes overwritten"
+    checks.scenario(f"a finished raw record {what}, then re-aggregated")
+    run = make_run(ACROSS)
+    _finished(checks, run)
+    cell = run.cells[0]
+    raw = run.raw(cell)
+    data = raw.read_bytes()
+    raw.write_bytes(data[: len(data) // 2] if damage == "cut" else b"\xff\xfe\x00" + data[3:])
+    line = _rejected(checks, run, raw)
+    checks.check("the error names the cell, no traceback", cell in line, line)
+    _deleted_reruns_its_cell(checks, run, raw, cell)
+
+
+def test_client_disk_fills(
+    checks: Checks, make_run: Callable[..., Run], reference: pd.DataFrame
+) -> None:
+    checks.scenario(
+        "the disk the client writes its record and log to is full (ENOSPC): named as such, not "
+        "only 'client exited 1'"
+    )
+    run = make_run(ACROSS)
+    victim = run.run_dir / "bench" / run.cells[-1].split("/")[0]
+    with small_filesystem(victim) as mount:
+        filler = fill(mount)
+        proc = run.snakemake()
+        line = check_stopped_cleanly(
+            checks,
+            run,
+            proc,
+            cause=r"ClientError: .*client exited \d+ .*disk is full",
+            finished=1,
+        )
+        checks.check("the error names the full directory", str(mount) in line, line)
+        rerun_and_check(checks, run, reference, remove_cause=filler.unlink)
+
+
+def test_event_log_disk_full(checks: Checks, make_run: Callable[..., Run]) -> None:
+    checks.scenario(
+        "orchestrator.log is on a full disk when a cell starts (ENOSPC while logging an event)"
+    )
+    run = make_run(ACROSS)
+    _finished(checks, run)
+    cell = run.cells[-1]
+    run.raw(cell).unlink()
+    log = run.run_dir / "orchestrator.log"
+    kept = log.read_bytes()
+    with small_filesystem(run.workdir / "full") as mount:
+        filler = fill(mount)
+        target = mount / "orchestrator.log"
+        log.unlink()
+        log.symlink_to(target)
+        proc = run.snakemake()
+        checks.check("the run exits non-zero", proc.returncode != 0, output(proc)[-2000:])
+        lines = error_lines(output(proc))
+        checks.check("a one-line `servesweep: <Kind>: ...` error", bool(lines), output(proc))
+        line = lines[0]
+        checks.message(line)
+        checks.check(
+            "the error names the cell, the file and the cause",
+            f"cell {cell}" in line and "orchestrator.log" in line and "No space left" in line,
+            line,
+        )
+        checks.check("no raw file for the cell", not run.raw(cell).exists())
+        checks.check("nothing is left running", not run.leftovers(), str(run.leftovers()))
+        log.unlink()
+        log.write_bytes(kept)
+        filler.unlink()
+    n_events = len(run.events())
+    rerun = run.snakemake()
+    checks.check("the rerun succeeds", rerun.returncode == 0, output(rerun)[-3000:])
+    ran = [f["cell"] for _, e, f in run.events()[n_events:] if e == "cell-start"]
+    checks.check("the rerun runs that cell alone", ran == [cell], str(ran))

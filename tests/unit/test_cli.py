@@ -39,7 +39,9 @@ def test_commands_prints_every_docker_and_launch_command(
     assert len(seeds) == 6 and "1" not in seeds
     for flag in ("--gpus", "--device", "--privileged"):
         assert not any(flag in ln for ln in clients)
-    assert all("python3 -m sglang.launch_server" in c for c in commands)
+    # The key comes on stdin (`--env-file /dev/stdin`), never in the command (docs/access.md).
+    assert all("' sglang.launch_server --model-path" in c for c in commands)
+    assert all("--env-file /dev/stdin" in c and "SERVESWEEP_API_KEY=" not in c for c in commands)
     assert sum("--node-rank 3" in c for c in commands) == 4
     assert sum("--moe-runner-backend flashinfer_mxfp4" in c for c in commands) == 8
 

@@ -9,7 +9,14 @@ import pytest
 import yaml
 
 from servesweep.config import load_experiment, server_specs
-from servesweep.engines import base_url, check_experiment, moe_runners, parse_version, rank_commands
+from servesweep.engines import (
+    KEYED_LAUNCH,
+    base_url,
+    check_experiment,
+    moe_runners,
+    parse_version,
+    rank_commands,
+)
 from servesweep.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +38,9 @@ def test_sim_command_has_sglang_flags_and_sim_flags(raw: dict) -> None:
     exp = load_experiment(raw, {})
     spec = server_specs(exp)[0]
     [cmd] = rank_commands(exp, spec)
-    assert cmd.argv[:3] == ["python3", "-m", "servesweep.sim"]
+    # The keyed launch: the API key comes from the environment, never from argv.
+    assert cmd.argv[:4] == ["python3", "-c", KEYED_LAUNCH, "servesweep.sim"] and cmd.keyed
+    assert "--api-key" not in cmd.argv and "--enable-metrics" in cmd.argv
     assert _flag(cmd.argv, "--moe-runner-backend") == "marlin"
     assert _flag(cmd.argv, "--chunked-prefill-size") == "8192"
     assert _flag(cmd.argv, "--tp-size") == "8"
@@ -58,7 +67,7 @@ def test_multi_node_sglang_ranks(raw: dict) -> None:
     cmds = rank_commands(exp, server_specs(exp)[0])
     assert [c.node for c in cmds] == ["n601", "n602", "n603", "n604"]
     for rank, cmd in enumerate(cmds):
-        assert cmd.argv[:3] == ["python3", "-m", "sglang.launch_server"]
+        assert cmd.argv[:4] == ["python3", "-c", KEYED_LAUNCH, "sglang.launch_server"]
         assert _flag(cmd.argv, "--node-rank") == str(rank)
         assert _flag(cmd.argv, "--nnodes") == "4"
         assert _flag(cmd.argv, "--dist-init-addr") == "10.0.0.1:20000"
@@ -91,3 +100,12 @@ def test_sim_fault_flags(raw: dict) -> None:
     assert _flag(argv, "--sim-midstream-error-at") == "1,2"
     assert _flag(argv, "--sim-crash-after") == "5"
     assert "--sim-fail-start" in argv
+
+
+def test_no_key_where_sglang_refuses_one(raw: dict) -> None:
+    """Multi-tokenizer mode asserts no API key (0.5.9, 0.5.23): such a server starts without."""
+    raw = copy.deepcopy(raw)
+    raw["server"]["extra_args"] = ["--tokenizer-worker-num", "4"]
+    exp = load_experiment(raw, {})
+    [cmd] = rank_commands(exp, server_specs(exp)[0])
+    assert not cmd.keyed and cmd.argv[1] == "-m"

@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import pytest
+
 from servesweep.events import EventLog, read_events
 
 
@@ -32,3 +34,10 @@ def test_error_text_reads_back_whole(tmp_path: Path) -> None:
     ((_, event, fields),) = read_events(log.path)
     assert event == "cell-failed" and fields["fp"] == "f"
     assert fields["error"] == error + " second line"
+
+
+def test_an_unwritable_log_names_its_file(tmp_path: Path) -> None:
+    """A full disk (here: the path is a directory) says which file (issue 17 item 10)."""
+    (tmp_path / "orchestrator.log").mkdir()
+    with pytest.raises(OSError, match=r"writing .*orchestrator\.log"):
+        EventLog(tmp_path / "orchestrator.log").emit("cell-start", cell="a/b/r1")

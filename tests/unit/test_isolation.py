@@ -73,3 +73,15 @@ def test_busy_server_fails_with_one_line(server: tuple[str, dict[str, str]]) -> 
     assert "\n" not in text
     assert text.startswith("cell srv/c/r1: server srv on node node7")
     assert "2 queued" in text
+
+
+def test_request_count_compares_the_busiest_rank0_with_what_was_sent() -> None:
+    count = isolation.compare_requests(
+        before={"http://p": 10.0, "http://d": 3.0},
+        after={"http://p": 16.0, "http://d": 9.0},
+        sent=5,
+    )
+    assert (count.client, count.server, count.difference) == (5, 6, 1)
+    assert count.sources == ["http://p/metrics", "http://d/metrics"]
+    unknown = isolation.compare_requests(before={}, after={"http://p": 1.0}, sent=5)
+    assert unknown.server is None and unknown.to_dict()["difference"] is None

@@ -338,3 +338,10 @@ def test_ctrl_c_is_one_line_without_record(tmp_path, monkeypatch, capsys, caplog
     assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
         "interrupted by SIGINT (Ctrl-C); no record written"
     ]
+
+
+def test_api_key_header_from_the_environment_like_bench_serving() -> None:
+    from servesweep.loadgen.builtin import auth_headers
+
+    assert auth_headers({"OPENAI_API_KEY": "k"}) == {"Authorization": "Bearer k"}
+    assert auth_headers({}) == {}

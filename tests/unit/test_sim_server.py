@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -14,6 +17,7 @@ from typing import Any
 import pytest
 
 from servesweep import isolation, logscan
+from servesweep.engines import API_KEY_ENV, KEYED_LAUNCH
 from tests.support.simprocess import SimProcess, free_port, start_sim
 
 FAST = ["--sim-time-scale", "0.001", "--sim-startup-s", "1"]
@@ -353,3 +357,58 @@ def test_loads_report_running_requests_like_sglang(server: SimProcess) -> None:
             break
         time.sleep(0.05)
     assert isolation.endpoint_load(server.url) == (0, 0, server.url + "/v1/loads")
+
+
+def test_api_key_enforced_and_never_in_argv_or_log(tmp_path: Path) -> None:
+    """The keyed launch (engines.KEYED_LAUNCH): a request without the key gets SGLang's 401
+    before anything is counted; probes and /metrics stay open; the key is in no argv (the
+    server's and its children's /proc/PID/cmdline) and masked in the log (the sim logs its
+    server_args with api_key, as SGLang does) and in /server_info only for those holding it."""
+    key = "k3y-" + "x" * 40
+    log = tmp_path / "server.log"
+    argv = ["--model-path", "sim/Kimi", "--port", "0", "--enable-metrics", *FAST]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", KEYED_LAUNCH, "servesweep.sim", *argv],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, API_KEY_ENV: key},
+            start_new_session=True,
+        )
+    with SimProcess(proc=proc, log_path=log) as sim:
+        sim.wait_ready()
+        body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}}
+        status, text = http("POST", f"{sim.url}/generate", body)
+        assert (status, json.loads(text)) == (401, {"error": "Unauthorized"})
+        wrong = urllib.request.Request(
+            f"{sim.url}/v1/loads", headers={"Authorization": "Bearer nope"}
+        )
+        with pytest.raises(urllib.error.HTTPError, match="401"):
+            urllib.request.urlopen(wrong, timeout=10)
+        for path in ("/health", "/metrics"):
+            assert http("GET", f"{sim.url}{path}")[0] == 200
+        assert isolation.request_counters([sim.url]) == {sim.url: 0.0}, "401s are not counted"
+        good = urllib.request.Request(
+            f"{sim.url}/generate",
+            data=json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(good, timeout=30) as resp:
+            assert resp.status == 200
+        assert isolation.request_counters([sim.url]) == {sim.url: 1.0}
+        for pid in [sim.pid, *_children(sim.pid)]:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            assert key.encode() not in cmdline, f"pid {pid}: the key is in its argv"
+        assert "api_key=" in sim.log() and key not in sim.log(), sim.log()[-2000:]
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out

@@ -123,6 +123,11 @@ def sampling_params(workload: Workload) -> dict[str, Any]:
     }
 
 
+# The variable both clients take the server's API key from (bench_serving's get_auth_headers
+# sends `Authorization: Bearer $OPENAI_API_KEY`, 0.5.9 and 0.5.23 alike).
+API_KEY_ENV = "OPENAI_API_KEY"
+
+
 def client_env(kind: ClientKind) -> dict[str, str]:
     """Extra environment for the client: bench_serving must not look anything up online."""
     return {"HF_HUB_OFFLINE": "1"} if kind == "bench_serving" else {}

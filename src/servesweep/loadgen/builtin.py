@@ -9,9 +9,10 @@ import gc
 import json
 import logging
 import math
+import os
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -22,6 +23,7 @@ import numpy as np
 from tqdm import tqdm
 
 from servesweep.errors import ClientError
+from servesweep.loadgen import API_KEY_ENV
 from servesweep.loadgen.metrics import RequestResult, build_record, record_line
 from servesweep.loadgen.selfcheck import SelfCheck
 
@@ -380,6 +382,12 @@ async def run_benchmark(options: BenchOptions) -> dict[str, Any]:
         gc.unfreeze()
 
 
+def auth_headers(env: Mapping[str, str]) -> dict[str, str]:
+    """bench_serving's header for the server's `--api-key` (from OPENAI_API_KEY)."""
+    key = env.get(API_KEY_ENV)
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 async def _run(
     options: BenchOptions, *, prompts: list[Prompt], warm: Prompt, rng: np.random.RandomState
 ) -> dict[str, Any]:
@@ -389,6 +397,7 @@ async def _run(
         connector=connector,
         read_bufsize=READ_BUFSIZE,
         timeout=aiohttp.ClientTimeout(total=None),
+        headers=auth_headers(os.environ),
     )
     async with session:
         if options.ready_check_timeout_s > 0:

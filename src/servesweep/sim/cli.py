@@ -101,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--trust-remote-code", action="store_true")
     add("--log-level", type=str, default="info")
     add("--enable-metrics", action="store_true")
+    add("--api-key", type=str, default=None)  # SGLang: every endpoint but /health*, /metrics*
     add("--disaggregation-mode", type=str, choices=DISAGGREGATION_MODES, default="null")
     add("--disaggregation-bootstrap-port", type=int, default=8998)
     add("--disaggregation-ib-device", type=str, default=None)

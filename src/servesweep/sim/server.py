@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import os
@@ -125,8 +126,9 @@ class SimServer:
         return str(self.args["served_model_name"])
 
     def app(self) -> web.Application:
-        """The aiohttp application with SGLang's routes."""
-        app = web.Application(client_max_size=256 * 1024 * 1024)
+        """The aiohttp application with SGLang's routes (behind `--api-key` when set)."""
+        middlewares = [api_key_middleware(self.args["api_key"])] if self.args.get("api_key") else []
+        app = web.Application(client_max_size=256 * 1024 * 1024, middlewares=middlewares)
         r = app.router
         r.add_get("/health", self.health)
         r.add_get("/health_generate", self.health)
@@ -725,6 +727,26 @@ class SimServer:
         logger.info(f"Abort request {stream.rid}: the client disconnected.")
         if self.engine.noise.enabled:
             logger.error(disconnect_traceback(rid=stream.rid, task=990000 + stream.seq))
+
+
+# SGLang's auth (srt/utils/auth.py): probes and scraping need no key.
+OPEN_PREFIXES = ("/health", "/ready", "/metrics")
+
+
+def api_key_middleware(key: str) -> Any:
+    """SGLang's `--api-key`: every other request needs `Authorization: Bearer <key>`, else 401
+    `{"error": "Unauthorized"}` before any handler runs (nothing is counted or queued)."""
+
+    @web.middleware
+    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.method == "OPTIONS" or request.path.startswith(OPEN_PREFIXES):
+            return await handler(request)
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token, key):
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    return check
 
 
 def _int(value: Any) -> int:
