@@ -89,7 +89,8 @@ KEYED_LAUNCH = ";".join(
         "os.close(w)",
         "m=sys.argv.pop(1)",
         "sys.argv[0]=m",
-        "sys.argv+=['--api-key',k.decode()]",
+        # `--api-key=KEY`: a URL-safe key may start with '-' (argparse would take it for a flag)
+        "sys.argv+=['--api-key='+k.decode()]",
         "runpy.run_module(m,run_name='__main__',alter_sys=True)",
     ]
 )  # one line: commands.sh keeps one line per command
