@@ -86,7 +86,7 @@ def test_a_failed_pool_lets_the_other_finish_and_reruns_in_its_own_pool(tmp_path
         f"{bad}/concurrency~4/r2",
     ]
     results = (run_dir / "results.csv").read_text().splitlines()
-    assert results[0].split(",")[5] == "pool" and len(results) == 5
+    assert "pool" in results[0].split(",") and len(results) == 5
 
     # A deleted raw file of pool 0 reruns that cell in pool 0, with one start.
     seen = len(read_events(log))
