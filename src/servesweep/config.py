@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -38,6 +39,19 @@ SERVER_ARG_ENV = {"EP_SIZE": "ep_size"}
 NARROWING_ENV = frozenset({*SERVER_AXIS_ENV, *CLIENT_AXIS_ENV, "SUITE"})
 
 M = TypeVar("M", bound=BaseModel)
+
+
+def _compiles(value: str) -> str:
+    """A regular expression that compiles (ValueError naming why not)."""
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"bad regular expression: {exc}") from None
+    return value
+
+
+# A config value that is a regular expression (an image check's `expect`, an evidence pattern).
+Regex = Annotated[str, AfterValidator(_compiles)]
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 
@@ -112,16 +126,7 @@ class ImageCheck(Strict):
 
     name: str = Field(pattern=NAME_PATTERN)
     command: str
-    expect: str
-
-    @field_validator("expect")
-    @classmethod
-    def _compiles(cls, value: str) -> str:
-        try:
-            re.compile(value)
-        except re.error as exc:
-            raise ValueError(f"bad regular expression: {exc}") from None
-        return value
+    expect: Regex
 
 
 class ImageBuild(Strict):
@@ -367,19 +372,10 @@ class EvidencePattern(Strict):
     request); `window: service` counts since the server started (a line SGLang logs once
     per process, via `warning_once`)."""
 
-    pattern: str
+    pattern: Regex
     role: Literal["server", "prefill", "decode", "router"]
     min_per_cell: int = Field(default=1, ge=0)
     window: Literal["cell", "service"] = "cell"
-
-    @field_validator("pattern")
-    @classmethod
-    def _compiles(cls, value: str) -> str:
-        try:
-            re.compile(value)
-        except re.error as exc:
-            raise ValueError(f"bad regular expression: {exc}") from None
-        return value
 
 
 class ReferenceConfig(Strict):
