@@ -26,7 +26,7 @@
 #
 # The image `servesweep-sim:local` is `docker import` of an empty tar: containers run the host's
 # Python through read-only bind mounts, at the same paths as on the host. For
-# `python3 -m servesweep.sim ...` to run in it, `docker run` needs (servesweep.runtime
+# `python3 -m servesweep.sim ...` to run in it, `docker run` needs (servesweep.cluster.runtime
 # .host_python_mounts() computes this list for the running interpreter):
 #   -v /lib:/lib:ro -v /lib64:/lib64:ro -v /usr/lib:/usr/lib:ro     libc, ld.so, libssl, libffi ...
 #   -v <sys.base_prefix>:<sys.base_prefix>:ro                       the interpreter and stdlib

@@ -23,8 +23,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from servesweep.config import CLIENT_AXIS_ENV, SERVER_ARG_ENV, SERVER_AXIS_ENV
-from servesweep.errors import ServerStartError
+from servesweep.config.load import CLIENT_AXIS_ENV, SERVER_ARG_ENV, SERVER_AXIS_ENV
+from servesweep.core.errors import ServerStartError
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # tests.support (staged bench_serving, tokenizer) and helpers

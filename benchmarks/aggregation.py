@@ -26,11 +26,12 @@ import numpy as np
 import yaml
 from _common import REPO, add_common_args, log, scratch_dir, setup_logging, write_result
 
-from servesweep import telemetry
-from servesweep.config import cell_repeats, load_experiment
-from servesweep.loadgen.metrics import RequestResult, build_record, record_line
-from servesweep.paths import RunPaths
-from servesweep.transport import LocalTransport
+from servesweep.cluster import telemetry
+from servesweep.cluster.transport import LocalTransport
+from servesweep.config.load import load_experiment
+from servesweep.config.matrix import cell_repeats
+from servesweep.config.paths import RunPaths
+from servesweep.measure.loadgen.metrics import RequestResult, build_record, record_line
 
 GOAL_S = 10.0
 SERVER_AXES = {

@@ -1,7 +1,8 @@
 """Item 1: the builtin client vs SGLang's bench_serving on the zero-cost sim, client pinned.
 
-Both clients get the same bench_serving flags (`servesweep.loadgen.client_argv`) and run on one
-core against the sim on another. Per client and concurrency (closed loop, request rate inf):
+Both clients get the same bench_serving flags (`servesweep.measure.loadgen.client_argv`) and
+run on one core against the sim on another. Per client and concurrency (closed loop, request
+rate inf):
 request throughput, TTFT median/p99 (everything the client and the sim's HTTP layer add: the
 sim computes nothing), client CPU per request inside its event loop and garbage-collector
 pauses. A streaming run gives client CPU per streamed token. Figures of one run.
@@ -9,7 +10,7 @@ pauses. A streaming run gives client CPU per streamed token. Figures of one run.
     python benchmarks/client.py [--concurrencies 1,64,256] [--client-core 0 --server-core 1]
     python benchmarks/client.py --self-check-only      # only the self-check's cost at C=256
 
-The builtin's self-check (CPU time, event-loop lag, GC pauses: servesweep.loadgen.selfcheck)
+The builtin's self-check (CPU time, event-loop lag, GC pauses: servesweep.measure.loadgen.selfcheck)
 is on in the workflow; its cost is measured as the builtin's request throughput at C=256 with
 and without it (`--no-self-check`), in adjacent pairs of alternating order, the median of the
 `--self-check-pairs` pair figures.
@@ -40,8 +41,8 @@ from _common import (
     zero_cost_sim,
 )
 
-from servesweep.config import Workload
-from servesweep.loadgen import client_argv, client_env
+from servesweep.config.schema import Workload
+from servesweep.measure.loadgen import client_argv, client_env
 from tests.support.sglang_bench import SGLANG_VERSION, bench_env, find_wheel, stage_bench
 from tests.support.tokenizer import DEFAULT_VOCAB_SIZE, build_tokenizer, sim_words
 

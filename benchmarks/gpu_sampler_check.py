@@ -5,7 +5,7 @@ loop (idle, load, idle); writes the capture and a summary to OUT_DIR.
 
 Needs nvidia-smi on PATH and torch with CUDA. OUT_DIR gets `samples.csv` (the loop's output
 exactly as nvidia-smi printed it), `phases.json` (epoch seconds of idle/load/idle) and
-`summary.json` (power, SM utilisation and energy per phase, from servesweep.gpusampling).
+`summary.json` (power, SM utilisation and energy per phase, from servesweep.cluster.gpusampling).
 Copy `samples.csv` and `phases.json` to tests/data/nvidia-smi-h200-check/ to make them the
 fixture of tests/unit/test_gpusampling.py::test_real_gpu_capture_rises_and_falls_with_the_load.
 """
@@ -21,9 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from servesweep import gpusampling
-from servesweep.files import write_text_atomic
-from servesweep.transport import LocalTransport
+from servesweep.cluster import gpusampling
+from servesweep.cluster.transport import LocalTransport
+from servesweep.core.files import write_text_atomic
 
 NODE = "local"
 

@@ -46,11 +46,11 @@ from _common import (
     write_result,
 )
 
-from servesweep.config import load_experiment
-from servesweep.errors import ConfigError
-from servesweep.events import read_events
-from servesweep.paths import RunPaths
-from servesweep.servers import shutdown
+from servesweep.config.load import load_experiment
+from servesweep.config.paths import RunPaths
+from servesweep.core.errors import ConfigError
+from servesweep.core.events import read_events
+from servesweep.serving.servers import shutdown
 
 SERVER_AXES = {
     "moe_runner_backend": ["marlin", "flashinfer_mxfp4"],

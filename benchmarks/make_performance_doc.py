@@ -107,7 +107,8 @@ def client_section(data: dict[str, Any], before: dict[str, Any] | None) -> str:
         "## 1. Client: builtin vs SGLang bench_serving",
         where(data),
         "",
-        f"Both clients run the workflow's command line (`servesweep.loadgen.client_argv`) on "
+        f"Both clients run the workflow's command line "
+        f"(`servesweep.measure.loadgen.client_argv`) on "
         f"core {p['client_core']} against the sim on core {p['server_core']} "
         f"({p['sim_note']}); prompts are {p['input_len']} random token ids, "
         f"{p['output_len']} output token, closed loop at concurrency C "

@@ -33,7 +33,7 @@ from _common import (
     write_result,
 )
 
-from servesweep.events import read_events
+from servesweep.core.events import read_events
 from tests.helpers import experiment_file
 
 GOAL_RATIO = 1.10
@@ -43,10 +43,10 @@ RUN_ID = "orchestration-bench"
 IMPORTS = {
     "python -c pass": "pass",
     "snakemake `script:` preamble (snakemake.script)": "import snakemake.script",
-    "cell jobs (servesweep.jobs: build_images, preflight, run_cell)": "import servesweep.jobs",
-    "table jobs (servesweep.analysisjobs)": "import servesweep.analysisjobs",
-    "plot jobs (servesweep.plotjobs)": "import servesweep.plotjobs",
-    "builtin client (its own process)": "import servesweep.loadgen.builtin",
+    "cell jobs (build_images, preflight, run_cell)": "import servesweep.workflow.jobs",
+    "table jobs (servesweep.workflow.analysisjobs)": "import servesweep.workflow.analysisjobs",
+    "plot jobs (servesweep.workflow.plotjobs)": "import servesweep.workflow.plotjobs",
+    "builtin client (its own process)": "import servesweep.measure.loadgen.builtin",
 }
 
 

@@ -42,11 +42,11 @@ from _common import (
     write_result,
 )
 
-from servesweep.events import read_events
-from servesweep.owner import KIND_LABEL, RUN_LABEL, SERVER_KIND
-from servesweep.pools import label_overlaps, node_overlaps
-from servesweep.runtime import ProcessRuntime
-from servesweep.transport import LocalTransport
+from servesweep.cluster.owner import KIND_LABEL, RUN_LABEL, SERVER_KIND
+from servesweep.cluster.pools import label_overlaps, node_overlaps
+from servesweep.cluster.runtime import ProcessRuntime
+from servesweep.cluster.transport import LocalTransport
+from servesweep.core.events import read_events
 
 GOAL_RATIO = 0.55
 CONFIG = REPO / "config" / "experiments" / "moe_prefill_gate_local_2pools.yaml"

@@ -4,32 +4,27 @@ import os
 import sys
 from pathlib import Path
 
-from servesweep.config import (
-    axis_names,
-    load_experiment,
-    measured_config,
-    unnarrowed_env,
-    workload_key,
-)
-from servesweep.compare import run_inputs
-from servesweep.engines import check_experiment
-from servesweep.landing import key_plots
-from servesweep.errors import ConfigError
-from servesweep.paths import RunPaths, aggregate_cells
-from servesweep.plan import dry_run_requested, pool_plan, summary_at_exit
-from servesweep.reference import load_reference
-from servesweep import pools
-from servesweep.provenance import measured_with
-from servesweep.logsetup import hangup_like_sigterm
-from servesweep.ratelimit import unthrottle_scheduler
-from servesweep.summary import expected_delta_note, plot_metrics
+from servesweep.analysis.compare import run_inputs
+from servesweep.analysis.landing import key_plots
+from servesweep.analysis.reference import load_reference
+from servesweep.analysis.summary import expected_delta_note, plot_metrics
+from servesweep.cluster import pools
+from servesweep.config.load import load_experiment, unnarrowed_env
+from servesweep.config.matrix import axis_names, measured_config, workload_key
+from servesweep.config.paths import RunPaths, aggregate_cells
+from servesweep.core.errors import ConfigError
+from servesweep.measure.provenance import measured_with
+from servesweep.serving.engines import check_experiment
+from servesweep.workflow.logsetup import hangup_like_sigterm
+from servesweep.workflow.plan import dry_run_requested, pool_plan, summary_at_exit
+from servesweep.workflow.ratelimit import unthrottle_scheduler
 
 try:
     EXP = load_experiment(
         config, os.environ, site_dir=os.path.join(workflow.basedir, "config", "site")
     )
     PATHS = RunPaths.for_run(EXP)
-    # Each server config's node pool (servesweep.pools), kept stable across matrix extensions.
+    # Each server config's node pool (servesweep.cluster.pools), kept stable across matrix extensions.
     POOLS = pool_plan(exp=EXP, paths=PATHS, results_dir=PATHS.root.parent)
     SPECS = pools.pooled_specs(EXP, POOLS)
     # The run's configured matrix (BACKENDS_CSV, SUITE, ... only select what runs now).
@@ -211,8 +206,8 @@ def compare_inputs(wildcards):
 
 def check_secrets_at_start():
     """onstart (a real run, before any job): a config that needs sudo has its password."""
-    from servesweep.errors import SecretError
-    from servesweep.secrets import check_secrets
+    from servesweep.core.errors import SecretError
+    from servesweep.cluster.secrets import check_secrets
 
     try:
         check_secrets(
@@ -234,7 +229,7 @@ def start_pools():
 
 def report_missing():
     """onerror: which cells are missing and why, per pool (also in missing.txt)."""
-    from servesweep.files import write_text_atomic
+    from servesweep.core.files import write_text_atomic
 
     text = pools.missing_report(list(CELLS.values()), PATHS)
     if text:
@@ -245,6 +240,6 @@ def report_missing():
 def stop_servers(reason):
     if any(PATHS.current_server_of(p.index).exists() for p in POOLS.pools):
         # Imported here: only a run with a server up needs it.
-        from servesweep.servers import shutdown
+        from servesweep.serving.servers import shutdown
 
         shutdown(EXP, PATHS, reason=reason)

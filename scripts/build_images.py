@@ -1,7 +1,7 @@
 """Adapter for rule build_images: base image, image, smoke and checks on every node at once."""
 
-from servesweep.jobs import build_images
-from servesweep.logsetup import job_logging
+from servesweep.workflow.jobs import build_images
+from servesweep.workflow.logsetup import job_logging
 
 if __name__ == "__main__":
     with job_logging(snakemake.log.job):

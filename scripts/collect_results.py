@@ -1,7 +1,7 @@
 """Adapter for rule collect_results: results.csv and requests.csv from the cells' files."""
 
-from servesweep.analysisjobs import collect_results
-from servesweep.logsetup import job_logging
+from servesweep.workflow.analysisjobs import collect_results
+from servesweep.workflow.logsetup import job_logging
 
 if __name__ == "__main__":
     with job_logging(snakemake.log[0]):

@@ -1,7 +1,7 @@
 """Adapter for rule compare_runs: run B vs run A per common cell, with intervals, verdicts."""
 
-from servesweep.analysisjobs import compare_runs
-from servesweep.logsetup import job_logging
+from servesweep.workflow.analysisjobs import compare_runs
+from servesweep.workflow.logsetup import job_logging
 
 if __name__ == "__main__":
     with job_logging(snakemake.log[0]):

@@ -1,7 +1,7 @@
 """Adapter for rule plot_comparison: % change of run B vs run A per cell, one panel a metric."""
 
-from servesweep.logsetup import job_logging
-from servesweep.plotjobs import plot_comparison
+from servesweep.workflow.logsetup import job_logging
+from servesweep.workflow.plotjobs import plot_comparison
 
 if __name__ == "__main__":
     with job_logging(snakemake.log[0]):

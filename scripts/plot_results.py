@@ -1,7 +1,7 @@
 """Adapter for rule plot_results: every figure of the run in one job."""
 
-from servesweep.logsetup import job_logging
-from servesweep.plotjobs import plot_results
+from servesweep.workflow.logsetup import job_logging
+from servesweep.workflow.plotjobs import plot_results
 
 if __name__ == "__main__":
     with job_logging(snakemake.log[0]):

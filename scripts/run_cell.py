@@ -1,7 +1,7 @@
 """Adapter for rule run_cell: one cell-repeat, from its wildcards and params."""
 
-from servesweep.jobs import run_cell
-from servesweep.logsetup import job_logging
+from servesweep.workflow.jobs import run_cell
+from servesweep.workflow.logsetup import job_logging
 
 if __name__ == "__main__":
     with job_logging(snakemake.log.job):

@@ -1,7 +1,7 @@
 """Adapter for rule scan_logs: final scan of every server log (fatal patterns, evidence)."""
 
-from servesweep.analysisjobs import scan_logs
-from servesweep.logsetup import job_logging
+from servesweep.workflow.analysisjobs import scan_logs
+from servesweep.workflow.logsetup import job_logging
 
 if __name__ == "__main__":
     with job_logging(snakemake.log[0]):

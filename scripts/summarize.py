@@ -1,7 +1,7 @@
 """Adapter for rule summarize: medians, intervals, verdicts, final log scan and warm-ups."""
 
-from servesweep.analysisjobs import summarize
-from servesweep.logsetup import job_logging
+from servesweep.workflow.analysisjobs import summarize
+from servesweep.workflow.logsetup import job_logging
 
 if __name__ == "__main__":
     with job_logging(snakemake.log[0]):

@@ -1,7 +1,7 @@
 """Adapter for rule write_case_table: the seed's PD table (markdown and HTML)."""
 
-from servesweep.analysisjobs import write_case_table
-from servesweep.logsetup import job_logging
+from servesweep.workflow.analysisjobs import write_case_table
+from servesweep.workflow.logsetup import job_logging
 
 if __name__ == "__main__":
     with job_logging(snakemake.log[0]):

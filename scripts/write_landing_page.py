@@ -1,7 +1,7 @@
 """Adapter for rule write_landing_page: the report's first page."""
 
-from servesweep.analysisjobs import write_landing_page
-from servesweep.logsetup import job_logging
+from servesweep.workflow.analysisjobs import write_landing_page
+from servesweep.workflow.logsetup import job_logging
 
 if __name__ == "__main__":
     with job_logging(snakemake.log[0]):

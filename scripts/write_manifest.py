@@ -1,7 +1,7 @@
 """Adapter for rule write_manifest: resolved config, fingerprints, versions."""
 
-from servesweep.analysisjobs import write_manifest
-from servesweep.logsetup import job_logging
+from servesweep.workflow.analysisjobs import write_manifest
+from servesweep.workflow.logsetup import job_logging
 
 if __name__ == "__main__":
     with job_logging(snakemake.log[0]):

@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from servesweep.config import Workload
-from servesweep.loadgen import API_KEY_ENV, client_argv, client_env
-from servesweep.loadgen.builtin import sample_rows
-from servesweep.loadgen.metrics import BUILTIN_EXTRA_KEYS, RequestResult, compute_metrics
-from servesweep.recordkeys import DETAIL_KEYS, RECORD_KEYS
-from servesweep.records import read_record
-from servesweep.validation import record_problems
+from servesweep.config.schema import Workload
+from servesweep.measure.loadgen import API_KEY_ENV, client_argv, client_env
+from servesweep.measure.loadgen.builtin import sample_rows
+from servesweep.measure.loadgen.metrics import BUILTIN_EXTRA_KEYS, RequestResult, compute_metrics
+from servesweep.measure.recordkeys import DETAIL_KEYS, RECORD_KEYS
+from servesweep.measure.records import read_record
+from servesweep.measure.validation import record_problems
 from tests.support.sglang_bench import bench_env
 from tests.support.sim import running_sim, sim_available
 

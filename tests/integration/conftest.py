@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from servesweep.config import RuntimeConfig, SshOptions
-from servesweep.errors import TransportError
-from servesweep.runtime import host_python_mounts
-from servesweep.ssh import SshTransport
+from servesweep.cluster.runtime import host_python_mounts
+from servesweep.cluster.ssh import SshTransport
+from servesweep.config.schema import RuntimeConfig, SshOptions
+from servesweep.core.errors import TransportError
 from tests.helpers import container_env
 from tests.integration.nodes import DEFAULT_DIR, IMAGE, NODES, unavailable
 

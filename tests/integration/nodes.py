@@ -7,9 +7,9 @@ from typing import NoReturn
 
 import pytest
 
-from servesweep.config import RuntimeConfig
-from servesweep.runtime import DockerRuntime
-from servesweep.ssh import SshTransport
+from servesweep.cluster.runtime import DockerRuntime
+from servesweep.cluster.ssh import SshTransport
+from servesweep.config.schema import RuntimeConfig
 from tests.helpers import wait_until  # noqa: F401 (re-exported)
 from tests.support.simprocess import free_port  # noqa: F401 (re-exported)
 

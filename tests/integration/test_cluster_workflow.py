@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from servesweep.events import read_events
-from servesweep.runtime import host_python_mounts
-from servesweep.ssh import SshTransport
+from servesweep.cluster.runtime import host_python_mounts
+from servesweep.cluster.ssh import SshTransport
+from servesweep.core.events import read_events
 from tests.helpers import container_env, experiment_file, run_snakemake
 from tests.integration.nodes import ADDRESSES, IMAGE, NODES
 

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from servesweep.config import RuntimeConfig
-from servesweep.engines import API_KEY_ENV
-from servesweep.errors import ServerStartError
-from servesweep.runtime import DockerRuntime, Launch
-from servesweep.secrets import Secret
-from servesweep.ssh import SshTransport
+from servesweep.cluster.runtime import DockerRuntime, Launch
+from servesweep.cluster.secrets import Secret
+from servesweep.cluster.ssh import SshTransport
+from servesweep.config.schema import RuntimeConfig
+from servesweep.core.errors import ServerStartError
+from servesweep.serving.engines import API_KEY_ENV
 from tests.integration.nodes import free_port, root_docker, wait_until
 
 pytestmark = pytest.mark.integration

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from servesweep.cli import main as cli
-from servesweep.runtime import host_python_mounts
+from servesweep.cluster.runtime import host_python_mounts
+from servesweep.workflow.cli import main as cli
 from tests.helpers import container_env
 from tests.integration.nodes import ADDRESSES, IMAGE, free_port
 

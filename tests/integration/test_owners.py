@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from servesweep.config import load_experiment, server_specs
-from servesweep.errors import ServerConflict
-from servesweep.paths import RunPaths
-from servesweep.runtime import DockerRuntime, host_python_mounts
-from servesweep.servers import ServerManager
-from servesweep.ssh import SshTransport
+from servesweep.cluster.runtime import DockerRuntime, host_python_mounts
+from servesweep.cluster.ssh import SshTransport
+from servesweep.config.load import load_experiment
+from servesweep.config.matrix import server_specs
+from servesweep.config.paths import RunPaths
+from servesweep.core.errors import ServerConflict
+from servesweep.serving.servers import ServerManager
 from tests.helpers import container_env
 from tests.integration.nodes import ADDRESSES, IMAGE, free_port
 

@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from servesweep.events import read_events
-from servesweep.runtime import host_python_mounts
-from servesweep.ssh import SshTransport
+from servesweep.cluster.runtime import host_python_mounts
+from servesweep.cluster.ssh import SshTransport
+from servesweep.core.events import read_events
 from tests.helpers import REPO, container_env, deep_update, free_port, run_snakemake
 from tests.integration.nodes import ADDRESSES, IMAGE, NODES
 

@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from servesweep.events import read_events
-from servesweep.pools import node_overlaps
-from servesweep.runtime import host_python_mounts
-from servesweep.ssh import SshTransport
+from servesweep.cluster.pools import node_overlaps
+from servesweep.cluster.runtime import host_python_mounts
+from servesweep.cluster.ssh import SshTransport
+from servesweep.core.events import read_events
 from tests.helpers import container_env, experiment_file, free_port, run_snakemake
 from tests.integration.nodes import ADDRESSES, IMAGE, NODES
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from servesweep.config import SshOptions
-from servesweep.errors import TransportError
-from servesweep.ssh import SshTransport
-from servesweep.transport import run_all
+from servesweep.cluster.ssh import SshTransport
+from servesweep.cluster.transport import run_all
+from servesweep.config.schema import SshOptions
+from servesweep.core.errors import TransportError
 from tests.integration.nodes import ADDRESSES, NODES, wait_until
 
 pytestmark = pytest.mark.integration

@@ -23,7 +23,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from servesweep.events import read_events
+from servesweep.core.events import read_events
 from tests.helpers import REPO, experiment_file
 
 # The suite's matrix: MoE runner marlin | flashinfer_mxfp4 x concurrency 2 | 4, one repeat, tiny
@@ -586,7 +586,7 @@ def cluster_config(
     request_timeout_s: float = REQUEST_TIMEOUT_S,
 ) -> dict[str, Any]:
     """A slice of the suite's matrix on the loopback SSH nodes, one container per rank."""
-    from servesweep.runtime import host_python_mounts
+    from servesweep.cluster.runtime import host_python_mounts
     from tests.integration.nodes import ADDRESSES, IMAGE
 
     config = local_config(run_id, shim, backends=backends, concurrencies=concurrencies)

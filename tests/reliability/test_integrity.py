@@ -21,8 +21,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from servesweep.engines import API_KEY_ENV
-from servesweep.events import read_events
+from servesweep.core.events import read_events
+from servesweep.serving.engines import API_KEY_ENV
 from tests.reliability.harness import (
     ACROSS,
     REQUESTS,
@@ -92,7 +92,7 @@ def test_double_load_after_sigkill_stale_client_removed(
         wait_for(hang_started(run), limit_s=120, what=f"request #{SECOND_CELL_INDEX} to hang")
         tree = descendants(proc.pid)
         jobs = [p for p in tree if "run_cell" in _cmdline(p) and "loadgen" not in _cmdline(p)]
-        clients = [p for p in tree if "servesweep.loadgen" in _cmdline(p)]
+        clients = [p for p in tree if "servesweep.measure.loadgen" in _cmdline(p)]
         checks.check("the cell's job and its client run", bool(jobs and clients), str(tree))
         for pid in [proc.pid, *jobs]:  # snakemake and the job alone, not their group
             with contextlib.suppress(ProcessLookupError):
@@ -278,7 +278,7 @@ def test_stale_pid_of_an_unrelated_process_is_left_alone(
             [
                 sys.executable,
                 "-c",
-                "import sys; from servesweep.cli import main; sys.exit(main(sys.argv[1:]))",
+                "import sys; from servesweep.workflow.cli import main; sys.exit(main(sys.argv[1:]))",  # noqa: E501
                 "down",
                 "--configfile",
                 str(run.config),
@@ -590,7 +590,7 @@ def _servesweep(run: Run, *args: str) -> subprocess.CompletedProcess[str]:
         [
             sys.executable,
             "-c",
-            "import sys; from servesweep.cli import main; sys.exit(main(sys.argv[1:]))",
+            "import sys; from servesweep.workflow.cli import main; sys.exit(main(sys.argv[1:]))",  # noqa: E501
             *args,
             "--configfile",
             str(run.config),

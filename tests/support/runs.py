@@ -7,10 +7,11 @@ from pathlib import Path
 
 import yaml
 
-from servesweep import telemetry
-from servesweep.config import cell_repeats, load_experiment, load_experiment_file
-from servesweep.paths import RunPaths
-from servesweep.records import write_record
+from servesweep.cluster import telemetry
+from servesweep.config.load import load_experiment, load_experiment_file
+from servesweep.config.matrix import cell_repeats
+from servesweep.config.paths import RunPaths
+from servesweep.measure.records import write_record
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data"
@@ -86,7 +87,7 @@ def make_run(root: Path, exp, *, base: Path = REC_0523, backend=None) -> RunPath
 def collect(cells, paths: RunPaths):
     """results.collect_results over a run's files, as the workflow's job calls it:
     (results table, requests table)."""
-    from servesweep.results import collect_results
+    from servesweep.analysis.results import collect_results
 
     return collect_results(
         run_id=paths.root.name,

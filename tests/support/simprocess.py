@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from servesweep.errors import ServerStartError
+from servesweep.core.errors import ServerStartError
 from servesweep.sim.logs import READY_LINE
 from servesweep.sim.router import READY_LINE as ROUTER_READY_LINE
 

@@ -1,4 +1,5 @@
-"""The package's import graph: no cycles, no Snakemake, the sim reached through its facades."""
+"""The package's import graph: layers pointing downward, no cycles, no Snakemake, the sim reached
+through its facades."""
 
 from __future__ import annotations
 
@@ -88,5 +89,42 @@ def test_the_workflow_reaches_the_sim_only_through_its_facades():
         if not name.startswith("servesweep.sim")
         for dep in deps
         if dep.startswith("servesweep.sim") and dep not in SIM_FACADES | {"servesweep.sim"}
+    }
+    assert reach == set()
+
+
+# The package's layers, lowest first: a module imports only from its own layer or a lower one.
+# `sim` is a leaf beside `core` (it imports nothing of servesweep); the root package holds only
+# the version.
+LAYERS = ("core", "sim", "config", "cluster", "serving", "measure", "analysis", "workflow")
+
+
+def layer_of(module: str) -> int:
+    parts = module.split(".")
+    return LAYERS.index(parts[1]) if len(parts) > 1 else -1
+
+
+def test_every_module_sits_in_a_layer_folder():
+    loose = [name for name in MODULES if name.count(".") == 1 and name.split(".")[1] not in LAYERS]
+    assert loose == []
+
+
+def test_dependencies_point_downward_only():
+    upward = sorted(
+        f"{name} -> {dep}"
+        for name, deps in GRAPH.items()
+        for dep in deps
+        if layer_of(dep) > layer_of(name)
+    )
+    assert upward == []
+
+
+def test_the_sim_imports_nothing_else_of_the_package():
+    reach = {
+        (name, dep)
+        for name, deps in GRAPH.items()
+        if name.startswith("servesweep.sim")
+        for dep in deps
+        if not dep.startswith("servesweep.sim")
     }
     assert reach == set()

@@ -1,4 +1,4 @@
-"""Tests of servesweep.casetable: the PD suite's case table from results.csv rows."""
+"""Tests of servesweep.analysis.casetable: the PD suite's case table from results.csv rows."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from servesweep.casetable import case_label, case_table, markdown_table
-from servesweep.config import client_specs, load_experiment_file
+from servesweep.analysis.casetable import case_label, case_table, markdown_table
+from servesweep.config.load import load_experiment_file
+from servesweep.config.matrix import client_specs
 
 PD_LOCAL = Path(__file__).resolve().parents[2] / "config" / "experiments" / "pd_standard_local.yaml"
 

@@ -1,4 +1,4 @@
-"""Tests of servesweep.cells on the real sim: files appear only for a valid cell-repeat."""
+"""Tests of servesweep.measure.cells on the real sim: files appear only for a valid cell-repeat."""
 
 from __future__ import annotations
 
@@ -11,28 +11,28 @@ from pathlib import Path
 import pytest
 import yaml
 
-from servesweep import provenance
-from servesweep.cells import (
+from servesweep.cluster.runtime import ProcessRuntime
+from servesweep.cluster.telemetry import read_snapshot
+from servesweep.cluster.transport import LocalTransport
+from servesweep.config.load import load_experiment
+from servesweep.config.matrix import cell_repeats, image_key, workload_key
+from servesweep.config.paths import RunPaths
+from servesweep.core.errors import CellFailed, ConfigError, PreflightFailed
+from servesweep.core.events import read_events
+from servesweep.measure import provenance
+from servesweep.measure.cells import (
     check_prerequisites,
     client_timeout,
     run_cell,
     server_lock,
     warn_gpu_gaps,
 )
-from servesweep.config import cell_repeats, load_experiment, workload_key
-from servesweep.errors import CellFailed, ConfigError, PreflightFailed
-from servesweep.events import read_events
-from servesweep.images import image_key
-from servesweep.paths import RunPaths
-from servesweep.records import read_record
-from servesweep.runtime import ProcessRuntime
-from servesweep.servers import ServerManager
-from servesweep.telemetry import read_snapshot
-from servesweep.transport import LocalTransport
+from servesweep.measure.records import read_record
+from servesweep.serving.servers import ServerManager
 from tests.helpers import DEFAULT_CONFIG, deep_update, free_port
 
-# Modules the cell job (servesweep.jobs, scripts/run_cell.py) must not import: every
-# cell-repeat's process pays them; paramiko loads only for SSH clusters (servesweep.ssh) and
+# Modules the cell job (servesweep.workflow.jobs, scripts/run_cell.py) must not import: every
+# cell-repeat's process pays them; paramiko loads only for SSH clusters (servesweep.cluster.ssh) and
 # aiohttp only in the client's own process.
 HEAVY_MODULES = ("pandas", "numpy", "paramiko", "aiohttp")
 
@@ -108,7 +108,8 @@ def _files(paths: RunPaths, cell) -> dict[str, Path]:
 def test_the_server_lock_admits_one_holder_at_a_time(tmp_path: Path) -> None:
     lock = tmp_path / "service" / "nodes~a.lock"
     holder = (
-        "import sys, time; from pathlib import Path; from servesweep.cells import server_lock\n"
+        "import sys, time; from pathlib import Path\n"
+        "from servesweep.measure.cells import server_lock\n"
         "with server_lock(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(1.0)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", holder, str(lock)], stdout=subprocess.PIPE)
@@ -123,7 +124,7 @@ def test_the_server_lock_admits_one_holder_at_a_time(tmp_path: Path) -> None:
 
 
 def test_a_cell_whose_planned_fingerprint_differs_is_refused(tmp_path: Path) -> None:
-    from servesweep.jobs import run_cell as run_cell_job
+    from servesweep.workflow.jobs import run_cell as run_cell_job
 
     exp, paths, _, cell = _setup(tmp_path)
     with pytest.raises(ConfigError, match="fingerprint"):
@@ -140,7 +141,7 @@ def test_a_cell_whose_planned_fingerprint_differs_is_refused(tmp_path: Path) -> 
 
 
 def test_a_cell_planned_with_another_client_is_refused(tmp_path: Path) -> None:
-    from servesweep.jobs import run_cell as run_cell_job
+    from servesweep.workflow.jobs import run_cell as run_cell_job
 
     exp, paths, _, cell = _setup(tmp_path)
     planned = provenance.measured_with(exp, cell)
@@ -183,7 +184,7 @@ def test_docker_runs_check_each_nodes_image(tmp_path: Path) -> None:
 
 def test_cell_job_imports_no_heavy_modules() -> None:
     code = (
-        "import json, sys, servesweep.jobs; "
+        "import json, sys, servesweep.workflow.jobs; "
         f"print(json.dumps([n for n in {list(HEAVY_MODULES)!r} if n in sys.modules]))"
     )
     proc = subprocess.run(
@@ -191,13 +192,14 @@ def test_cell_job_imports_no_heavy_modules() -> None:
     )
     heavy = json.loads(proc.stdout)
     assert not heavy, (
-        f"servesweep.jobs imports {', '.join(heavy)}: every cell-repeat's process pays it; "
+        f"servesweep.workflow.jobs imports {', '.join(heavy)}: every cell-repeat's process "
+        "pays it; "
         "keep the analysis jobs' imports in analysisjobs/plotjobs"
     )
 
 
 def test_a_client_enospc_is_named_not_just_its_exit_status(tmp_path: Path) -> None:
-    from servesweep.cells import _client_cause
+    from servesweep.measure.cells import _client_cause
 
     log = tmp_path / "r1.log"
     log.write_text("start\nOSError: [Errno 28] No space left on device: '/tmp/x.jsonl'\n")
@@ -225,8 +227,8 @@ def test_a_node_without_nvidia_smi_is_said_once_per_run(
 
 
 def test_aggregates_cover_every_finished_cell_of_the_configured_matrix(tmp_path: Path) -> None:
-    from servesweep.config import unnarrowed_env
-    from servesweep.paths import aggregate_cells
+    from servesweep.config.load import unnarrowed_env
+    from servesweep.config.paths import aggregate_cells
 
     raw = yaml.safe_load(DEFAULT_CONFIG.read_text())
     env = {"BACKENDS_CSV": "flashinfer_mxfp4", "RUN_ID": "agg"}

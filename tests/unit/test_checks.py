@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from servesweep import checks
-from servesweep.cli import main
+from servesweep.measure import checks
+from servesweep.workflow.cli import main
 from tests.helpers import REPO
 
 REAL = REPO / "tests" / "fixtures" / "real"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from servesweep.cli import main
+from servesweep.workflow.cli import main
 from tests.helpers import REPO
 
 SEED = str(REPO / "config" / "experiments" / "moe_prefill_gate.yaml")
@@ -102,7 +102,7 @@ def test_nodes_reads_the_log_and_the_labels(
 ) -> None:
     import yaml
 
-    from servesweep.events import EventLog
+    from servesweep.core.events import EventLog
 
     monkeypatch.delenv("RUN_ID", raising=False)
     raw = yaml.safe_load(

@@ -1,4 +1,4 @@
-"""Tests of servesweep.compare on two synthetic runs with per-request details, and the rule."""
+"""Tests of analysis.compare on two synthetic runs with per-request details, and the rule."""
 
 from __future__ import annotations
 
@@ -15,17 +15,19 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from servesweep import compare, plots, telemetry
-from servesweep.config import CellRepeat, cell_repeats, load_experiment_file
-from servesweep.paths import RunPaths
-from servesweep.records import write_record
-from servesweep.results import (
+from servesweep.analysis import compare, plots
+from servesweep.analysis.results import (
     collect_results,
     read_requests_csv,
     write_requests_csv,
     write_results_csv,
 )
-from servesweep.summary import summarize
+from servesweep.analysis.summary import summarize
+from servesweep.cluster import telemetry
+from servesweep.config.load import load_experiment_file
+from servesweep.config.matrix import CellRepeat, cell_repeats
+from servesweep.config.paths import RunPaths
+from servesweep.measure.records import write_record
 from tests.helpers import REPO, experiment_file
 
 DATA = REPO / "tests" / "data"

@@ -8,17 +8,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from servesweep.config import (
+from servesweep.config.load import load_experiment, load_experiment_file
+from servesweep.config.matrix import (
     cell_repeats,
     client_specs,
-    load_experiment,
-    load_experiment_file,
     measured_config,
     server_specs,
     workload_key,
 )
-from servesweep.errors import ConfigError
-from servesweep.paths import RunPaths
+from servesweep.config.paths import RunPaths
+from servesweep.core.errors import ConfigError
 from tests.helpers import deep_update
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -170,11 +169,11 @@ def test_load_experiment_file(tmp_path: Path) -> None:
 def test_committed_json_schema_matches_the_models() -> None:
     import json
 
-    from servesweep.config import json_schema
+    from servesweep.config.experiment import json_schema
 
     committed = json.loads((ROOT / "schemas" / "experiment.schema.json").read_text())
     assert committed == json.loads(json.dumps(json_schema())), (
-        "regenerate schemas/experiment.schema.json from servesweep.config.json_schema()"
+        "regenerate schemas/experiment.schema.json from servesweep.config.experiment.json_schema()"
     )
 
 
@@ -235,8 +234,8 @@ def test_auto_ports_only_with_the_local_transport(raw: dict) -> None:
 
 
 def test_plot_metrics_must_be_summary_metrics(raw: dict) -> None:
-    from servesweep.errors import ConfigError
-    from servesweep.summary import plot_metrics
+    from servesweep.analysis.summary import plot_metrics
+    from servesweep.core.errors import ConfigError
 
     assert plot_metrics(load_experiment(raw, {}))[0] == "ttft_p50_ms"
     bad = copy.deepcopy(raw) | {"plots": {"metrics": ["goodput_rps", "nope"]}}

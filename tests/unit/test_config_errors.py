@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 import yaml
 
-from servesweep.config import load_experiment, load_experiment_file, server_specs
-from servesweep.engines import check_experiment
-from servesweep.errors import ConfigError, SecretError, ServesweepError
-from servesweep.secrets import sudo_password
+from servesweep.cluster.secrets import sudo_password
+from servesweep.config.load import load_experiment, load_experiment_file
+from servesweep.config.matrix import server_specs
+from servesweep.core.errors import ConfigError, SecretError, ServesweepError
+from servesweep.serving.engines import check_experiment
 from tests.helpers import DEFAULT_CONFIG, REPO, deep_update
 
 PD_CONFIG = REPO / "config" / "experiments" / "pd_standard_local.yaml"

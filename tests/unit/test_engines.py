@@ -1,4 +1,4 @@
-"""Tests of servesweep.engines: launch commands per rank, version checks, sim flags."""
+"""Tests of servesweep.serving.engines: launch commands per rank, version checks, sim flags."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from servesweep.config import load_experiment, server_specs
-from servesweep.engines import (
+from servesweep.config.load import load_experiment
+from servesweep.config.matrix import server_specs
+from servesweep.core.errors import ConfigError
+from servesweep.serving.engines import (
     KEYED_LAUNCH,
     base_url,
     check_experiment,
@@ -17,7 +19,6 @@ from servesweep.engines import (
     parse_version,
     rank_commands,
 )
-from servesweep.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 

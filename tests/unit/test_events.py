@@ -1,10 +1,10 @@
-"""Tests of servesweep.events: orchestrator.log lines round-trip."""
+"""Tests of servesweep.core.events: orchestrator.log lines round-trip."""
 
 from pathlib import Path
 
 import pytest
 
-from servesweep.events import EventLog, read_events
+from servesweep.core.events import EventLog, read_events
 
 
 def test_emit_and_read_back(tmp_path: Path) -> None:

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from servesweep import evidence
-from servesweep.config import EvidencePattern, load_experiment_file
-from servesweep.errors import CellFailed, ConfigError
+from servesweep.config.load import load_experiment_file
+from servesweep.config.schema import EvidencePattern
+from servesweep.core.errors import CellFailed, ConfigError
+from servesweep.serving import evidence
 
 ROOT = Path(__file__).resolve().parents[2]
 PD_LOCAL = ROOT / "config" / "experiments" / "pd_standard_local.yaml"
@@ -64,7 +65,7 @@ def test_config_names_the_key_of_a_bad_pattern_or_role() -> None:
     import yaml
 
     raw = yaml.safe_load(PD_LOCAL.read_text())
-    from servesweep.config import load_experiment
+    from servesweep.config.load import load_experiment
 
     raw["evidence"]["d_rdma_ready_ack"]["pattern"] = "("
     with pytest.raises(ConfigError, match=r"'evidence\.d_rdma_ready_ack\.pattern': bad regular"):

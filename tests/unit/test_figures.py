@@ -1,4 +1,4 @@
-"""Tests of servesweep.figures: goodput checked by hand on one record's per-request TTFT/TPOT,
+"""Tests of analysis.figures: goodput checked by hand on one record's per-request TTFT/TPOT,
 tail percentiles, energy per token and per-GPU throughput."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from servesweep import figures, stats
-from servesweep.config import SloConfig
-from servesweep.records import BenchRecord
+from servesweep.analysis import figures, stats
+from servesweep.config.schema import SloConfig
+from servesweep.measure.records import BenchRecord
 
 # One record, six requests sent over 2.0 s; per request: TTFT (s), output tokens, ITLs (s).
 #   r0: 0.5 s, 5 tokens, 4 x 40 ms -> TPOT 40 ms   ttft ok  tpot ok   -> good

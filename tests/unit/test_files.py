@@ -1,10 +1,10 @@
-"""Tests of servesweep.files: a failed write leaves nothing under the final name."""
+"""Tests of servesweep.core.files: a failed write leaves nothing under the final name."""
 
 from pathlib import Path
 
 import pytest
 
-from servesweep.files import atomic_open, current_umask, write_json_atomic, write_text_atomic
+from servesweep.core.files import atomic_open, current_umask, write_json_atomic, write_text_atomic
 
 
 def test_failed_write_leaves_no_file(tmp_path: Path) -> None:

@@ -1,8 +1,8 @@
-"""Tests of servesweep.gpuidle on recorded nvidia-smi output of a real H200."""
+"""Tests of servesweep.cluster.gpuidle on recorded nvidia-smi output of a real H200."""
 
 from __future__ import annotations
 
-from servesweep import gpuidle
+from servesweep.cluster import gpuidle
 from tests.support.runs import DATA
 
 SMI = DATA / "nvidia-smi"

@@ -1,4 +1,4 @@
-"""Tests of servesweep.gpusampling: loop parsing, trapezoid energy over a recorded H200 series,
+"""Tests of cluster.gpusampling: loop parsing, trapezoid energy over a recorded H200 series,
 the sampler over a fake looping nvidia-smi, the simulated curve, and a real-GPU capture."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from servesweep import gpusampling, telemetry
-from servesweep.transport import CommandResult, LocalTransport
+from servesweep.cluster import gpusampling, telemetry
+from servesweep.cluster.transport import CommandResult, LocalTransport
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 SERIES = DATA / "nvidia-smi-series" / "loop-500ms-idle-load-idle.csv"

@@ -1,4 +1,4 @@
-"""Tests of servesweep.images with a docker stand-in that runs smoke commands on this host."""
+"""Tests of cluster.images with a docker stand-in that runs smoke commands on this host."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from servesweep.config import load_experiment
-from servesweep.errors import SmokeFailed
-from servesweep.images import build_image, build_images, image_key, version_probe
-from servesweep.owner import Owner
-from servesweep.runtime import DockerRuntime
-from servesweep.transport import LocalTransport
+from servesweep.cluster.images import build_image, build_images, version_probe
+from servesweep.cluster.owner import Owner
+from servesweep.cluster.runtime import DockerRuntime
+from servesweep.cluster.transport import LocalTransport
+from servesweep.config.load import load_experiment
+from servesweep.config.matrix import image_key
+from servesweep.core.errors import SmokeFailed
 from tests.helpers import DEFAULT_CONFIG, deep_update
 
 OWNER = Owner(user="tester", host="h", checkout="0123456789ab")

@@ -10,9 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from servesweep import compare
-from servesweep.cli import main
-from servesweep.results import (
+from servesweep.analysis import compare
+from servesweep.analysis.results import (
     DERIVED,
     FIGURE_COLUMNS,
     GPU_COLUMNS,
@@ -20,6 +19,7 @@ from servesweep.results import (
     METRICS,
     SIM_COLUMNS,
 )
+from servesweep.workflow.cli import main
 from tests.helpers import REPO
 from tests.unit.test_compare import MARLIN, MATRIX_A, detailed_record, write_run
 

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from servesweep import isolation
-from servesweep.errors import ServerBusy
+from servesweep.core.errors import ServerBusy
+from servesweep.measure import isolation
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

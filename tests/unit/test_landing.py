@@ -1,4 +1,4 @@
-"""Tests of servesweep.landing (the report's first page), labels and the no-delta decision."""
+"""Tests of analysis.landing (the report's first page), labels and the no-delta decision."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 import yaml
 from docutils.core import publish_parts
 
-from servesweep import labels, landing
-from servesweep.config import load_experiment
-from servesweep.summary import expected_delta_note
+from servesweep.analysis import labels, landing
+from servesweep.analysis.summary import expected_delta_note
+from servesweep.config.load import load_experiment
 from tests.helpers import DEFAULT_CONFIG, REPO
 
 METRICS = ["ttft_p50_ms", "input_tps"]

@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from servesweep.config import Workload
-from servesweep.errors import ConfigError
-from servesweep.loadgen import bench_module, client_argv, client_env
-from servesweep.loadgen.builtin import build_parser
+from servesweep.config.schema import Workload
+from servesweep.core.errors import ConfigError
+from servesweep.measure.loadgen import bench_module, client_argv, client_env
+from servesweep.measure.loadgen.builtin import build_parser
 
 WORKLOAD = Workload(
     input_len=512, output_len=4, num_requests=8, concurrency=4, warmup_requests=1, seed=7
@@ -30,7 +30,7 @@ def test_builtin_argv_parses_with_the_builtin_cli():
         tag="run/cell/r1",
         python="py",
     )
-    assert argv[:3] == ["py", "-m", "servesweep.loadgen.builtin"]
+    assert argv[:3] == ["py", "-m", "servesweep.measure.loadgen.builtin"]
     args = build_parser().parse_args(argv[3:])
     assert args.base_url == "http://10.0.0.1:30000"
     assert (args.random_input_len, args.random_output_len) == (512, 4)

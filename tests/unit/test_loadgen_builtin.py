@@ -13,7 +13,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from servesweep.loadgen.builtin import (
+from servesweep.measure.loadgen.builtin import (
     BenchOptions,
     build_parser,
     main,
@@ -23,8 +23,8 @@ from servesweep.loadgen.builtin import (
     run_benchmark,
     sample_rows,
 )
-from servesweep.loadgen.metrics import RequestResult
-from servesweep.records import BenchRecord, read_records
+from servesweep.measure.loadgen.metrics import RequestResult
+from servesweep.measure.records import BenchRecord, read_records
 from tests.support.sim import running_sim, sim_available
 
 # ---------------------------------------------------------------- prompts
@@ -313,8 +313,9 @@ def test_client_process_imports_no_pydantic_or_config() -> None:
     # Every cell-repeat starts one client process: pydantic and the config models would add
     # ~0.1 s to each (records.BenchRecord validates the record when the workflow reads it).
     code = (
-        "import json, sys, servesweep.loadgen.builtin\n"
-        "print(json.dumps([m for m in ('pydantic', 'servesweep.config', 'servesweep.records')"
+        "import json, sys, servesweep.measure.loadgen.builtin\n"
+        "print(json.dumps([m for m in ('pydantic', 'servesweep.config',"
+        " 'servesweep.measure.records')"
         " if m in sys.modules]))"
     )
     proc = subprocess.run(
@@ -341,7 +342,7 @@ def test_ctrl_c_is_one_line_without_record(tmp_path, monkeypatch, capsys, caplog
 
 
 def test_api_key_header_from_the_environment_like_bench_serving() -> None:
-    from servesweep.loadgen.builtin import auth_headers
+    from servesweep.measure.loadgen.builtin import auth_headers
 
     assert auth_headers({"OPENAI_API_KEY": "k"}) == {"Authorization": "Bearer k"}
     assert auth_headers({}) == {}

@@ -9,14 +9,14 @@ import json
 import pytest
 from aiohttp import web
 
-from servesweep.loadgen.builtin import (
+from servesweep.measure.loadgen.builtin import (
     BenchOptions,
     Prompt,
     closed_loop,
     run_benchmark,
     send_request,
 )
-from servesweep.loadgen.metrics import RequestResult
+from servesweep.measure.loadgen.metrics import RequestResult
 
 
 def event(text: str, n: int) -> bytes:

@@ -8,15 +8,15 @@ import math
 import numpy as np
 import pytest
 
-from servesweep.loadgen.metrics import (
+from servesweep.measure.loadgen.metrics import (
     RequestResult,
     build_record,
     compute_metrics,
     record_line,
     request_details,
 )
-from servesweep.recordkeys import BUILTIN_CLIENT, CLIENT_KEY, DETAIL_KEYS, RECORD_KEYS
-from servesweep.records import parse_record_line
+from servesweep.measure.recordkeys import BUILTIN_CLIENT, CLIENT_KEY, DETAIL_KEYS, RECORD_KEYS
+from servesweep.measure.records import parse_record_line
 
 SETTINGS = {
     "tag": "t1",

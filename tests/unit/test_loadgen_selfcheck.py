@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from servesweep.config import SaturationConfig
-from servesweep.loadgen.selfcheck import SELFCHECK_KEYS, SelfCheck, _percentile, saturated
+from servesweep.config.schema import SaturationConfig
+from servesweep.measure.loadgen.selfcheck import SELFCHECK_KEYS, SelfCheck, _percentile, saturated
 
 
 def is_saturated(figures: dict, limits: SaturationConfig) -> bool | None:

@@ -1,10 +1,10 @@
-"""Tests of servesweep.logscan with SGLang-like server log snippets."""
+"""Tests of servesweep.serving.logscan with SGLang-like server log snippets."""
 
 from __future__ import annotations
 
 import pytest
 
-from servesweep import logscan
+from servesweep.serving import logscan
 
 # A healthy SGLang 0.5.x start (rank 0), including lines that mention NCCL, CUDA, memory,
 # watchdog and page size without being failures.

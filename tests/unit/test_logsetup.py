@@ -1,4 +1,4 @@
-"""Tests of servesweep.logsetup: a job's logging and stderr go to its log; one-line errors."""
+"""Tests of workflow.logsetup: a job's logging and stderr go to its log; one-line errors."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from tests.helpers import REPO
 
 JOB = """
 import logging, subprocess, sys
-from servesweep.errors import CellFailed
-from servesweep.logsetup import job_logging
+from servesweep.core.errors import CellFailed
+from servesweep.workflow.logsetup import job_logging
 
 kind, log = sys.argv[1], sys.argv[2]
 with job_logging(log):

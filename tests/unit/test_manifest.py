@@ -1,11 +1,12 @@
-"""Tests of servesweep.manifest: config, fingerprints, versions, git SHA."""
+"""Tests of servesweep.workflow.manifest: config, fingerprints, versions, git SHA."""
 
 from pathlib import Path
 
-from servesweep.config import load_experiment_file, server_specs
-from servesweep.manifest import build_manifest, git_sha, package_versions
-from servesweep.paths import RunPaths
-from servesweep.plan import pool_plan
+from servesweep.config.load import load_experiment_file
+from servesweep.config.matrix import server_specs
+from servesweep.config.paths import RunPaths
+from servesweep.workflow.manifest import build_manifest, git_sha, package_versions
+from servesweep.workflow.plan import pool_plan
 from tests.helpers import DEFAULT_CONFIG, REPO
 
 

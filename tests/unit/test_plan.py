@@ -1,4 +1,4 @@
-"""Tests of servesweep.plan: missing cells, server starts, estimates from history or the sim."""
+"""Tests of workflow.plan: missing cells, server starts, estimates from history or the sim."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from servesweep.config import cell_repeats, load_experiment_file
-from servesweep.events import EventLog
-from servesweep.paths import RunPaths
-from servesweep.plan import (
+from servesweep.config.load import load_experiment_file
+from servesweep.config.matrix import cell_repeats
+from servesweep.config.paths import RunPaths
+from servesweep.core.events import EventLog
+from servesweep.workflow.plan import (
     CELL_FIXED_S,
     dry_run_requested,
     make_plan,

@@ -1,4 +1,4 @@
-"""Tests of servesweep.plots on the default 8-cell matrix and on narrowed 1-cell matrices."""
+"""Tests of analysis.plots on the default 8-cell matrix and on narrowed 1-cell matrices."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ import pytest
 from matplotlib.collections import LineCollection, PathCollection
 from matplotlib.figure import Figure
 
-from servesweep import labels, plots
-from servesweep.config import cell_repeats, load_experiment_file
-from servesweep.results import METRICS, result_row
-from servesweep.summary import summarize
+from servesweep.analysis import labels, plots
+from servesweep.analysis.results import METRICS, result_row
+from servesweep.analysis.summary import summarize
+from servesweep.config.load import load_experiment_file
+from servesweep.config.matrix import cell_repeats
 
 CONFIG = Path(__file__).resolve().parents[2] / "config" / "config.yaml"
 # flashinfer_mxfp4 helps at chunk 8192 and hurts at 16384; concurrency 16 doubles latency.

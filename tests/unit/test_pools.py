@@ -1,4 +1,4 @@
-"""Tests of servesweep.pools: pools from the topology, narrowing, balanced and stable assignment."""
+"""Tests of cluster.pools: pools from the topology, narrowing, balanced and stable assignment."""
 
 from __future__ import annotations
 
@@ -7,13 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from servesweep.config import load_experiment, load_experiment_file, server_specs
-from servesweep.engines import listening_ports
-from servesweep.errors import ConfigError
-from servesweep.events import EventLog
-from servesweep.paths import RunPaths
-from servesweep.plan import make_plan, pool_plan
-from servesweep.pools import (
+from servesweep.cluster.pools import (
     PoolPlan,
     assign,
     every_pool,
@@ -27,7 +21,14 @@ from servesweep.pools import (
     pooled_specs,
     write_plan,
 )
-from servesweep.runtime import Labelled
+from servesweep.cluster.runtime import Labelled
+from servesweep.config.load import load_experiment, load_experiment_file
+from servesweep.config.matrix import server_specs
+from servesweep.config.paths import RunPaths
+from servesweep.core.errors import ConfigError
+from servesweep.core.events import EventLog
+from servesweep.serving.engines import listening_ports
+from servesweep.workflow.plan import make_plan, pool_plan
 from tests.helpers import DEFAULT_CONFIG, REPO, deep_update
 
 TWO_POOLS = REPO / "config" / "experiments" / "moe_prefill_gate_local_2pools.yaml"

@@ -1,4 +1,4 @@
-"""Tests of servesweep.preflight on this machine: ports, IB devices, P/D agreement."""
+"""Tests of servesweep.serving.preflight on this machine: ports, IB devices, P/D agreement."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from servesweep.config import load_experiment, load_experiment_file, server_specs
-from servesweep.errors import PreflightFailed
-from servesweep.paths import RunPaths
-from servesweep.preflight import listening_ports, pd_agreement, run_preflight
-from servesweep.runtime import ProcessRuntime
-from servesweep.servers import ServerManager
-from servesweep.transport import LocalTransport
+from servesweep.cluster.runtime import ProcessRuntime
+from servesweep.cluster.transport import LocalTransport
+from servesweep.config.load import load_experiment, load_experiment_file
+from servesweep.config.matrix import server_specs
+from servesweep.config.paths import RunPaths
+from servesweep.core.errors import PreflightFailed
+from servesweep.serving.preflight import listening_ports, pd_agreement, run_preflight
+from servesweep.serving.servers import ServerManager
 from tests.helpers import DEFAULT_CONFIG, REPO, deep_update, free_port
 
 

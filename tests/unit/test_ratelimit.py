@@ -1,4 +1,4 @@
-"""Tests of servesweep.ratelimit: Snakemake's rate limiter is dropped, and only where meant."""
+"""Tests of workflow.ratelimit: Snakemake's rate limiter is dropped, and only where meant."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from servesweep.ratelimit import unthrottle_scheduler
+from servesweep.workflow.ratelimit import unthrottle_scheduler
 
 
 def test_only_the_local_executor_is_unthrottled() -> None:
@@ -29,7 +29,7 @@ def test_a_snakemake_without_the_attribute_gets_a_warning(caplog: pytest.LogCapt
 
 
 UNTHROTTLE_SNAKEFILE = """
-from servesweep.ratelimit import unthrottle_scheduler
+from servesweep.workflow.ratelimit import unthrottle_scheduler
 
 if config["unthrottle"]:
     onstart:

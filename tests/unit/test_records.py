@@ -1,12 +1,12 @@
-"""Tests of servesweep.records: bench_serving JSONL parsing, Infinity, one record per file."""
+"""Tests of measure.records: bench_serving JSONL parsing, Infinity, one record per file."""
 
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from servesweep.recordkeys import RECORD_KEYS
-from servesweep.records import BenchRecord, read_record, read_records, write_record
+from servesweep.measure.recordkeys import RECORD_KEYS
+from servesweep.measure.records import BenchRecord, read_record, read_records, write_record
 
 
 def test_record_keys_are_bench_serving_0_5_23() -> None:

@@ -7,9 +7,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from servesweep.config import client_specs, load_experiment_file
-from servesweep.errors import ConfigError
-from servesweep.reference import load_reference, reference_table
+from servesweep.analysis.reference import load_reference, reference_table
+from servesweep.config.load import load_experiment_file
+from servesweep.config.matrix import client_specs
+from servesweep.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 PD = ROOT / "config" / "experiments" / "pd_standard.yaml"
@@ -86,7 +87,7 @@ def test_a_bad_reference_file_is_one_line(tmp_path: Path) -> None:
 def test_the_pp1_control_differs_from_pd_standard_only_in_prefill_parallelism() -> None:
     import json
 
-    from servesweep.config import measured_config
+    from servesweep.config.matrix import measured_config
 
     std = json.loads(measured_config(load_experiment_file(PD)))
     ctl = json.loads(measured_config(load_experiment_file(PD.with_name("pd_pp1_control.yaml"))))

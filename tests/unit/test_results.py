@@ -1,4 +1,4 @@
-"""Tests of servesweep.results: raw records -> results.csv, on the default matrix."""
+"""Tests of servesweep.analysis.results: raw records -> results.csv, on the default matrix."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import math
 import pandas as pd
 import pytest
 
-from servesweep import results
-from servesweep.config import cell_repeats
-from servesweep.errors import CellFailed
-from servesweep.records import BenchRecord, read_record, write_record
+from servesweep.analysis import results
+from servesweep.config.matrix import cell_repeats
+from servesweep.core.errors import CellFailed
+from servesweep.measure.records import BenchRecord, read_record, write_record
 from tests.support.runs import (
     REC_0523,
     REC_059,

@@ -1,4 +1,4 @@
-"""Tests for servesweep.runtime: DockerRuntime command lines and calls (through a real shell, with
+"""Tests for cluster.runtime: DockerRuntime command lines and calls (through a real shell, with
 stand-in `docker`/`sudo` programs), host Python mounts, and ProcessRuntime on this machine."""
 
 from __future__ import annotations
@@ -16,16 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from servesweep.config import RuntimeConfig
-from servesweep.errors import ConfigError, ServerStartError, TransportError
-from servesweep.runtime import (
-    DockerRuntime,
-    Launch,
-    ProcessRuntime,
-    host_python_mounts,
-)
-from servesweep.secrets import Secret
-from servesweep.transport import LocalTransport
+from servesweep.cluster.runtime import DockerRuntime, Launch, ProcessRuntime, host_python_mounts
+from servesweep.cluster.secrets import Secret
+from servesweep.cluster.transport import LocalTransport
+from servesweep.config.schema import RuntimeConfig
+from servesweep.core.errors import ConfigError, ServerStartError, TransportError
 
 CANARY = "canary-pw-7Hq2"
 

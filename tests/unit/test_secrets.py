@@ -1,4 +1,4 @@
-"""Tests for servesweep.secrets: where the sudo password comes from and what is refused."""
+"""Tests for servesweep.cluster.secrets: where the sudo password comes from and what is refused."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from servesweep.errors import SecretError
-from servesweep.secrets import Secret, scrub, sudo_password, sudo_secret
+from servesweep.cluster.secrets import Secret, scrub, sudo_password, sudo_secret
+from servesweep.core.errors import SecretError
 
 CANARY = "canary-Zq81xPw"
 
@@ -131,7 +131,7 @@ def test_scrub() -> None:
 
 
 def test_check_secrets_at_workflow_start(tmp_path: Path) -> None:
-    from servesweep.secrets import check_secrets
+    from servesweep.cluster.secrets import check_secrets
 
     assert check_secrets(sudo=False, default_file=None, passwordless=False, env={}) == "no sudo"
     with pytest.raises(SecretError, match="secrets.sudo_password_file") as info:

@@ -1,4 +1,4 @@
-"""Tests of servesweep.servers on the real sim: reuse, restart, stale removal, start failures."""
+"""Tests of serving.servers on the real sim: reuse, restart, stale removal, start failures."""
 
 from __future__ import annotations
 
@@ -7,14 +7,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from servesweep.config import load_experiment, server_specs
-from servesweep.errors import NodeShared, ServerConflict, ServerStartError
-from servesweep.events import read_events
-from servesweep.paths import RunPaths
-from servesweep.pools import label_overlaps, node_overlaps
-from servesweep.runtime import ProcessRuntime
-from servesweep.servers import ServerManager, http_status
-from servesweep.transport import LocalTransport
+from servesweep.cluster.pools import label_overlaps, node_overlaps
+from servesweep.cluster.runtime import ProcessRuntime
+from servesweep.cluster.transport import LocalTransport
+from servesweep.config.load import load_experiment
+from servesweep.config.matrix import server_specs
+from servesweep.config.paths import RunPaths
+from servesweep.core.errors import NodeShared, ServerConflict, ServerStartError
+from servesweep.core.events import read_events
+from servesweep.serving.servers import ServerManager, http_status
 from tests.helpers import DEFAULT_CONFIG, deep_update, free_port
 
 

@@ -18,13 +18,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from servesweep.sim.router import (
-    MiniLB,
-    RouterArgsError,
-    batch_size,
-    build_parser,
-    parse_args,
-)
+from servesweep.sim.router import MiniLB, RouterArgsError, batch_size, build_parser, parse_args
 from tests.support.simprocess import ROUTER_READY_LINE, SimProcess, start_router
 
 

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from servesweep import isolation, logscan
-from servesweep.engines import API_KEY_ENV, KEYED_LAUNCH
+from servesweep.measure import isolation
+from servesweep.serving import logscan
+from servesweep.serving.engines import API_KEY_ENV, KEYED_LAUNCH
 from tests.support.simprocess import SimProcess, free_port, start_sim
 
 FAST = ["--sim-time-scale", "0.001", "--sim-startup-s", "1"]

@@ -1,4 +1,4 @@
-"""Tests of servesweep.site: site files under experiments, guesses, and the commands warnings."""
+"""Tests of config.site: site files under experiments, guesses, and the commands warnings."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from servesweep.cli import main
-from servesweep.config import load_experiment, load_experiment_file
-from servesweep.errors import ConfigError
-from servesweep.site import apply_site, guessed_values
+from servesweep.config.load import load_experiment, load_experiment_file
+from servesweep.config.site import apply_site, guessed_values
+from servesweep.core.errors import ConfigError
+from servesweep.workflow.cli import main
 from tests.helpers import REPO
 
 PD = REPO / "config" / "experiments" / "pd_standard.yaml"

@@ -1,4 +1,4 @@
-"""Tests of servesweep.stats: hierarchical bootstrap, intervals and verdicts on known data."""
+"""Tests of analysis.stats: hierarchical bootstrap, intervals and verdicts on known data."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from servesweep import stats
-from servesweep.records import BenchRecord
+from servesweep.analysis import stats
+from servesweep.measure.records import BenchRecord
 
 TTFT_METRICS = ("ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms")
 

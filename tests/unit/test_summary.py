@@ -1,4 +1,4 @@
-"""Tests of servesweep.summary: results.csv -> summary.json, on the default matrix."""
+"""Tests of servesweep.analysis.summary: results.csv -> summary.json, on the default matrix."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from servesweep import summary
-from servesweep.config import cell_repeats
-from servesweep.errors import CellFailed
-from servesweep.paths import RunPaths
-from servesweep.records import write_record
-from servesweep.results import read_results_csv, write_results_csv
+from servesweep.analysis import summary
+from servesweep.analysis.results import read_results_csv, write_results_csv
+from servesweep.config.matrix import cell_repeats
+from servesweep.config.paths import RunPaths
+from servesweep.core.errors import CellFailed
+from servesweep.measure.records import write_record
 from tests.support.runs import (
     REC_0523,
     REC_059,

@@ -1,4 +1,4 @@
-"""Tests of servesweep.telemetry with recorded nvidia-smi output and fake nvidia-smi scripts."""
+"""Tests of cluster.telemetry with recorded nvidia-smi output and fake nvidia-smi scripts."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from servesweep import telemetry
-from servesweep.transport import CommandResult, LocalTransport
+from servesweep.cluster import telemetry
+from servesweep.cluster.transport import CommandResult, LocalTransport
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 RECORDED = DATA / "nvidia-smi"

@@ -1,4 +1,4 @@
-"""Tests for servesweep.transport (LocalTransport, run_all) and servesweep.ssh (SshTransport)
+"""Tests for cluster.transport (LocalTransport, run_all) and cluster.ssh (SshTransport)
 against a real in-process SSH server (paramiko's server side on 127.0.0.1, commands run by
 /bin/sh)."""
 
@@ -19,10 +19,10 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from servesweep.config import SshOptions
-from servesweep.errors import TransportError
-from servesweep.ssh import SshTransport, resolve_target
-from servesweep.transport import CommandResult, LocalTransport, run_all
+from servesweep.cluster.ssh import SshTransport, resolve_target
+from servesweep.cluster.transport import CommandResult, LocalTransport, run_all
+from servesweep.config.schema import SshOptions
+from servesweep.core.errors import TransportError
 
 CANARY = "canary-stdin-4f2a"
 

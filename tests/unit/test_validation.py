@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from servesweep.config import Workload
-from servesweep.errors import CellFailed
-from servesweep.recordkeys import BUILTIN_CLIENT, CLIENT_KEY
-from servesweep.records import BenchRecord
-from servesweep.validation import Verdict, check_record, judge_record, record_problems
+from servesweep.config.schema import Workload
+from servesweep.core.errors import CellFailed
+from servesweep.measure.recordkeys import BUILTIN_CLIENT, CLIENT_KEY
+from servesweep.measure.records import BenchRecord
+from servesweep.measure.validation import Verdict, check_record, judge_record, record_problems
 
 WORKLOAD = Workload(input_len=512, output_len=4, num_requests=4, concurrency=2)
 

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from servesweep.errors import ServerStalled
-from servesweep.watchdog import Watchdog
+from servesweep.core.errors import ServerStalled
+from servesweep.serving.watchdog import Watchdog
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from servesweep.cells import check_prerequisites
-from servesweep.config import load_experiment_file
-from servesweep.errors import PreflightFailed
-from servesweep.paths import RunPaths
+from servesweep.config.load import load_experiment_file
+from servesweep.config.paths import RunPaths
+from servesweep.core.errors import PreflightFailed
+from servesweep.measure.cells import check_prerequisites
 from tests.helpers import DEFAULT_CONFIG, REPO, run_snakemake
 
 NARROWING = ("RUN_ID", "BACKENDS_CSV", "CHUNKED_PREFILL_SIZES_CSV", "CONCURRENCIES_CSV", "EP_SIZE")
@@ -27,7 +27,7 @@ def servesweep(
     """The real CLI in a process of its own, with only `env`'s narrowing variables set."""
     full = {k: v for k, v in os.environ.items() if k not in NARROWING} | (env or {})
     return subprocess.run(
-        [sys.executable, "-m", "servesweep.cli", *args],
+        [sys.executable, "-m", "servesweep.workflow.cli", *args],
         capture_output=True,
         text=True,
         env=full,

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from servesweep.events import read_events
+from servesweep.core.events import read_events
 from tests.helpers import experiment_file, free_port, run_snakemake
 
 pytestmark = pytest.mark.workflow

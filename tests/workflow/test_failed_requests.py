@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from servesweep.config import load_experiment_file
-from servesweep.events import read_events
-from servesweep.runtime import ProcessRuntime
-from servesweep.transport import LocalTransport
+from servesweep.cluster.runtime import ProcessRuntime
+from servesweep.cluster.transport import LocalTransport
+from servesweep.config.load import load_experiment_file
+from servesweep.core.events import read_events
 from tests.helpers import experiment_file, run_snakemake
 
 pytestmark = pytest.mark.workflow

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from servesweep.events import read_events
-from servesweep.pools import node_overlaps
+from servesweep.cluster.pools import node_overlaps
+from servesweep.core.events import read_events
 from tests.helpers import REPO, deep_update, run_snakemake
 
 pytestmark = pytest.mark.workflow

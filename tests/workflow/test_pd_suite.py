@@ -9,12 +9,12 @@ import pandas as pd
 import pytest
 import yaml
 
-from servesweep.cli import main as cli
-from servesweep.config import load_experiment_file
-from servesweep.events import read_events
-from servesweep.owner import current_owner
-from servesweep.runtime import ProcessRuntime
-from servesweep.transport import LocalTransport
+from servesweep.cluster.owner import current_owner
+from servesweep.cluster.runtime import ProcessRuntime
+from servesweep.cluster.transport import LocalTransport
+from servesweep.config.load import load_experiment_file
+from servesweep.core.events import read_events
+from servesweep.workflow.cli import main as cli
 from tests.helpers import REPO, deep_update, free_port, run_snakemake
 
 pytestmark = pytest.mark.workflow

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from servesweep.events import read_events
+from servesweep.core.events import read_events
 from tests.helpers import REPO, experiment_file
 
 pytestmark = pytest.mark.workflow

@@ -35,12 +35,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from servesweep.sim.transfer import (
-    TransferLink,
-    TransferModel,
-    link_bandwidth,
-    plan_transfer,
-)
+from servesweep.sim.transfer import TransferLink, TransferModel, link_bandwidth, plan_transfer
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""Analysis: results.csv, summary statistics, comparisons, plots, the report, imported runs."""

@@ -1,0 +1,114 @@
+"""A validated reference table (seed 003's) and each case's delta against it."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pandas as pd
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from servesweep.config.matrix import ClientSpec
+from servesweep.core.errors import ConfigError
+
+COLUMNS = [
+    "Case",
+    "TTFT P50 / P95",
+    "Reference",
+    "Delta P50 / P95",
+    "Input TPS",
+    "Reference TPS",
+    "Delta TPS",
+]
+
+
+class ReferenceCase(BaseModel):
+    """One validated row: requests, input TPS, TTFT P50/P95 (s), TPOT P50/P95 (ms or null)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    requests: int
+    input_tps: float
+    ttft_p50_s: float
+    ttft_p95_s: float
+    tpot_p50_ms: float | None = None
+    tpot_p95_ms: float | None = None
+
+
+class ReferenceTable(BaseModel):
+    """A reference file: where it comes from, and its rows by case name."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: str
+    cases: dict[str, ReferenceCase]
+
+
+def load_reference(path: str | Path, *, cases: Sequence[str]) -> ReferenceTable:
+    """Read and check a reference file; ConfigError (one line, naming `reference.file`) when
+    it is unreadable, malformed, or names a case the experiment does not have."""
+    try:
+        table = ReferenceTable.model_validate(yaml.safe_load(Path(path).read_text()))
+    except OSError as exc:
+        raise ConfigError(f"config key 'reference.file': cannot read {path}: {exc}") from None
+    except (ValidationError, yaml.YAMLError) as exc:
+        first = str(exc).splitlines()[0]
+        raise ConfigError(f"config key 'reference.file': {path} is malformed: {first}") from None
+    unknown = sorted(set(table.cases) - set(cases))
+    if unknown:
+        raise ConfigError(
+            f"config key 'reference.file': {path} has cases {unknown} that are not in cases"
+        )
+    return table
+
+
+def _delta(value: float, ref: float, tolerance: float) -> str:
+    """`+3.4%`, bold when outside the tolerance; `N/A` without a reference."""
+    if ref == 0 or math.isnan(value):
+        return "N/A"
+    delta = round(value / ref - 1, 6) + 0.0  # no "-0.0%" from float noise
+    text = f"{delta:+.1%}"
+    return f"**{text}**" if abs(delta) > tolerance else text
+
+
+def reference_table(
+    *,
+    results: pd.DataFrame,
+    clients: Sequence[ClientSpec],
+    reference: ReferenceTable,
+    tolerance: float,
+    time_factor: float = 1.0,
+) -> pd.DataFrame:
+    """One row per case the reference has: this run's TTFT P50/P95 and input TPS (medians over
+    repeats) beside the reference's, with the relative delta, bold when |delta| > tolerance.
+    `time_factor` turns measured seconds into the reference's (the sim's 1 / time_scale; input
+    TPS is divided by it)."""
+    rows = []
+    labels: Mapping[str, str] = {c.id: c.axes.get("case", c.id) for c in clients}
+    for client in clients:
+        name = labels[client.id]
+        ref = reference.cases.get(name)
+        cell = results[results["client_id"] == client.id]
+        if ref is None or cell.empty:
+            continue
+        med = cell[["input_tps", "ttft_p50_ms", "ttft_p95_ms"]].median()
+        p50 = med["ttft_p50_ms"] / 1000 * time_factor
+        p95 = med["ttft_p95_ms"] / 1000 * time_factor
+        tps = med["input_tps"] / time_factor
+        rows.append(
+            {
+                "Case": name,
+                "TTFT P50 / P95": f"{p50:.3f} / {p95:.3f} s",
+                "Reference": f"{ref.ttft_p50_s:.3f} / {ref.ttft_p95_s:.3f} s",
+                "Delta P50 / P95": (
+                    f"{_delta(p50, ref.ttft_p50_s, tolerance)} / "
+                    f"{_delta(p95, ref.ttft_p95_s, tolerance)}"
+                ),
+                "Input TPS": f"{tps:.2f}",
+                "Reference TPS": f"{ref.input_tps:.2f}",
+                "Delta TPS": _delta(tps, ref.input_tps, tolerance),
+            }
+        )
+    return pd.DataFrame(rows, columns=COLUMNS)

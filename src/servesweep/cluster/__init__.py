@@ -1,0 +1,1 @@
+"""Cluster access: SSH and local transports, docker runtimes, images, node pools, GPU telemetry."""

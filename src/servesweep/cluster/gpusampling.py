@@ -1,0 +1,426 @@
+"""GPU samples during a cell: nvidia-smi loops on every node, the sim's curve, energy figures."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shlex
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from servesweep.cluster import telemetry
+from servesweep.cluster.telemetry import (
+    PHASE_SAMPLE,
+    PHASE_WINDOW_END,
+    PHASE_WINDOW_START,
+    STATUS_SIMULATED,
+)
+
+if TYPE_CHECKING:
+    from servesweep.cluster.transport import Transport
+
+log = logging.getLogger(__name__)
+
+# The fields one loop line holds, in this order: those of the recorded H200 series
+# (tests/data/nvidia-smi-series/), which the integration nodes' fake nvidia-smi replays.
+SAMPLE_FIELDS: tuple[str, ...] = (
+    "timestamp",
+    "index",
+    "uuid",
+    "power.draw",
+    "power.limit",
+    "utilization.gpu",
+    "utilization.memory",
+    "memory.used",
+    "memory.total",
+    "clocks.sm",
+    "clocks.mem",
+    "temperature.gpu",
+    "pstate",
+)
+# nvidia-smi's timestamp; the loop runs with TZ=UTC, so it is UTC.
+TIMESTAMP_FORMAT = "%Y/%m/%d %H:%M:%S.%f"
+# gpu_source values in results.csv.
+SOURCE_MEASURED = "measured"
+SOURCE_SIMULATED = "simulated"
+SOURCE_PARTIAL = "partial"
+SOURCE_UNAVAILABLE = "unavailable"
+# The simulated curve: idle and loaded power of the recorded H200 series (79 W, 692 W, limit
+# 700 W); busy = 1 - 0.5**requests held (a monotone curve of the load, not a power model).
+SIM_IDLE_W = 79.3
+SIM_LOADED_W = 691.9
+SIM_LIMIT_W = 700.0
+SIM_MIN_INTERVAL_S = 0.02
+STOP_TIMEOUT_S = 60.0
+# Figures from the samples over the measured window (results.csv columns).
+SAMPLE_FIGURES = (
+    "gpu_energy_j",
+    "gpu_power_mean_w",
+    "gpu_power_peak_w",
+    "gpu_mem_used_peak_mib",
+    "gpu_util_mean_pct",
+    "gpu_samples",
+    "gpu_node_power_w",
+    "gpu_source",
+)
+
+
+def format_timestamp(epoch_s: float) -> str:
+    """An epoch time as nvidia-smi prints its timestamp (UTC, milliseconds)."""
+    return datetime.fromtimestamp(epoch_s, UTC).strftime(TIMESTAMP_FORMAT)[:-3]
+
+
+def parse_timestamp(text: str) -> float:
+    """nvidia-smi's `2026/12/01 14:13:27.970` (printed with TZ=UTC) as epoch seconds."""
+    return datetime.strptime(text.strip(), TIMESTAMP_FORMAT).replace(tzinfo=UTC).timestamp()
+
+
+def loop_command(*, interval_ms: int, out: str, max_s: int) -> str:
+    """Shell: start the sampling loop in the background writing to `out`; prints its pid.
+
+    Exit 127 when the node has no nvidia-smi. Line-buffered (stdbuf) where available, so a
+    stopped loop leaves every finished line in the file. The loop ends by itself after `max_s`
+    (coreutils `timeout`, where available): a loop whose Snakemake was killed before it could
+    stop it does not sample, and grow its file, forever."""
+    q = shlex.quote(out)
+    return (
+        "command -v nvidia-smi >/dev/null 2>&1 || exit 127; "
+        f'mkdir -p "$(dirname {q})" && '
+        "buf=; command -v stdbuf >/dev/null 2>&1 && buf='stdbuf -oL'; "
+        f"lim=; command -v timeout >/dev/null 2>&1 && lim='timeout {max_s}'; "
+        f"TZ=UTC nohup $buf $lim nvidia-smi --query-gpu={','.join(SAMPLE_FIELDS)} "
+        f"--format=csv,noheader,nounits --loop-ms={interval_ms} >{q} 2>{q}.err </dev/null & "
+        "echo $!"
+    )
+
+
+def stop_command(*, pid: int, out: str) -> str:
+    """Shell: stop the loop `pid` (only if it still is an nvidia-smi loop), print its file,
+    remove it."""
+    q = shlex.quote(out)
+    return (
+        f"if tr '\\0' ' ' </proc/{pid}/cmdline 2>/dev/null | grep -q 'nvidia-smi.*--loop-ms='; "
+        f"then kill {pid}; fi; sleep 0.1; cat {q}; rm -f {q} {q}.err; "
+        f'rmdir "$(dirname {q})" 2>/dev/null; true'
+    )
+
+
+def parse_loop_output(text: str, *, node: str) -> list[dict[str, Any]]:
+    """Sample rows of one node's loop output; an unfinished last line (the loop was stopped
+    while writing it) is left out. ValueError for any other line that is not a sample (e.g.
+    a timestamp nvidia-smi would not print)."""
+    lines = text.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines = lines[:-1]
+    meta = {"node": node, "phase": PHASE_SAMPLE, "status": telemetry.STATUS_OK, "detail": ""}
+    gpus = telemetry.parse_noheader("".join(lines), fields=SAMPLE_FIELDS)
+    for gpu in gpus:
+        parse_timestamp(_text(gpu.get("timestamp")))
+    return [{**meta, **gpu} for gpu in gpus]
+
+
+def _unavailable(node: str, detail: str) -> dict[str, Any]:
+    return {
+        "node": node,
+        "phase": PHASE_SAMPLE,
+        "status": telemetry.STATUS_UNAVAILABLE,
+        "detail": detail,
+    }
+
+
+class NvidiaSmiSampler:
+    """nvidia-smi loops on every node, started before the client and stopped after it."""
+
+    def __init__(
+        self,
+        *,
+        transport: Transport,
+        nodes: Sequence[str],
+        interval_ms: int,
+        remote_dir: str,
+        max_s: int,
+    ) -> None:
+        self.transport = transport
+        self.nodes = list(nodes)
+        self.interval_ms = interval_ms
+        self.max_s = max_s
+        # Per sampler: a loop left running by a killed run never writes into this one's file.
+        self.remote_dir = f"{remote_dir}/{uuid.uuid4().hex[:12]}"
+        self.pids: dict[str, int] = {}
+        self.rows: list[dict[str, Any]] = []
+        self.raw: dict[str, str] = {}  # each node's loop output as nvidia-smi printed it
+
+    def _out(self, node: str) -> str:
+        return f"{self.remote_dir}/{node}.csv"
+
+    def start(self) -> None:
+        """Start every node's loop; a node without nvidia-smi says so once (one row)."""
+        for node in self.nodes:
+            command = loop_command(
+                interval_ms=self.interval_ms, out=self._out(node), max_s=self.max_s
+            )
+            res = self.transport.run(node, command, timeout=STOP_TIMEOUT_S)
+            pid = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
+            if res.returncode in telemetry.NOT_FOUND_CODES:
+                self.rows.append(_unavailable(node, f"nvidia-smi not found on node {node}"))
+            elif not res.ok or not pid.isdigit():
+                tail = " | ".join((res.stderr or res.stdout).strip().splitlines()[-2:])
+                self.rows.append(
+                    _unavailable(node, f"nvidia-smi loop did not start on node {node}: {tail}")
+                )
+            else:
+                self.pids[node] = int(pid)
+
+    def stop(self) -> list[dict[str, Any]]:
+        """Stop the loops this sampler started (by pid) and return every row. Waits one
+        interval (plus a margin) first, so that every node has a sample after the measured
+        window ends and the window's edge can be interpolated (a short cell would otherwise
+        end between a node's last sample and the next)."""
+        time.sleep(self.interval_ms / 1000 * 1.5)
+        for node, pid in self.pids.items():
+            res = self.transport.run(
+                node, stop_command(pid=pid, out=self._out(node)), timeout=STOP_TIMEOUT_S
+            )
+            self.raw[node] = res.stdout
+            try:
+                rows = parse_loop_output(res.stdout, node=node)
+            except ValueError as exc:
+                rows = [_unavailable(node, f"nvidia-smi samples of node {node} not parsed: {exc}")]
+            if not rows:
+                rows = [_unavailable(node, f"nvidia-smi gave no sample on node {node}")]
+            self.rows.extend(rows)
+        self.pids.clear()
+        return self.rows
+
+
+def sim_busy(requests: float) -> float:
+    """The simulated busy fraction for `requests` held by the engine (0 idle, towards 1)."""
+    return 1.0 - 0.5 ** max(0.0, requests)
+
+
+class SimulatedSampler:
+    """A power curve that follows the sim's load (its `/get_load`), marked simulated.
+
+    It samples every `interval_s` of wall time from a thread in the cell's process."""
+
+    def __init__(
+        self,
+        *,
+        loads: Mapping[str, str | None],
+        gpus_per_node: int,
+        interval_s: float,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        # node -> the base URL whose load its GPUs follow (its role's rank 0; None: idle)
+        self.loads = dict(loads)
+        self.headers = dict(headers or {})  # the server's API key (/get_load is behind it)
+        self.url = ", ".join(sorted({f"{u}/get_load" for u in self.loads.values() if u}))
+        self.nodes = list(loads)
+        self.gpus = gpus_per_node
+        self.interval_s = max(SIM_MIN_INTERVAL_S, interval_s)
+        self.rows: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="sim-gpu-sampler", daemon=True)
+        self._error = ""
+
+    def _held(self, base_url: str) -> float:
+        request = urllib.request.Request(f"{base_url}/get_load", headers=self.headers)
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            data = json.loads(resp.read())
+        return float(sum(d.get("num_reqs", 0) for d in data))
+
+    def sample(self) -> None:
+        """Append one simulated line per GPU of every node."""
+        held = {url: self._held(url) for url in set(self.loads.values()) if url}
+        stamp = format_timestamp(time.time())
+        for node in self.nodes:
+            url = self.loads[node]
+            busy = sim_busy(held[url]) if url else 0.0
+            for index in range(self.gpus):
+                self.rows.append(
+                    {
+                        "node": node,
+                        "phase": PHASE_SAMPLE,
+                        "status": STATUS_SIMULATED,
+                        "detail": "simulated: follows the sim's /get_load, not measured",
+                        "timestamp": stamp,
+                        "index": float(index),
+                        "power_draw_w": SIM_IDLE_W + (SIM_LOADED_W - SIM_IDLE_W) * busy,
+                        "power_limit_w": SIM_LIMIT_W,
+                        "utilization_gpu_pct": 100.0 * busy,
+                    }
+                )
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sample()
+            except (OSError, ValueError) as exc:
+                self._error = f"simulated GPU curve stopped: {self.url}: {exc}"
+                return
+            self._stop.wait(self.interval_s)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> list[dict[str, Any]]:
+        self._stop.set()
+        self._thread.join(timeout=STOP_TIMEOUT_S)
+        if self._error and not self.rows:
+            return [_unavailable(node, self._error) for node in self.nodes]
+        if self._error:
+            log.warning("%s", self._error)
+        return self.rows
+
+
+def window_rows(start_s: float, end_s: float) -> list[dict[str, Any]]:
+    """The two GPU-file rows that hold the client's measured window."""
+    return [
+        {"phase": PHASE_WINDOW_START, "timestamp": format_timestamp(start_s), "detail": ""},
+        {"phase": PHASE_WINDOW_END, "timestamp": format_timestamp(end_s), "detail": ""},
+    ]
+
+
+# ---------------------------------------------------------------- figures
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _num(value: Any) -> float:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return math.nan
+    return out
+
+
+def measured_window(rows: Iterable[Mapping[str, Any]]) -> tuple[float, float] | None:
+    """The client's measured window recorded in a GPU file, or None."""
+    found = {_text(r.get("phase")): _text(r.get("timestamp")) for r in rows}
+    if not found.get(PHASE_WINDOW_START) or not found.get(PHASE_WINDOW_END):
+        return None
+    return parse_timestamp(found[PHASE_WINDOW_START]), parse_timestamp(found[PHASE_WINDOW_END])
+
+
+def _interp(a: tuple[float, float], b: tuple[float, float], t: float) -> float:
+    (ta, va), (tb, vb) = a, b
+    return va if tb == ta else va + (vb - va) * (t - ta) / (tb - ta)
+
+
+def clip_series(
+    points: Sequence[tuple[float, float]], window: tuple[float, float] | None
+) -> list[tuple[float, float]]:
+    """(time, value) points inside the window, with values linearly interpolated at each
+    window edge that lies between two samples (an edge outside the samples is not invented)."""
+    pts = sorted((t, v) for t, v in points if not math.isnan(v))
+    if window is None:
+        return pts
+    t0, t1 = window
+    inside = [(t, v) for t, v in pts if t0 <= t <= t1]
+    before = [p for p in pts if p[0] < t0]
+    after = [p for p in pts if p[0] > t1]
+    if before and (inside or after) and not (inside and inside[0][0] == t0):
+        nxt = inside[0] if inside else after[0]
+        inside.insert(0, (t0, _interp(before[-1], nxt, t0)))
+    if after and (inside or before) and not (inside and inside[-1][0] == t1):
+        prev = inside[-1] if inside else before[-1]
+        inside.append((t1, _interp(prev, after[0], t1)))
+    return inside
+
+
+def trapezoid(points: Sequence[tuple[float, float]]) -> float:
+    """The integral of sorted (time, value) points by the trapezoid rule (0 for one point)."""
+    return math.fsum(
+        (tb - ta) * (va + vb) / 2 for (ta, va), (tb, vb) in zip(points, points[1:], strict=False)
+    )
+
+
+def _source(statuses: set[str]) -> str:
+    good = statuses & {telemetry.STATUS_OK, STATUS_SIMULATED}
+    if not good:
+        return SOURCE_UNAVAILABLE
+    if telemetry.STATUS_UNAVAILABLE in statuses:
+        return SOURCE_PARTIAL
+    return SOURCE_SIMULATED if STATUS_SIMULATED in statuses else SOURCE_MEASURED
+
+
+def sample_figures(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Figures of the samples in a GPU file over its measured window (all samples without one).
+
+    Per GPU: energy = trapezoid of power over the window, mean power = energy / span. Per
+    node: mean = sum of its GPUs' means, peak = highest sum over one loop tick or window edge
+    (interpolated, as the mean uses them). Total: sums over nodes (the peak is the sum of node
+    peaks: nodes are not sampled in lockstep). Peak memory and mean SM utilisation over the
+    samples in the window. NaN where no sample."""
+    rows = list(rows)
+    window = measured_window(rows)
+    samples = [r for r in rows if _text(r.get("phase")) == PHASE_SAMPLE]
+    out: dict[str, Any] = dict.fromkeys(SAMPLE_FIGURES, math.nan)
+    out["gpu_samples"] = 0
+    out["gpu_source"] = _source({_text(r.get("status")) for r in samples})
+    good = [r for r in samples if _text(r.get("status")) in (telemetry.STATUS_OK, STATUS_SIMULATED)]
+    if not good:
+        return out
+    series: dict[tuple[str, float], list[tuple[float, Mapping[str, Any]]]] = {}
+    for r in good:
+        series.setdefault((_text(r.get("node")), _num(r.get("index"))), []).append(
+            (parse_timestamp(_text(r.get("timestamp"))), r)
+        )
+    t0, t1 = window if window else (-math.inf, math.inf)
+    energy, node_mean, node_peak = 0.0, {}, {}
+    # Each node's summed power at the window's edges (interpolated): the mean counts them,
+    # so the peak does too (else a short window's mean could exceed its peak).
+    edges: dict[str, dict[float, float]] = {}
+    spans_ok = True
+    for (node, _), points in series.items():
+        power = clip_series([(t, _num(r.get("power_draw_w"))) for t, r in points], window)
+        for t, watts in power:
+            if t in (t0, t1):
+                edges.setdefault(node, {}).setdefault(t, 0.0)
+                edges[node][t] += watts
+        if len(power) < 2 or power[-1][0] <= power[0][0]:
+            spans_ok = False
+            continue
+        joules = trapezoid(power)
+        energy += joules
+        node_mean[node] = node_mean.get(node, 0.0) + joules / (power[-1][0] - power[0][0])
+    in_window = [(t, r) for pts in series.values() for t, r in pts if t0 <= t <= t1]
+    for node in {n for n, _ in series}:
+        ticks: list[float] = []
+        seen: set[float] = set()
+        for r in good:  # file order: one loop tick prints every GPU once
+            if _text(r.get("node")) != node:
+                continue
+            index = _num(r.get("index"))
+            if index in seen or not ticks:
+                ticks.append(0.0)
+                seen = set()
+            seen.add(index)
+            if t0 <= parse_timestamp(_text(r.get("timestamp"))) <= t1:
+                ticks[-1] += _num(r.get("power_draw_w"))
+        ticks += edges.get(node, {}).values()
+        node_peak[node] = max(ticks) if ticks else math.nan
+    memory = [_num(r.get("memory_used_mib")) for _, r in in_window]
+    util = [_num(r.get("utilization_gpu_pct")) for _, r in in_window]
+    memory = [m for m in memory if not math.isnan(m)]
+    util = [u for u in util if not math.isnan(u)]
+    out.update(
+        gpu_energy_j=energy if spans_ok and node_mean else math.nan,
+        gpu_power_mean_w=math.fsum(node_mean.values()) if spans_ok and node_mean else math.nan,
+        gpu_power_peak_w=math.fsum(node_peak.values()) if in_window or edges else math.nan,
+        gpu_mem_used_peak_mib=max(memory) if memory else math.nan,
+        gpu_util_mean_pct=math.fsum(util) / len(util) if util else math.nan,
+        gpu_samples=len(in_window),
+        gpu_node_power_w=";".join(
+            f"{n}={node_mean.get(n, math.nan):.1f}/{node_peak[n]:.1f}" for n in sorted(node_peak)
+        ),
+    )
+    return out

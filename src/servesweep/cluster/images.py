@@ -1,0 +1,253 @@
+"""build_images: on every node at once, make the base image present, build or pull the
+image, run its smoke commands and content checks, keep evidence keyed by the image's inputs."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from servesweep.cluster.owner import Owner
+from servesweep.cluster.runtime import ONESHOT_DIR, DockerRuntime, Launch
+from servesweep.cluster.transport import fan_out
+from servesweep.config.experiment import Experiment
+from servesweep.config.matrix import image_key
+from servesweep.config.schema import BaseImage, ImageBuild, ImageCheck
+from servesweep.core.errors import SmokeFailed
+
+BUILD_TIMEOUT_S = 7200.0
+SMOKE_TIMEOUT_S = 600.0
+
+
+def version_probe(exp: Experiment) -> str:
+    """A smoke command printing the engine version inside the image."""
+    module = "sglang" if exp.engine.kind == "sglang" else "servesweep"
+    return f"{exp.engine.python} -c 'import {module}; print({module}.__version__)'"
+
+
+def _append(log: Path, title: str, text: str) -> None:
+    with log.open("a") as fh:
+        fh.write(f"$ {title}\n{text.rstrip()}\n\n")
+
+
+def _present(runtime: DockerRuntime, node: str, image: str) -> bool:
+    return runtime.run_docker(node, f"image inspect {shlex.quote(image)} >/dev/null 2>&1").ok
+
+
+def ensure_base(*, base: BaseImage, node: str, runtime: DockerRuntime, log: Path) -> str:
+    """Make the base image present on `node` before anything builds on it: `present`, or
+    built from its dockerfile, or pulled; SmokeFailed when it is missing and neither is given."""
+    if _present(runtime, node, base.image):
+        _append(log, f"docker image inspect {base.image}", "base image present")
+        return "present"
+    if not (base.dockerfile or base.pull):
+        raise SmokeFailed(
+            f"base image {base.image} is missing on node {node} and runtime.build.base gives "
+            f"neither a dockerfile nor pull: true to make it; log {log}"
+        )
+    return _docker_get(spec=base, image=base.image, node=node, runtime=runtime, log=log)
+
+
+def _docker_get(
+    *, spec: ImageBuild | BaseImage, image: str, node: str, runtime: DockerRuntime, log: Path
+) -> str:
+    """`docker build` (a dockerfile) or `docker pull` of `image` on `node`; the method."""
+    cmd = docker_get_args(spec=spec, image=image)
+    method = "build" if spec.dockerfile else "pull"
+    res = runtime.run_docker(node, f"{cmd} 2>&1", timeout=BUILD_TIMEOUT_S)
+    _append(log, f"docker {cmd}", res.stdout)
+    if not res.ok:
+        raise SmokeFailed(f"image {image}: docker {method} failed on node {node}; log {log}")
+    return method
+
+
+def docker_get_args(*, spec: ImageBuild | BaseImage, image: str) -> str:
+    """The docker arguments that build (a dockerfile) or pull `image`."""
+    quoted = shlex.quote(image)
+    if spec.dockerfile:
+        args = "".join(
+            f"--build-arg {shlex.quote(f'{k}={v}')} " for k, v in spec.build_args.items()
+        )
+        return (
+            f"build -t {quoted} -f {shlex.quote(spec.dockerfile)} {args}"
+            f"{shlex.quote(spec.context or '.')}"
+        )
+    return f"pull {quoted}"
+
+
+def build_commands(*, exp: Experiment, runtime: DockerRuntime, owner: Owner) -> list[str]:
+    """What build_images runs on every node (at once), as shell lines: the base image when
+    missing, the build or pull, then each smoke command and content check in the image."""
+    lines = []
+    build = exp.runtime.build
+    prefix = runtime.docker_prefix()
+    if build is not None and build.base is not None:
+        base = build.base
+        make = (
+            f"{prefix} {docker_get_args(spec=base, image=base.image)}"
+            if base.dockerfile or base.pull
+            else "false  # base missing: give runtime.build.base.dockerfile or pull"
+        )
+        lines.append(f"{prefix} image inspect {shlex.quote(base.image)} >/dev/null || {make}")
+    if build is not None and (build.dockerfile or build.pull):
+        lines.append(f"{prefix} {docker_get_args(spec=build, image=runtime.image)}")
+    node = "NODE"
+    for i, command in enumerate([version_probe(exp), *exp.runtime.smoke]):
+        launch = in_image_launch(
+            exp=exp, node=node, owner=owner, name=f"smoke-{i}", command=command
+        )
+        lines.append(f"{runtime.oneshot_line(launch, gpus=True)}  # smoke: exit 0")
+    for check in exp.runtime.checks:
+        launch = in_image_launch(
+            exp=exp, node=node, owner=owner, name=f"check-{check.name}", command=check.command
+        )
+        lines.append(
+            f"{runtime.oneshot_line(launch, gpus=True)}  # check {check.name}: output matches "
+            f"{check.expect!r}"
+        )
+    return lines
+
+
+def _acquire(*, exp: Experiment, node: str, runtime: DockerRuntime, log: Path) -> str:
+    """Build (dockerfile), pull, or require a present image; return the method used."""
+    build = exp.runtime.build
+    if build is None or not (build.dockerfile or build.pull):
+        return "present"
+    return _docker_get(spec=build, image=runtime.image, node=node, runtime=runtime, log=log)
+
+
+def build_image(
+    *, exp: Experiment, node: str, runtime: DockerRuntime, log: Path, owner: Owner
+) -> dict[str, Any]:
+    """Get the image onto `node`, smoke it, return the evidence (raises SmokeFailed)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as fh:  # the job's own log lines (logsetup.job_logging) share the file
+        fh.write(f"# build_image node {node} image {runtime.image}\n")
+    build = exp.runtime.build
+    base = None
+    if build is not None and build.base is not None:
+        base = ensure_base(base=build.base, node=node, runtime=runtime, log=log)
+    method = _acquire(exp=exp, node=node, runtime=runtime, log=log)
+    fmt = shlex.quote("{{json .}}")
+    res = runtime.run_docker(node, f"image inspect -f {fmt} {shlex.quote(runtime.image)}")
+    if not res.ok:
+        _append(log, "docker image inspect", res.stdout + res.stderr)
+        raise SmokeFailed(f"image {runtime.image} is not present on node {node}; log {log}")
+    info = json.loads(res.stdout)
+    smoke = []
+    for i, command in enumerate([version_probe(exp), *exp.runtime.smoke]):
+        returncode, output = _in_image(
+            exp=exp, node=node, runtime=runtime, owner=owner, name=f"smoke-{i}", command=command
+        )
+        _append(log, f"[smoke rc={returncode}] {command}", output)
+        smoke.append({"command": command, "returncode": returncode, "output": output})
+        if returncode != 0:
+            raise SmokeFailed(
+                f"image {runtime.image} failed smoke command {i} on node {node} "
+                f"(exit {returncode}): {command}; log {log}"
+            )
+    reported = smoke[0]["output"].splitlines()[-1] if smoke[0]["output"] else None
+    if exp.engine.kind == "sglang" and reported != exp.engine.version:
+        raise SmokeFailed(
+            f"image {runtime.image} on node {node} has SGLang {reported}, but engine.version pins "
+            f"{exp.engine.version} (flags are chosen per version); log {log}"
+        )
+    checks = [
+        _check(exp=exp, node=node, runtime=runtime, owner=owner, log=log, check=c)
+        for c in exp.runtime.checks
+    ]
+    return {
+        "node": node,
+        "image": runtime.image,
+        "image_key": image_key(exp),
+        "base": {"image": build.base.image, "method": base} if build and build.base else None,
+        "image_id": info.get("Id"),
+        "repo_digests": info.get("RepoDigests") or [],
+        "created": info.get("Created"),
+        "method": method,
+        "engine_version": reported,
+        "engine_version_pinned": exp.engine.version,
+        "smoke": smoke,
+        "checks": checks,
+        "checked_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def in_image_launch(*, exp: Experiment, node: str, owner: Owner, name: str, command: str) -> Launch:
+    """A one-shot container of the image running `command` (a smoke command or a check)."""
+    return Launch(
+        name=f"servesweep-{owner.tag}-{exp.run_id}-{name}-{node}",
+        node=node,
+        argv=["sh", "-c", command],
+        log_path=f"{ONESHOT_DIR}/{owner.tag}/{exp.run_id}/smoke/{node}-{name}.log",
+        labels={"run": exp.run_id, "role": "smoke", **owner.labels()},
+    )
+
+
+def _in_image(
+    *, exp: Experiment, node: str, runtime: DockerRuntime, owner: Owner, name: str, command: str
+) -> tuple[int, str]:
+    """Run `command` in a one-shot container of the image on `node`: (exit code, output)."""
+    launch = in_image_launch(exp=exp, node=node, owner=owner, name=name, command=command)
+    result = runtime.run_oneshot(launch, timeout=SMOKE_TIMEOUT_S, gpus=True)
+    output = runtime.transport.run(node, f"cat {shlex.quote(launch.log_path)}", timeout=60)
+    return result.returncode, output.stdout.strip()
+
+
+def _check(
+    *,
+    exp: Experiment,
+    node: str,
+    runtime: DockerRuntime,
+    owner: Owner,
+    log: Path,
+    check: ImageCheck,
+) -> dict[str, Any]:
+    """Run one config-declared content check; its evidence, or SmokeFailed naming it."""
+    returncode, output = _in_image(
+        exp=exp,
+        node=node,
+        runtime=runtime,
+        owner=owner,
+        name=f"check-{check.name}",
+        command=check.command,
+    )
+    matched = returncode == 0 and re.search(check.expect, output, flags=re.M) is not None
+    _append(log, f"[check {check.name} rc={returncode} matched={matched}] {check.command}", output)
+    if not matched:
+        last = (output.splitlines() or ["(no output)"])[-1][:200]
+        raise SmokeFailed(
+            f"image {runtime.image} failed check {check.name} on node {node}: output does not "
+            f"match {check.expect!r} (exit {returncode}, last line: {last}); log {log}"
+        )
+    return {
+        "name": check.name,
+        "command": check.command,
+        "expect": check.expect,
+        "returncode": returncode,
+        "output": output,
+        "matched": True,
+    }
+
+
+def build_images(
+    *, exp: Experiment, runtime: DockerRuntime, logs: Mapping[str, Path], owner: Owner
+) -> dict[str, dict[str, Any]]:
+    """build_image on every node of `logs` at once (the transport's parallel fan-out); the
+    evidence per node. When any node fails, SmokeFailed names every failed node (the first
+    failure's message first), after all have finished."""
+    results = fan_out(
+        list(logs),
+        lambda node: build_image(exp=exp, node=node, runtime=runtime, log=logs[node], owner=owner),
+    )
+    failed = {node: r for node, r in results.items() if isinstance(r, BaseException)}
+    if failed:
+        first = next(iter(failed.values()))
+        if len(failed) == 1:
+            raise first
+        raise SmokeFailed(f"{first} (also failed on nodes {', '.join(list(failed)[1:])})")
+    return {node: r for node, r in results.items() if not isinstance(r, BaseException)}

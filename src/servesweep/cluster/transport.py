@@ -1,0 +1,149 @@
+"""Run a command or copy a file on a node: the Transport protocol, results, Local (subprocess).
+
+SSH (paramiko) lives in servesweep.cluster.ssh, imported only when a cluster uses it."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+from servesweep.core.errors import TransportError
+
+T = TypeVar("T")
+
+if TYPE_CHECKING:  # pydantic stays out of a bare GPU host (benchmarks/gpu_sampler_check.py)
+    from servesweep.config.schema import ClusterConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What one shell command on one node returned."""
+
+    node: str
+    command: str
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def check(self, what: str) -> CommandResult:
+        """Raise TransportError naming the node if the command failed."""
+        if not self.ok:
+            tail = (self.stderr or self.stdout).strip().splitlines()[-3:]
+            raise TransportError(
+                f"{what} failed on node {self.node} (exit {self.returncode}): {' | '.join(tail)}"
+            )
+        return self
+
+
+class Transport(Protocol):
+    """Runs shell commands and moves files on cluster nodes."""
+
+    def run(
+        self, node: str, command: str, *, timeout: float, stdin: str | None = None
+    ) -> CommandResult:
+        """Run `command` with a POSIX shell on `node`; `stdin` is fed and never logged."""
+        ...
+
+    def put(self, node: str, local: Path, remote: str) -> None:
+        """Copy a local file to `remote` on `node`."""
+        ...
+
+    def get(self, node: str, remote: str, local: Path) -> None:
+        """Copy `remote` on `node` to a local file."""
+        ...
+
+    def check_reachable(self, nodes: Iterable[str] | None = None) -> None:
+        """Raise TransportError naming every node that cannot be reached."""
+        ...
+
+    def close(self) -> None:
+        """Release connections."""
+        ...
+
+
+def node_address(cluster: ClusterConfig, node: str) -> str:
+    """The address other nodes and the client use for `node`: `cluster.addresses`, else
+    127.0.0.1 locally, else the HostName of its `~/.ssh/config` alias."""
+    if node in cluster.addresses:
+        return cluster.addresses[node]
+    if cluster.transport == "local":
+        return "127.0.0.1"
+    path = Path(cluster.ssh.config_file).expanduser()
+    if not path.is_file():
+        return node
+    import paramiko  # only clusters reached over SSH need it
+
+    return paramiko.SSHConfig.from_path(str(path)).lookup(node).get("hostname", node)
+
+
+def fan_out(nodes: Iterable[str], work: Callable[[str], T]) -> dict[str, T | Exception]:
+    """`work(node)` on every node in parallel, one thread each; results (or the exception a
+    node raised) keyed by node, in order."""
+    nodes = list(nodes)
+    with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
+        futures = {n: pool.submit(work, n) for n in nodes}
+        out: dict[str, T | Exception] = {}
+        for n, f in futures.items():
+            exc = f.exception()
+            out[n] = exc if isinstance(exc, Exception) else f.result()
+        return out
+
+
+def run_all(
+    transport: Transport, nodes: Iterable[str], command: str, *, timeout: float
+) -> dict[str, CommandResult]:
+    """Run the same command on every node in parallel; results keyed by node, in order."""
+    nodes = list(nodes)
+    with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
+        futures = {n: pool.submit(transport.run, n, command, timeout=timeout) for n in nodes}
+        return {n: f.result() for n, f in futures.items()}
+
+
+class LocalTransport:
+    """Every node is this machine: commands run through /bin/sh."""
+
+    def run(
+        self, node: str, command: str, *, timeout: float, stdin: str | None = None
+    ) -> CommandResult:
+        try:
+            proc = subprocess.run(
+                ["/bin/sh", "-c", command],
+                input=stdin if stdin is not None else "",  # never the caller's own stdin
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
+        except subprocess.TimeoutExpired:
+            raise TransportError(
+                f"command timed out after {timeout:.0f}s on node {node}: {command[:120]}"
+            ) from None
+        return CommandResult(node, command, proc.returncode, proc.stdout, proc.stderr)
+
+    def put(self, node: str, local: Path, remote: str) -> None:
+        Path(remote).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(local, remote)
+
+    def get(self, node: str, remote: str, local: Path) -> None:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            shutil.copyfile(remote, local)
+        except FileNotFoundError:
+            raise TransportError(f"no file {remote} on node {node}") from None
+
+    def check_reachable(self, nodes: Iterable[str] | None = None) -> None:
+        return None
+
+    def close(self) -> None:
+        return None

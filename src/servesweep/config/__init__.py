@@ -1,0 +1,1 @@
+"""Configuration: the experiment schema, loading, matrix expansion, site files and paths."""

@@ -1,0 +1,289 @@
+"""The experiment model: its sections, cross-section checks and topology (node pools, roles)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import (
+    Field,
+    model_validator,
+)
+
+from servesweep.config.schema import (
+    NAME_PATTERN,
+    PD_ROLES,
+    SINGLE_ROLE,
+    ClientConfig,
+    ClusterConfig,
+    EngineConfig,
+    EvidencePattern,
+    Matrix,
+    PlotsConfig,
+    PreflightConfig,
+    ReferenceConfig,
+    RoleConfig,
+    RouterConfig,
+    RuntimeConfig,
+    SecretsConfig,
+    ServerArgs,
+    SloConfig,
+    Strict,
+    TelemetryConfig,
+    ValidationConfig,
+    Workload,
+    combinations,
+    validated,
+)
+
+
+class Experiment(Strict):
+    """One experiment: cluster, runtime, engine, server args, matrix, workload, repeats."""
+
+    run_id: str = Field(pattern=NAME_PATTERN)
+    site: str | None = None  # config/site/<site>.yaml under this file (servesweep.config.site)
+    cluster: ClusterConfig
+    runtime: RuntimeConfig = RuntimeConfig()
+    secrets: SecretsConfig = SecretsConfig()
+    preflight: PreflightConfig = PreflightConfig()
+    engine: EngineConfig
+    client: ClientConfig = ClientConfig()
+    validation: ValidationConfig = ValidationConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
+    slo: SloConfig = SloConfig()
+    plots: PlotsConfig = PlotsConfig()
+    server: ServerArgs = ServerArgs()
+    matrix: Matrix = Matrix()
+    workload: Workload
+    roles: dict[str, RoleConfig] = Field(default_factory=dict)
+    router: RouterConfig | None = None
+    cases: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    suites: dict[str, list[str]] = Field(default_factory=dict)
+    suite: str | None = None
+    warmup_after_start: int = Field(default=0, ge=0)
+    evidence: dict[str, EvidencePattern] = Field(default_factory=dict)
+    repeats: int = Field(default=1, ge=1)
+    baseline: dict[str, Any] = Field(default_factory=dict)
+    reference: ReferenceConfig | None = None
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> Experiment:
+        self._check_roles()
+        node_pools(self)
+        for axes in combinations(self.matrix.server):
+            for role in role_layouts(self):
+                args = validated(ServerArgs, role.base, axes, "matrix.server")
+                world = len(role.nodes) * self.cluster.gpus_per_node
+                if args.tp_size * args.pp_size != world:
+                    prefix = "server" if role.name == SINGLE_ROLE else f"roles.{role.name}.server"
+                    raise ValueError(
+                        f"{prefix}.tp_size: tp_size*pp_size = {args.tp_size}*{args.pp_size} "
+                        f"must equal nodes*gpus_per_node = "
+                        f"{len(role.nodes)}*{self.cluster.gpus_per_node}"
+                    )
+            if self.roles:
+                _check_pd_pair(self, axes)
+        for axes in combinations(self.matrix.client):
+            validated(Workload, self.workload, axes, "matrix.client")
+        self._check_cases()
+        if self.reference is not None and not self.cases:
+            raise ValueError("reference: compares cases: give `cases`")
+        roles = {*self.roles, "router"} if self.roles else {SINGLE_ROLE}
+        for name, pattern in self.evidence.items():
+            if pattern.role not in roles:
+                raise ValueError(
+                    f"evidence.{name}.role: {pattern.role!r} is not a role of this experiment "
+                    f"({sorted(roles)})"
+                )
+        if len(self.baseline) > 1:
+            raise ValueError("baseline: name exactly one axis and its value")
+        for axis, value in self.baseline.items():
+            values = self.matrix.server.get(axis, self.matrix.client.get(axis))
+            if values is None:
+                raise ValueError(f"baseline.{axis}: not a matrix axis")
+            if value not in values:
+                raise ValueError(f"baseline.{axis}: {value!r} is not in the matrix {values}")
+        return self
+
+    def _check_roles(self) -> None:
+        auto = "auto" in (self.engine.port, self.engine.dist_init_port)
+        if auto and self.cluster.transport != "local":
+            raise ValueError("engine.port: 'auto' needs cluster.transport local (give a number)")
+        if not self.roles:
+            if self.router is not None:
+                raise ValueError("router: needs roles prefill and decode")
+            return
+        if sorted(self.roles) != sorted(PD_ROLES):
+            raise ValueError(f"roles: exactly {list(PD_ROLES)} (got {sorted(self.roles)})")
+        if self.router is None:
+            raise ValueError("router: required with PD roles (clients talk to the router)")
+        known = set(self.cluster.nodes)
+        for name, role in self.roles.items():
+            unknown = [n for n in role.nodes if n not in known]
+            if unknown:
+                raise ValueError(f"roles.{name}.nodes: {unknown} not in cluster.nodes")
+            bad = sorted(set(role.server) - set(ServerArgs.model_fields))
+            if bad:
+                raise ValueError(f"roles.{name}.server.{bad[0]}: unknown key")
+        if self.router.node not in known:
+            raise ValueError(f"router.node: {self.router.node!r} not in cluster.nodes")
+
+    def _check_cases(self) -> None:
+        if self.cases and self.matrix.client:
+            raise ValueError("cases: give either cases or matrix.client axes, not both")
+        for name, overrides in self.cases.items():
+            if not re.match(NAME_PATTERN, name):
+                raise ValueError(f"cases.{name}: names are letters, digits, '.', '_', '-'")
+            validated(Workload, self.workload, overrides, f"cases.{name}")
+        for suite, names in self.suites.items():
+            missing = [n for n in names if n not in self.cases]
+            if missing or not names:
+                raise ValueError(f"suites.{suite}: unknown or no cases {missing}")
+        if self.suite is not None and self.suite not in {*self.suites, "all"}:
+            raise ValueError(f"suite: {self.suite!r} is not one of {[*self.suites, 'all']}")
+
+
+# ---------------------------------------------------- node pools (servesweep.cluster.pools)
+
+# profiles/default declares one resource per pool, pool_0 .. pool_15 (each = 1).
+MAX_POOLS = 16
+
+
+@dataclass(frozen=True)
+class Pool:
+    """One node set; `nodes` in the template's order."""
+
+    index: int
+    nodes: tuple[str, ...]
+
+    @property
+    def resource(self) -> str:
+        return resource_name(self.index)
+
+
+def resource_name(index: int) -> str:
+    """The Snakemake resource of pool `index` (one server set at a time)."""
+    return f"pool_{index}"
+
+
+def template_nodes(exp: Experiment) -> tuple[str, ...]:
+    """The nodes one server set of the configured topology uses, in position order."""
+    if not exp.roles:
+        return tuple(exp.cluster.nodes[: exp.cluster.nodes_per_server])
+    names = [*exp.roles["prefill"].nodes, *exp.roles["decode"].nodes]
+    if exp.router is not None:
+        names.append(exp.router.node)
+    return tuple(dict.fromkeys(names))
+
+
+def node_pools(exp: Experiment) -> list[Pool]:
+    """The pools of an experiment (one without `cluster.pools`); ValueError names the key."""
+    cluster = exp.cluster
+    template = template_nodes(exp)
+    size = len(template)
+    if exp.roles and cluster.nodes_per_server not in (None, size):
+        raise ValueError(
+            f"cluster.nodes_per_server: {cluster.nodes_per_server}, but the PD roles and router "
+            f"use {size} nodes ({', '.join(template)})"
+        )
+    if cluster.pools is None:
+        sets = [template]
+    elif cluster.pools == "auto":
+        rest = [n for n in cluster.nodes if n not in template]
+        sets = [
+            template,
+            *(tuple(rest[i : i + size]) for i in range(0, len(rest) - size + 1, size)),
+        ]
+    else:
+        sets = [tuple(p) for p in cluster.pools]
+        seen: dict[str, int] = {}
+        for i, nodes in enumerate(sets):
+            if len(nodes) != size:
+                raise ValueError(
+                    f"cluster.pools: pool {i} has {len(nodes)} nodes, one server set needs {size} "
+                    f"({', '.join(template)})"
+                )
+            unknown = [n for n in nodes if n not in cluster.nodes]
+            if unknown:
+                raise ValueError(f"cluster.pools: pool {i}: {unknown} not in cluster.nodes")
+            for node in nodes:
+                if node in seen:
+                    raise ValueError(
+                        f"cluster.pools: node {node} is in pool {seen[node]} and pool {i}; "
+                        f"pools must not share a node"
+                    )
+                seen[node] = i
+    if not sets:
+        raise ValueError("cluster.pools: no pool given")
+    if len(sets) > MAX_POOLS:
+        raise ValueError(f"cluster.pools: {len(sets)} pools, at most {MAX_POOLS}")
+    return [Pool(i, nodes) for i, nodes in enumerate(sets)]
+
+
+# A port given as "auto" in RoleLayout/RoleSpec until ServerManager.start picks a free one.
+AUTO_PORT = 0
+
+
+def port_number(port: int | str) -> int:
+    """A configured port as a number (AUTO_PORT for "auto")."""
+    return AUTO_PORT if port == "auto" else int(port)
+
+
+@dataclass(frozen=True)
+class RoleLayout:
+    """Where one role runs and its base arguments (before matrix axes)."""
+
+    name: str
+    nodes: tuple[str, ...]
+    port: int
+    dist_init_port: int
+    base: ServerArgs
+
+
+def role_layouts(exp: Experiment) -> list[RoleLayout]:
+    """The roles of every server set: one `server` role, or prefill then decode."""
+    if not exp.roles:
+        return [
+            RoleLayout(
+                SINGLE_ROLE,
+                template_nodes(exp),
+                port_number(exp.engine.port),
+                port_number(exp.engine.dist_init_port),
+                exp.server,
+            )
+        ]
+    layouts = []
+    for name in PD_ROLES:
+        role = exp.roles[name]
+        base = validated(ServerArgs, exp.server, role.server, f"roles.{name}.server")
+        layouts.append(
+            RoleLayout(
+                name,
+                tuple(role.nodes),
+                role.port or port_number(exp.engine.port),
+                role.dist_init_port or port_number(exp.engine.dist_init_port),
+                base,
+            )
+        )
+    return layouts
+
+
+def _check_pd_pair(exp: Experiment, axes: dict[str, Any]) -> None:
+    """Prefill and decode must agree on what a KV transfer needs (SGLang refuses otherwise)."""
+    args = {
+        r.name: validated(ServerArgs, r.base, axes, f"roles.{r.name}") for r in role_layouts(exp)
+    }
+    for key, what in (("page_size", "KV page size"), ("kv_cache_dtype", "KV cache dtype")):
+        p, d = getattr(args["prefill"], key), getattr(args["decode"], key)
+        if p != d:
+            raise ValueError(
+                f"roles.decode.server.{key}: {d!r} differs from prefill's {p!r}; the {what} "
+                f"must be equal on P and D (SGLang fails the first transfer: "
+                f"'{'Page size' if key == 'page_size' else 'KV cache dtype'} mismatch')"
+            )
+
+
+def json_schema() -> dict[str, Any]:
+    """JSON Schema of an experiment file, generated from the typed models."""
+    return Experiment.model_json_schema()

@@ -1,0 +1,202 @@
+"""Where every file of a run lives: the one definition of the results layout (DESIGN.md 3)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from servesweep.config.experiment import Experiment
+from servesweep.config.matrix import CellRepeat, image_key
+
+CellFile = Literal["raw", "gpu", "bench", "job"]
+# The files of a cell-repeat, relative to the run folder, as Snakemake patterns: the rules take
+# them from here (RunPaths.cell_pattern), the package fills them in (cell_file). `job` is the
+# run_cell job's own log (logsetup.job_logging); `bench` the client's.
+CELL_FILES: dict[CellFile, str] = {
+    "raw": "raw/{server}/{client}/r{repeat}.jsonl",
+    "gpu": "gpu/{server}/{client}/r{repeat}.csv",
+    "bench": "bench/{server}/{client}/r{repeat}.log",
+    "job": "logs/run_cell/{server}/{client}/r{repeat}.log",
+}
+# Files the server lifecycle leaves in service/<server>/ besides the server logs.
+CLIENT_LOGS = frozenset({"warmup.log"})
+
+
+def cell_file(
+    run_dir: str | Path, kind: CellFile, *, server_id: str, client_id: str, repeat: int
+) -> Path:
+    """One file of a cell-repeat of the run folder `run_dir`."""
+    rel = CELL_FILES[kind].format(server=server_id, client=client_id, repeat=int(repeat))
+    return Path(run_dir, rel)
+
+
+def aggregate_cells(
+    *, selected: Sequence[CellRepeat], configured: Sequence[CellRepeat], paths: RunPaths
+) -> list[CellRepeat]:
+    """What results.csv and the summary cover: the selected (maybe narrowed) cells, and every
+    other cell of the configured matrix that finished in this run (its raw and GPU files
+    exist), in matrix order. Narrowing selects what runs; it never shrinks the aggregates."""
+    keys = {c.key for c in selected}
+    done = [
+        c
+        for c in configured
+        if c.key not in keys and paths.raw(c).exists() and paths.gpu(c).exists()
+    ]
+    order = {c.key: i for i, c in enumerate(configured)}
+    cells = [*selected, *done]
+    return sorted(cells, key=lambda c: order.get(c.key, len(order)))
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Where every file of one run lives (DESIGN.md section 3)."""
+
+    root: Path
+
+    @classmethod
+    def for_run(cls, exp: Experiment, results_dir: str | Path = "results") -> RunPaths:
+        return cls(Path(results_dir) / exp.run_id)
+
+    def cell_pattern(self, kind: CellFile) -> str:
+        """A cell file as a Snakemake pattern with wildcards server, client, repeat."""
+        return f"{self.root}/{CELL_FILES[kind]}"
+
+    def _cell(self, kind: CellFile, cell: CellRepeat) -> Path:
+        return cell_file(
+            self.root, kind, server_id=cell.server.id, client_id=cell.client.id, repeat=cell.repeat
+        )
+
+    def raw(self, cell: CellRepeat) -> Path:
+        return self._cell("raw", cell)
+
+    def bench_log(self, cell: CellRepeat) -> Path:
+        return self._cell("bench", cell)
+
+    def gpu(self, cell: CellRepeat) -> Path:
+        return self._cell("gpu", cell)
+
+    def service(self, server_id: str) -> Path:
+        return self.root / "service" / server_id
+
+    def service_files(self) -> dict[str, list[Path]]:
+        """What the servers of this run left in service/<server>/: server logs, /server_info
+        snapshots, warm-up records (what exists: a reused server logs where it was started)."""
+        folders = sorted(p for p in (self.root / "service").glob("*") if p.is_dir())
+        return {
+            "logs": [
+                p for f in folders for p in sorted(f.glob("*.log")) if p.name not in CLIENT_LOGS
+            ],
+            "server_info": [
+                f / "server_info.json" for f in folders if (f / "server_info.json").exists()
+            ],
+            "warmup": [f / "warmup.jsonl" for f in folders if (f / "warmup.jsonl").exists()],
+        }
+
+    @property
+    def preflight(self) -> Path:
+        return self.root / "preflight.json"
+
+    def images(self, exp: Experiment) -> Path:
+        """Image evidence shared by every run of this results root, keyed by the image's
+        content (images.image_key): results/.images/<key>/."""
+        return self.root.parent / ".images" / image_key(exp)
+
+    def builds(self, exp: Experiment) -> list[Path]:
+        """Image-check evidence per node (docker runtimes only): <images>/<node>.json."""
+        if exp.runtime.kind != "docker":
+            return []
+        return [self.images(exp) / f"{n}.json" for n in exp.cluster.nodes]
+
+    def build_logs(self, exp: Experiment) -> list[Path]:
+        """The build and check log of each node, beside its evidence."""
+        return [p.with_suffix(".log") for p in self.builds(exp)]
+
+    def prerequisites(self, exp: Experiment) -> list[Path]:
+        """Evidence every cell needs before its server starts: image checks, then preflight."""
+        return [*self.builds(exp), self.preflight]
+
+    @property
+    def services(self) -> Path:
+        """Services brought up by `servesweep up`, shared by every run of this results root
+        (a run id never starts with '.')."""
+        return self.root.parent / ".services"
+
+    def service_record(self, fingerprint: str) -> Path:
+        """The state of the service with this fingerprint (ServerState JSON)."""
+        return self.services / f"{fingerprint}.json"
+
+    def service_runs(self, fingerprint: str) -> Path:
+        """Which runs used that service: one `<UTC time> <run id>` line per run."""
+        return self.services / f"{fingerprint}.runs"
+
+    @property
+    def current_server(self) -> Path:
+        return self.current_server_of(0)
+
+    def current_server_of(self, pool: int) -> Path:
+        """The state of the server set pool `pool` runs (servesweep.cluster.pools; pool 0's
+        keeps the one-pool name)."""
+        name = "current.json" if pool == 0 else f"current~pool_{pool}.json"
+        return self.root / "service" / name
+
+    @property
+    def pools(self) -> Path:
+        """Which pool each server config runs in (servesweep.cluster.pools.PoolPlan)."""
+        return self.root / "pools.json"
+
+    def pool_stopped(self, pool: int) -> Path:
+        """Written when a cell of pool `pool` failed: its other cells of this invocation do not
+        start (removed when the next invocation starts)."""
+        return self.root / "service" / f"pool_{pool}.stopped"
+
+    def server_lock(self, nodes: Sequence[str]) -> Path:
+        """The lock a job holds while it owns the servers of this node set (one at a time)."""
+        return self.root / "service" / f"nodes~{'+'.join(sorted(nodes))}.lock"
+
+    @property
+    def orchestrator_log(self) -> Path:
+        return self.root / "orchestrator.log"
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / "manifest.json"
+
+    @property
+    def results_csv(self) -> Path:
+        return self.root / "results.csv"
+
+    @property
+    def requests_csv(self) -> Path:
+        return self.root / "requests.csv"
+
+    @property
+    def summary_json(self) -> Path:
+        return self.root / "summary.json"
+
+    @property
+    def landing_rst(self) -> Path:
+        """The report's landing page (servesweep.analysis.landing), the Snakefile's `report:` once
+        written."""
+        return self.root / "report.rst"
+
+    @property
+    def logscan_json(self) -> Path:
+        return self.root / "logscan.json"
+
+    @property
+    def plots(self) -> Path:
+        return self.root / "plots"
+
+    @property
+    def logs(self) -> Path:
+        """Logs of the jobs that are not about one cell (rules' `log:`)."""
+        return self.root / "logs"
+
+    def gpu_gap(self, node: str, detail: str) -> Path:
+        """Holds the first warning that a node's GPU figures are unavailable for `detail`:
+        its existence keeps later cells of the run from repeating it."""
+        digest = hashlib.sha256(detail.encode()).hexdigest()[:12]
+        return self.logs / "gpu_unavailable" / f"{node}~{digest}.log"

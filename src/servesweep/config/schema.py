@@ -1,0 +1,426 @@
+"""The experiment file's section models (cluster, runtime, engine, server, client, ...) and
+the validation helpers the experiment and loader share."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import re
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _compiles(value: str) -> str:
+    """A regular expression that compiles (ValueError naming why not)."""
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"bad regular expression: {exc}") from None
+    return value
+
+
+# A config value that is a regular expression (an image check's `expect`, an evidence pattern).
+Regex = Annotated[str, AfterValidator(_compiles)]
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+
+class Strict(BaseModel):
+    """Base model: unknown keys are errors, instances are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SshOptions(Strict):
+    """How nodes are reached over SSH (paramiko, `~/.ssh/config` aliases)."""
+
+    config_file: str = "~/.ssh/config"
+    accept_new_host_keys: bool = False
+    connect_timeout_s: float = Field(default=15.0, gt=0)
+    command_timeout_s: float = Field(default=600.0, gt=0)
+    keepalive_s: int = Field(default=15, ge=0)
+
+
+class ClusterConfig(Strict):
+    """The site's nodes; the first node of a server set is rank 0 and runs the client. Node
+    pools (servesweep.cluster.pools): disjoint node sets, each running one server config at a
+    time."""
+
+    transport: Literal["local", "ssh"] = "local"
+    nodes: list[str] = Field(min_length=1)
+    addresses: dict[str, str] = Field(default_factory=dict)
+    gpus_per_node: int = Field(default=8, ge=1)
+    ssh: SshOptions = SshOptions()
+    # Nodes one server set needs (default: every node; PD: its roles' and router's nodes).
+    nodes_per_server: int | None = Field(default=None, ge=1)
+    # None: one pool. auto: as many disjoint sets as fit. Or the sets, each a list of nodes.
+    pools: Literal["auto"] | list[list[str]] | None = None
+
+    @model_validator(mode="after")
+    def _check_nodes(self) -> ClusterConfig:
+        dupes = sorted({n for n in self.nodes if self.nodes.count(n) > 1})
+        if dupes:
+            raise ValueError(f"nodes: duplicate node(s) {dupes}")
+        unknown = sorted(set(self.addresses) - set(self.nodes))
+        if unknown:
+            raise ValueError(f"addresses: given for nodes not in cluster.nodes: {unknown}")
+        if self.nodes_per_server is not None and self.nodes_per_server > len(self.nodes):
+            raise ValueError(
+                f"nodes_per_server: {self.nodes_per_server} is more than the "
+                f"{len(self.nodes)} nodes of cluster.nodes"
+            )
+        return self
+
+
+class BaseImage(Strict):
+    """The image a build starts FROM: made present on every node before the build, by its own
+    dockerfile or a pull (seed 003's PD image builds on seed 000's phase5 image)."""
+
+    image: str
+    dockerfile: str | None = None
+    context: str | None = None
+    build_args: dict[str, str] = Field(default_factory=dict)
+    pull: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> BaseImage:
+        if self.dockerfile and self.pull:
+            raise ValueError("give either dockerfile (+ context) or pull: true, not both")
+        if self.dockerfile and not self.context:
+            raise ValueError("context: required with a dockerfile")
+        return self
+
+
+class ImageCheck(Strict):
+    """A check of what the image holds: a command run inside it and a regular expression its
+    output must match (searched, multi-line), e.g. a package version or a file present."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    command: str
+    expect: Regex
+
+
+class ImageBuild(Strict):
+    """How `build_images` gets the image onto every node (paths are on the nodes)."""
+
+    dockerfile: str | None = None
+    context: str | None = None
+    build_args: dict[str, str] = Field(default_factory=dict)
+    pull: bool = False
+    base: BaseImage | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ImageBuild:
+        if self.dockerfile and self.pull:
+            raise ValueError("give either dockerfile (+ context) or pull: true, not both")
+        if self.dockerfile and not self.context:
+            raise ValueError("runtime.build.context is required with a dockerfile")
+        return self
+
+
+class RuntimeConfig(Strict):
+    """How a server process lives on a node: a local process group or a docker container."""
+
+    kind: Literal["process", "docker"] = "process"
+    image: str | None = None
+    sudo: bool = False
+    gpus: str | None = "all"
+    shm_size: str = "32g"
+    privileged: bool = False
+    devices: list[str] = Field(default_factory=list)
+    ulimits: list[str] = Field(default_factory=list)
+    mounts: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    build: ImageBuild | None = None
+    smoke: list[str] = Field(default_factory=list)  # commands that must exit 0 in the image
+    checks: list[ImageCheck] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check_image(self) -> RuntimeConfig:
+        if self.kind == "docker" and not self.image:
+            raise ValueError("image: required when runtime.kind is docker")
+        names = [c.name for c in self.checks]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"checks: duplicate name(s) {dupes}")
+        return self
+
+
+class SecretsConfig(Strict):
+    """Where the sudo password comes from when no env variable gives it (never the value)."""
+
+    sudo_password_file: str | None = None  # env SUDO_PASSWORD / SUDO_PASSWORD_FILE win
+    passwordless_sudo: bool = False  # the nodes' sudoers need no password for docker
+
+
+class PreflightConfig(Strict):
+    """Thresholds of the checks before any server start."""
+
+    # A GPU with a compute process, or more memory in use than this, is busy (one-line error).
+    gpu_idle_max_memory_mib: float = Field(default=1024, ge=0)
+
+
+class SimFaults(Strict):
+    """Faults the simulated engine injects (for tests and rehearsals)."""
+
+    fail_start: bool = False
+    fail_start_nodes: list[str] = Field(default_factory=list)  # fail_start on these nodes only
+    crash_after: int | None = Field(default=None, ge=0)
+    http_500_at: list[int] = Field(default_factory=list)
+    midstream_error_at: list[int] = Field(default_factory=list)
+    hang_at: list[int] = Field(default_factory=list)
+
+
+class SimConfig(Strict):
+    """Knobs of the simulated engine (engine.kind: sim)."""
+
+    time_scale: float = Field(default=0.02, ge=0)  # 0: no simulated compute at all
+    seed: int = 0
+    startup_s: float = Field(default=60.0, ge=0)
+    profile: str | None = None
+    noise: bool = True  # benign log noise, re-tokenization drift, special-token outputs
+    faults: SimFaults = SimFaults()
+
+
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+class EngineConfig(Strict):
+    """Which serving engine runs: SGLang itself or our simulator speaking its API."""
+
+    kind: Literal["sim", "sglang"] = "sim"
+    version: str = "0.5.23"
+    model_path: str
+    served_model_name: str | None = None
+    # "auto": a free port picked when the server starts (local transport only); recorded in
+    # service/current.json, from where clients of later cells reach it.
+    port: Port | Literal["auto"] = 30000
+    dist_init_port: Port | Literal["auto"] = 20000
+    ready_timeout_s: float = Field(default=900.0, gt=0)
+    python: str = "python3"
+    sim: SimConfig = SimConfig()
+
+
+class ServerArgs(Strict):
+    """`sglang.launch_server` arguments shared by, or varied across, server configs."""
+
+    tp_size: int = Field(default=1, ge=1)
+    ep_size: int = Field(default=1, ge=1)
+    dp_size: int = Field(default=1, ge=1)
+    pp_size: int = Field(default=1, ge=1)
+    moe_runner_backend: str | None = None
+    chunked_prefill_size: int | None = None
+    page_size: int | None = Field(default=None, ge=1)
+    kv_cache_dtype: str | None = None
+    disable_radix_cache: bool = False
+    mem_fraction_static: float | None = Field(default=None, gt=0, le=1)
+    max_running_requests: int | None = Field(default=None, ge=1)
+    trust_remote_code: bool = True
+    disaggregation_transfer_backend: str | None = None
+    disaggregation_ib_device: str | None = None
+    disaggregation_bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
+    speculative_algorithm: str | None = None
+    extra_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_parallel(self) -> ServerArgs:
+        if self.tp_size % self.ep_size:
+            raise ValueError(f"ep_size: {self.ep_size} does not divide tp_size {self.tp_size}")
+        if self.chunked_prefill_size is not None and (
+            self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1
+        ):
+            raise ValueError("chunked_prefill_size: must be positive or -1 (disabled)")
+        return self
+
+
+PD_ROLES = ("prefill", "decode")
+SINGLE_ROLE = "server"
+
+
+class RoleConfig(Strict):
+    """One role of a PD server set: its nodes, ports and argument overrides."""
+
+    nodes: list[str] = Field(min_length=1)
+    port: int | None = Field(default=None, ge=1, le=65535)
+    dist_init_port: int | None = Field(default=None, ge=1, le=65535)
+    server: dict[str, Any] = Field(default_factory=dict)
+
+
+class RouterConfig(Strict):
+    """The PD router (SGLang's mini load balancer) in front of prefill and decode."""
+
+    node: str
+    port: int = Field(default=31000, ge=1, le=65535)
+    policy: Literal["random", "round_robin"] = "random"
+    mini_lb: bool = True
+
+
+class Workload(Strict):
+    """What the client sends: varies without a server restart."""
+
+    dataset: Literal["random-ids"] = "random-ids"
+    input_len: int = Field(ge=1)
+    output_len: int = Field(ge=1)
+    num_requests: int = Field(ge=1)
+    concurrency: int = Field(default=1, ge=1)
+    stream: bool = True
+    request_rate: float = Field(default=math.inf, gt=0)
+    warmup_requests: int = Field(default=0, ge=0)
+    seed: int = 1
+    request_timeout_s: float = Field(default=3600.0, gt=0)
+
+    @field_validator("request_rate", mode="before")
+    @classmethod
+    def _null_rate_is_unlimited(cls, value: Any) -> Any:
+        # JSON has no infinity: model_dump_json writes inf as null (the run_cell param).
+        return math.inf if value is None else value
+
+
+class SaturationConfig(Strict):
+    """When the builtin client's self-check calls its cell client-saturated (not the server's
+    figures): event-loop lag p99 or CPU above these; `invalid` fails such a cell."""
+
+    loop_lag_p99_ms: float = Field(default=5.0, gt=0)
+    cpu_pct: float = Field(default=90.0, gt=0)
+    invalid: bool = False
+
+
+class ClientConfig(Strict):
+    """Which load generator runs: ours (builtin) or SGLang's bench_serving in the image."""
+
+    kind: Literal["builtin", "bench_serving"] = "builtin"
+    tokenizer: str | None = None
+    saturation: SaturationConfig = SaturationConfig()
+
+
+# Default of validation.min_retokenized_ratio (docs/validation.md): healthy published records
+# go down to 0.63 (a VLM run), silent failures are at or below 0.0003 (0 of 300,000; 8 of 32,334).
+MIN_RETOKENIZED_RATIO = 0.5
+
+
+class ValidationConfig(Strict):
+    """Thresholds that tell a silent failure from re-tokenization drift (docs/validation.md)."""
+
+    min_retokenized_ratio: float = Field(default=MIN_RETOKENIZED_RATIO, ge=0, le=1)
+    # Liveness during a cell: the server's counters flat this long, or /health failing, aborts.
+    stall_timeout_s: float = Field(default=120.0, gt=0)
+    # The server counted more requests during a cell than its client sent: fail the cell (else
+    # a warning; the raw record keeps both counts either way).
+    foreign_requests_invalid: bool = False
+
+
+class TelemetryConfig(Strict):
+    """GPU sampling during a cell (docs/architecture.md, GPU telemetry)."""
+
+    gpu_interval_ms: int = Field(default=1000, ge=20, le=60000)
+
+
+class SloConfig(Strict):
+    """Service-level objectives per request (any subset); goodput counts requests meeting all."""
+
+    ttft_ms: float | None = Field(default=None, gt=0)
+    tpot_ms: float | None = Field(default=None, gt=0)
+    e2e_ms: float | None = Field(default=None, gt=0)
+
+
+class PlotsConfig(Strict):
+    """Which summary metrics get a delta plot and a metric-vs-client-axis plot."""
+
+    metrics: list[str] = Field(
+        default_factory=lambda: ["ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "input_tps"],
+        min_length=1,
+    )
+    # pool: one metric-vs panel per node pool (a node-set effect), not per second server axis
+    facet: Literal["pool"] | None = None
+
+
+class EvidencePattern(Strict):
+    """A log line that proves part of the serving path (e.g. PD's P->D transfer), counted in
+    the logs of one role's processes; a cell-repeat with fewer than `min_per_cell` is invalid.
+
+    `window: cell` counts what the role logged while the cell's client ran (a line per
+    request); `window: service` counts since the server started (a line SGLang logs once
+    per process, via `warning_once`)."""
+
+    pattern: Regex
+    role: Literal["server", "prefill", "decode", "router"]
+    min_per_cell: int = Field(default=1, ge=0)
+    window: Literal["cell", "service"] = "cell"
+
+
+class ReferenceConfig(Strict):
+    """A validated table to compare the case table against (servesweep.analysis.reference)."""
+
+    file: str  # relative to the checkout, e.g. config/reference/seed003_pd_standard.yaml
+    tolerance: float = Field(default=0.10, gt=0)  # relative; a larger delta is marked
+
+
+class Matrix(Strict):
+    """Axes: lists of values for server arguments (restart) and workload fields (no restart)."""
+
+    server: dict[str, list[Any]] = Field(default_factory=dict)
+    client: dict[str, list[Any]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_axes(self) -> Matrix:
+        for side, model, axes in (
+            ("server", ServerArgs, self.server),
+            ("client", Workload, self.client),
+        ):
+            for name, values in axes.items():
+                if name not in model.model_fields or name in ("extra_args", "env"):
+                    raise ValueError(f"matrix.{side}.{name}: not a {model.__name__} field")
+                if not values:
+                    raise ValueError(f"matrix.{side}.{name}: empty axis")
+                if len({json.dumps(v) for v in values}) != len(values):
+                    raise ValueError(f"matrix.{side}.{name}: duplicate values {values}")
+        return self
+
+
+def combinations(axes: Mapping[str, list[Any]]) -> list[dict[str, Any]]:
+    names = list(axes)
+    return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*axes.values())]
+
+
+def validated(model: type[M], base: M, axes: dict[str, Any], where: str) -> M:
+    try:
+        return model.model_validate({**base.model_dump(), **axes})
+    except ValidationError as exc:
+        key, msg = error_key(exc)
+        suffix = f" (with {axes})" if axes else ""
+        text = f"{where}.{key}: {msg}{suffix}" if key else f"{where}: {msg}{suffix}"
+        raise ValueError(text) from None
+
+
+# A validator message that starts with the dotted key it is about: "nodes: duplicate ...".
+KEYED = re.compile(r"^([A-Za-z_][\w.\-]*): (.*)$", re.S)
+
+
+def error_key(exc: ValidationError) -> tuple[str, str]:
+    """(dotted key, message) of the first error: pydantic's location, extended by the key a
+    model validator names at the start of its message."""
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        return loc, "unknown key"
+    match = KEYED.match(msg) if err["type"] == "value_error" else None
+    if match:
+        key, msg = match.groups()
+        if loc and key != loc and not key.startswith(loc + "."):
+            key = f"{loc}.{key}"
+        return key, msg
+    return loc, msg

@@ -1,0 +1,1 @@
+"""The base layer: errors, atomic files, the event log. Imports nothing of servesweep."""

@@ -1,0 +1,73 @@
+"""One exception type per failure kind; messages name the cell, node and log file."""
+
+import signal
+
+
+class ServesweepError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class ConfigError(ServesweepError):
+    """The experiment configuration is invalid (the message names the key)."""
+
+
+class TransportError(ServesweepError):
+    """A node could not be reached or a command on it failed."""
+
+
+class ServerStartError(ServesweepError):
+    """A server did not start or did not become ready."""
+
+
+class ServerDied(ServesweepError):
+    """A running server stopped answering or logged a fatal pattern."""
+
+
+class ClientError(ServesweepError):
+    """The load generator failed to produce a record."""
+
+
+class CellFailed(ServesweepError):
+    """A cell-repeat's record failed validation (failed requests, wrong lengths, ...)."""
+
+
+class SmokeFailed(ServesweepError):
+    """An image capability smoke test failed."""
+
+
+class SecretError(ServesweepError):
+    """The sudo password is missing or its file is unsafe."""
+
+
+class PreflightFailed(ServesweepError):
+    """A check before any server start failed (ports, IB devices, image, P/D agreement), or
+    its evidence is missing when a cell is about to run."""
+
+
+class ServerConflict(ServesweepError):
+    """Another owner's server holds a node or port a server of this run needs."""
+
+
+class NodeShared(ServesweepError):
+    """A node a server set needs holds a server of another pool of this run (labels say so)."""
+
+
+class PoolStopped(ServesweepError):
+    """A cell of a pool whose earlier cell failed in this invocation: it does not start."""
+
+
+class ServerStalled(ServesweepError):
+    """A server stopped making progress (or answering /health) while a cell's client ran."""
+
+
+class ServerBusy(ServesweepError):
+    """A server still reports running or queued requests before a cell's client starts."""
+
+
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP (a dropped SSH session) ended a job: raised like KeyboardInterrupt, so
+    the cleanup of Ctrl-C runs (cell-failed event, partial files removed)."""
+
+    def __init__(self, message: str, signum: int = signal.SIGTERM) -> None:
+        super().__init__(message)
+        self.signum = signum

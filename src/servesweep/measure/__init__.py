@@ -1,0 +1,1 @@
+"""Measuring one cell: load generators, raw records, their validation, isolation and provenance."""

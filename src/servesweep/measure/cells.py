@@ -1,0 +1,686 @@
+"""One cell-repeat: ensure its server, snapshot GPUs, run the client, validate, write files."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import hashlib
+import json
+import logging
+import math
+import os
+import shlex
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from servesweep.cluster import gpusampling, telemetry
+from servesweep.cluster.owner import POOL_LABEL
+from servesweep.cluster.runtime import Launch
+from servesweep.cluster.secrets import scrub
+from servesweep.config.experiment import Experiment
+from servesweep.config.matrix import CellRepeat, client_specs, derived_seed
+from servesweep.config.paths import RunPaths
+from servesweep.config.schema import Workload
+from servesweep.core.errors import (
+    CellFailed,
+    ClientError,
+    PreflightFailed,
+    ServerDied,
+    ServesweepError,
+    Terminated,
+    TransportError,
+)
+from servesweep.core.events import EventLog
+from servesweep.measure import isolation, loadgen, provenance, validation
+from servesweep.measure.loadgen import selfcheck
+from servesweep.measure.records import BenchRecord, read_record, write_record
+from servesweep.serving import evidence
+from servesweep.serving.engines import ROUTER_ROLE
+from servesweep.serving.servers import ServerManager, ServerState, auth_headers
+from servesweep.serving.watchdog import Watchdog
+
+logger = logging.getLogger(__name__)
+
+SNAPSHOT_TIMEOUT_S = 60.0
+CLIENT_SLACK_S = 600.0
+
+
+def client_timeout(workload: Workload) -> float:
+    """Upper bound for one client invocation (requests run in waves of `concurrency`)."""
+    waves = math.ceil(workload.num_requests / workload.concurrency) + workload.warmup_requests
+    return waves * workload.request_timeout_s + CLIENT_SLACK_S
+
+
+def run_client(
+    *,
+    exp: Experiment,
+    manager: ServerManager,
+    state: ServerState,
+    workload: Workload,
+    tag: str,
+    bench_log: Path,
+) -> BenchRecord:
+    """Run the configured client on the client node (in the runtime); return its record."""
+    node = exp.cluster.nodes[0]
+    key = manager.api_key(state)
+    # Per job: a stale job of the same cell (its Snakemake killed) never removes this one's file.
+    local_out = bench_log.with_name(f".{bench_log.stem}.{os.getpid()}.client.jsonl")
+    remove_partial_client_files(bench_log, events=manager.events, cell=tag)
+    # Locally without docker the client writes straight into the run folder; otherwise into
+    # the node directory shared with one-shot containers, copied back afterwards.
+    direct = exp.cluster.transport == "local" and exp.runtime.kind == "process"
+    digest = hashlib.sha256(tag.encode()).hexdigest()[:12]
+    if direct:
+        node_out, node_log = str(local_out.resolve()), str(bench_log.resolve())
+    else:
+        base = f"{manager.node_dir()}/client/{digest}"
+        node_out, node_log = f"{base}.jsonl", f"{base}.log"
+        manager.transport.run(node, f"rm -f {shlex.quote(node_out)}", timeout=60)
+    launch = client_launch(
+        exp=exp,
+        manager=manager,
+        base_url=state.base_url,
+        workload=workload,
+        tag=tag,
+        output_file=node_out,
+        log_path=node_log,
+        key=key,
+    )
+    bench_log.parent.mkdir(parents=True, exist_ok=True)
+    alone = measured_alone(exp=exp, manager=manager, state=state, tag=tag)
+    counters = isolation.request_counters(_entry_urls(state), key=key)
+    watchdog = Watchdog(
+        health_url=f"{state.base_url}/health",
+        metric_urls=[r.url for r in state.ranks if r.url] or [state.base_url],
+        server=state.server_id,
+        node=state.ranks[0].node if state.ranks else node,
+        cell=tag,
+        window_s=exp.validation.stall_timeout_s,
+        abort=lambda: isolation.stop_clients(
+            runtime=manager.runtime, node=node, labels=client_labels(exp=exp, manager=manager)
+        ),
+    )
+    try:
+        try:
+            with watchdog:
+                result = manager.runtime.run_oneshot(launch, timeout=client_timeout(workload))
+        finally:
+            if not direct:
+                _fetch_log(manager, node=node, remote=node_log, local=bench_log)
+        watchdog.check()
+        if not result.ok:
+            raise ClientError(
+                f"cell {tag}: client exited {result.returncode} on node {node}"
+                f"{_client_cause(bench_log) or _full_disk(manager, node, node_out)}; "
+                f"bench log {bench_log}"
+            )
+        if not direct:
+            manager.transport.get(node, node_out, local_out)
+        if not local_out.exists():
+            raise ClientError(f"cell {tag}: client wrote no record; bench log {bench_log}")
+        record = read_record(local_out)
+    finally:
+        local_out.unlink(missing_ok=True)  # it holds the key (SGLang's server_info): read, gone
+        if not direct:
+            with contextlib.suppress(TransportError):  # never hides the cell's own error
+                manager.transport.run(node, f"rm -f {shlex.quote(node_out)}", timeout=60)
+    sent = workload.num_requests + workload.warmup_requests
+    count = isolation.compare_requests(
+        before=counters, after=isolation.request_counters(_entry_urls(state), key=key), sent=sent
+    )
+    # SGLang reports its api_key in /server_info, which the record carries: masked.
+    fields = json.loads(scrub(json.dumps(record.model_dump()), key))
+    access = {"api_key": key is not None, **count.to_dict()}
+    return BenchRecord.model_validate(
+        {**fields, ISOLATION_KEY: alone.to_dict(), REQUESTS_KEY: access}
+    )
+
+
+def _entry_urls(state: ServerState) -> list[str]:
+    """Rank 0 of each role (not the router): the servers that count requests."""
+    return [r.url for r in state.ranks if r.url and r.role != ROUTER_ROLE] or [state.base_url]
+
+
+def client_launch(
+    *,
+    exp: Experiment,
+    manager: ServerManager,
+    base_url: str,
+    workload: Workload,
+    tag: str,
+    output_file: str,
+    log_path: str,
+    key: str | None = None,
+) -> Launch:
+    """The client of one cell (or warm-up) on the client node: the bench_serving or builtin
+    command line, its log and labels (`servesweep commands` prints it too); `key`: the
+    server's API key, given to the client in its environment (never in argv)."""
+    digest = hashlib.sha256(tag.encode()).hexdigest()[:12]
+    return Launch(
+        name=f"servesweep-{manager.owner.tag}-{exp.run_id}-client-{digest}",
+        node=exp.cluster.nodes[0],
+        argv=loadgen.client_argv(
+            kind=exp.client.kind,
+            workload=workload,
+            base_url=base_url,
+            output_file=output_file,
+            tag=tag,
+            tokenizer=exp.client.tokenizer or exp.engine.model_path,
+            python=exp.engine.python,
+            sglang_version=exp.engine.version,
+        ),
+        log_path=log_path,
+        env=loadgen.client_env(exp.client.kind),
+        labels=client_labels(exp=exp, manager=manager),
+        accelerators=False,  # a client needs the network only: no GPU, device, privilege
+        secret_env=None if key is None else (loadgen.API_KEY_ENV, key),
+    )
+
+
+def client_labels(*, exp: Experiment, manager: ServerManager) -> dict[str, str]:
+    """Labels of this owner's clients of this run and pool (stale-client search finds only
+    these: another pool's client is not stale)."""
+    return {
+        "run": exp.run_id,
+        "role": "client",
+        POOL_LABEL: str(manager.pool),
+        **manager.owner.labels(),
+    }
+
+
+ISOLATION_KEY = "servesweep_isolation"
+# What measured a raw record: {kind, simulated, time_scale} (a sim's times are wall-clock times
+# of a clock running time_scale x wall time).
+ENGINE_KEY = "servesweep_engine"
+
+
+def engine_label(exp: Experiment) -> dict[str, Any]:
+    """ENGINE_KEY of the records of `exp`."""
+    sim = exp.engine.kind == "sim"
+    return {
+        "kind": exp.engine.kind,
+        "simulated": sim,
+        "time_scale": exp.engine.sim.time_scale if sim else None,
+    }
+
+
+# The server's own request count over the client's run against the client's (issue 17 item 11).
+REQUESTS_KEY = "servesweep_requests"
+
+
+def remove_partial_client_files(bench_log: Path, *, events: EventLog, cell: str) -> list[Path]:
+    """Remove the hidden client files a killed job of this cell left (`.<repeat>.<pid>.client
+    .jsonl` of a pid no longer running, or the older `.<repeat>.client.jsonl`); report each."""
+    removed = []
+    for path in sorted(bench_log.parent.glob(f".{bench_log.stem}.*client.jsonl")):
+        pid = path.name.removeprefix(f".{bench_log.stem}.").removesuffix("client.jsonl")
+        pid = pid.rstrip(".")
+        if pid.isdigit() and Path(f"/proc/{pid}").exists():
+            continue  # a job still running (the server lock keeps it from measuring now)
+        path.unlink(missing_ok=True)
+        removed.append(path)
+        events.emit("partial-removed", cell=cell, file=str(path))
+        logger.warning("cell %s: removed %s, a partial client file of a killed job", cell, path)
+    return removed
+
+
+def measured_alone(
+    *, exp: Experiment, manager: ServerManager, state: ServerState, tag: str
+) -> isolation.Isolation:
+    """Before a client starts: remove stale clients of this run (any runtime), then wait until
+    the server reports no running or queued request; both checks go into the record."""
+    node = exp.cluster.nodes[0]
+    removed = isolation.remove_stale_clients(
+        runtime=manager.runtime,
+        events=manager.events,
+        node=node,
+        labels=client_labels(exp=exp, manager=manager),
+        cell=tag,
+    )
+    urls = [r.url for r in state.ranks if r.url]
+    load = isolation.wait_idle(
+        urls=urls or [state.base_url],
+        server=state.server_id,
+        node=node,
+        cell=tag,
+        key=manager.api_key(state),
+    )
+    alone = isolation.Isolation(
+        stale_clients_removed=removed,
+        running=load.running if load.known else None,
+        queued=load.queued if load.known else None,
+        load_sources=load.sources,
+    )
+    manager.events.emit(
+        "alone",
+        cell=tag,
+        stale_clients=len(removed),
+        running=alone.running,
+        queued=alone.queued,
+        source=",".join(load.sources) or "none",
+    )
+    return alone
+
+
+def _client_cause(bench_log: Path) -> str:
+    """A known cause in the client's log (a full disk where it writes its record), or ""."""
+    try:
+        text = bench_log.read_text(errors="replace")[-20000:]
+    except OSError:
+        return ""
+    for line in reversed(text.splitlines()):
+        if "No space left on device" in line or "[Errno 28]" in line:
+            return f" (its disk is full: {line.strip()[-200:]})"
+    return ""
+
+
+def _full_disk(manager: ServerManager, node: str, path: str) -> str:
+    """ " (its disk is full: DIR has 0 KiB free)" when the filesystem the client writes its
+    record (and, beside it, its log) to has no space left: a full disk cannot hold the
+    client's own error message either. "" otherwise, or when `df` cannot tell."""
+    folder = shlex.quote(str(Path(path).parent))
+    try:
+        res = manager.transport.run(node, f"df -Pk {folder} | tail -n 1", timeout=60)
+    except TransportError:
+        return ""
+    fields = res.stdout.split()
+    if res.ok and len(fields) >= 4 and fields[3] == "0":
+        return f" (its disk is full: {Path(path).parent} has 0 KiB free on node {node})"
+    return ""
+
+
+def _fetch_log(manager: ServerManager, *, node: str, remote: str, local: Path) -> None:
+    """Copy the client's log back, best effort: a failed copy must not hide the real error."""
+    try:
+        manager.transport.get(node, remote, local)
+    except TransportError as exc:
+        logger.warning("could not copy the bench log back from node %s: %s", node, exc)
+
+
+def server_logs(manager: ServerManager, state: ServerState) -> list[str]:
+    """Local copies of every process log of a server set."""
+    return [str(manager.local_log_path(state.server_id, r.role, r.node)) for r in state.ranks]
+
+
+def flush_radix_cache(*, cell: CellRepeat, manager: ServerManager, state: ServerState) -> bool:
+    """Before a cell's client: flush the radix cache of every role that keeps one (SGLang's
+    `/flush_cache` on the role's entry point), so no cell reuses another's prefixes; True if
+    it flushed (recorded in results.csv `cache_flushed`), False when every role runs with
+    `disable_radix_cache`."""
+    cached = {r.name for r in cell.server.roles if not r.args.disable_radix_cache}
+    urls = [r.url for r in state.ranks if r.url and r.role in cached and r.role != ROUTER_ROLE]
+    if not urls:
+        return False
+    isolation.flush_cache(urls=urls, server=state.server_id, cell=cell.key)
+    manager.events.emit("flush-cache", cell=cell.key, roles=",".join(sorted(cached)))
+    return True
+
+
+def rank_logs(
+    manager: ServerManager, state: ServerState, roles: set[str]
+) -> list[evidence.RankLog]:
+    """The logs of a server set's processes in `roles`, each read on demand (its node)."""
+    return [
+        evidence.RankLog(
+            role=r.role,
+            read=functools.partial(manager.runtime.logs, r.node, r.handle, r.log_path),
+            path=str(manager.local_log_path(state.server_id, r.role, r.node)),
+        )
+        for r in state.ranks
+        if r.role in roles
+    ]
+
+
+def gpu_sampler(
+    *, exp: Experiment, manager: ServerManager, state: ServerState, cell: CellRepeat
+) -> gpusampling.NvidiaSmiSampler | gpusampling.SimulatedSampler:
+    """The cell's GPU sampler: the sim's curve for the sim on this machine (no GPU does its
+    work; each node follows the load of its role's rank 0), else an nvidia-smi loop on every
+    node."""
+    interval_ms = exp.telemetry.gpu_interval_ms
+    tag = cell.key
+    if exp.engine.kind == "sim" and exp.cluster.transport == "local":
+        urls = {r.role: r.url for r in state.ranks if r.url and r.role != ROUTER_ROLE}
+        loads: dict[str, str | None] = dict.fromkeys(exp.cluster.nodes)
+        for role in cell.server.roles:
+            for node in role.nodes:
+                loads[node] = loads[node] or urls.get(role.name)
+        return gpusampling.SimulatedSampler(
+            loads=loads,
+            gpus_per_node=exp.cluster.gpus_per_node,
+            interval_s=interval_ms / 1000 * exp.engine.sim.time_scale,
+            headers=auth_headers(manager.api_key(state)),
+        )
+    digest = hashlib.sha256(tag.encode()).hexdigest()[:12]
+    return gpusampling.NvidiaSmiSampler(
+        transport=manager.transport,
+        nodes=exp.cluster.nodes,
+        interval_ms=interval_ms,
+        remote_dir=f"{manager.node_dir()}/gpu/{digest}",
+        max_s=math.ceil(client_timeout(cell.client.workload) + 2 * SNAPSHOT_TIMEOUT_S),
+    )
+
+
+def warn_gpu_gaps(rows: list[dict[str, object]], *, paths: RunPaths, cell: str) -> None:
+    """Say once per run, node and reason that a node's GPU figures are unavailable (e.g.
+    nvidia-smi not found): a warning in the first cell's log, kept in RunPaths.gpu_gap.
+    Every cell's gpu/*.csv keeps its `unavailable` rows."""
+    gaps = {
+        (str(r["node"]), str(r["detail"]))
+        for r in rows
+        if r.get("status") == telemetry.STATUS_UNAVAILABLE
+    }
+    for node, detail in sorted(gaps):
+        marker = paths.gpu_gap(node, detail)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        line = f"GPU figures unavailable: {detail} (said once per node per run; first in {cell})"
+        try:
+            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            continue
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+        logger.warning("%s", line)
+
+
+def run_warmup(
+    *, exp: Experiment, cell: CellRepeat, manager: ServerManager, state: ServerState
+) -> None:
+    """The first request(s) after a start, recorded apart from the figures
+    (service/<server>/warmup.jsonl): e.g. RDMA endpoint setup inflates the first TTFT. They
+    have the shape (lengths, streaming) of the first listed case or client config, whichever
+    cell triggered the start, so that case's first row never carries the setup cost."""
+    service = manager.paths.service(cell.server.id)
+    shape = client_specs(exp)[0]
+    workload = shape.workload.model_copy(
+        update={
+            "num_requests": exp.warmup_after_start,
+            "concurrency": 1,
+            "warmup_requests": 0,
+            # Its own prompts: a flushed or disabled radix cache keeps none for the cells.
+            "seed": derived_seed(shape.workload.seed, "warmup"),
+        }
+    )
+    log = service / "warmup.log"
+    started = time.monotonic()
+    record = run_client(
+        exp=exp,
+        manager=manager,
+        state=state,
+        workload=workload,
+        tag=f"{cell.server.id}/warmup",
+        bench_log=log,
+    )
+    validation.check_record(
+        record,
+        workload,
+        cell=f"{cell.server.id}/warmup",
+        logs=[str(log), *server_logs(manager, state)],
+        min_retokenized_ratio=exp.validation.min_retokenized_ratio,
+    )
+    write_record(service / "warmup.jsonl", record)
+    manager.events.emit(
+        "warmup",
+        fp=cell.server.fingerprint,
+        server=cell.server.id,
+        shape=shape.id,
+        ttft_ms=f"{record.mean_ttft_ms:.1f}",
+        seconds=f"{time.monotonic() - started:.2f}",
+    )
+
+
+def check_prerequisites(*, exp: Experiment, paths: RunPaths, cell: str) -> None:
+    """Image and preflight evidence must exist before a server starts. On a fresh run they are
+    inputs of every cell; later the workflow runs them first by priority (rules/common.smk),
+    which a cell targeted alone after they were deleted does not get."""
+    missing = [str(p) for p in paths.prerequisites(exp) if not p.exists()]
+    if missing:
+        raise PreflightFailed(
+            f"cell {cell}: evidence missing: {', '.join(missing)}; run `snakemake --cores 1 "
+            f"{paths.preflight}` with this run's --configfile and env (checks images, then "
+            f"preflight), or the `all` target"
+        )
+
+
+@contextlib.contextmanager
+def server_lock(path: Path, *, cell: str = "") -> Iterator[None]:
+    """Hold the lock of a node set (RunPaths.server_lock, one per pool) while a cell owns its
+    servers: one cell at a time per pool, whatever Snakemake's `--cores` and `--resources` (the
+    profile's `pool_<i>=1` keeps cells from even starting meanwhile; this holds without it)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fh = path.open("a")
+    except OSError as exc:  # a full disk: name the file and the cell
+        where = f"cell {cell}: " if cell else ""
+        raise OSError(exc.errno, f"{where}cannot open {path}: {exc.strerror or exc}") from exc
+    with fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.warning("waiting for %s: another cell of this run holds its nodes", path)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def run_cell(
+    *,
+    exp: Experiment,
+    cell: CellRepeat,
+    manager: ServerManager,
+    raw: Path,
+    gpu: Path,
+    bench_log: Path,
+) -> None:
+    """Run one cell-repeat end to end, writing its raw record, GPU snapshot and bench log;
+    files appear only if everything passed.
+
+    Every error names the cell; a failed client is blamed on its server when that died; files
+    this call wrote are removed again if a later step fails (nothing looks finished)."""
+    raw_out, gpu_out = raw, gpu
+    events = manager.events
+    started = time.monotonic()
+    written: list[Path] = []
+    try:
+        # Inside: a full disk while logging the event is an error naming the cell too.
+        events.emit("cell-start", cell=cell.key, fp=cell.server.fingerprint, pool=manager.pool)
+        state, fresh = manager.ensure(cell.server)
+        if fresh and exp.warmup_after_start:
+            run_warmup(exp=exp, cell=cell, manager=manager, state=state)
+        flushed = flush_radix_cache(cell=cell, manager=manager, state=state)
+        logs = rank_logs(manager, state, {p.role for p in exp.evidence.values()})
+        marks = evidence.count(exp.evidence, logs)
+        client_started = time.monotonic()
+        nodes = exp.cluster.nodes
+        before = telemetry.take_snapshot(
+            transport=manager.transport, nodes=nodes, phase="before", timeout=SNAPSHOT_TIMEOUT_S
+        )
+        sampler = gpu_sampler(exp=exp, manager=manager, state=state, cell=cell)
+        sampler.start()
+        try:
+            record = run_client(
+                exp=exp,
+                manager=manager,
+                state=state,
+                workload=cell.workload,
+                tag=cell.key,
+                bench_log=bench_log,
+            )
+            client_end = time.time()
+        except (ClientError, TransportError) as exc:
+            cause = _server_cause(manager, state)
+            if cause is None:
+                raise
+            raise cause from exc
+        finally:
+            samples = sampler.stop()
+        # The client's clock stops at its last response (its `duration`); the window ends when
+        # it returned here (process exit, container removal: well under one sample apart).
+        window = gpusampling.window_rows(client_end - (record.duration or 0.0), client_end)
+        after = telemetry.take_snapshot(
+            transport=manager.transport, nodes=nodes, phase="after", timeout=SNAPSHOT_TIMEOUT_S
+        )
+        client_seconds = time.monotonic() - client_started
+        manager.check_alive(state)
+        validation.check_record(
+            record,
+            cell.workload,
+            cell=cell.key,
+            logs=[str(bench_log), *server_logs(manager, state)],
+            node=nodes[0],
+            min_retokenized_ratio=exp.validation.min_retokenized_ratio,
+        )
+        _check_client(exp=exp, record=record, cell=cell.key, bench_log=bench_log)
+        counts = evidence.cell_counts(
+            exp.evidence, before=marks, after=evidence.count(exp.evidence, logs)
+        )
+        evidence.check(exp.evidence, counts, cell=cell.key, logs=logs)
+        _check_requests(exp=exp, manager=manager, record=record, cell=cell.key, state=state)
+        snapshot = before + after + window + samples
+        warn_gpu_gaps(snapshot, paths=manager.paths, cell=cell.key)
+        record = BenchRecord.model_validate(
+            {
+                **record.model_dump(),
+                provenance.KEY: provenance.measured_with(exp, cell),
+                evidence.KEY: counts,
+                isolation.CACHE_FLUSHED_KEY: flushed,
+                ENGINE_KEY: engine_label(exp),
+            }
+        )
+        _write(gpu_out, lambda: telemetry.write_snapshot(gpu_out, snapshot), written)
+        _write(raw_out, lambda: write_record(raw_out, record), written)
+        # Inside too: a full disk while logging it removes the files and names the cell.
+        events.emit(
+            "cell-done",
+            cell=cell.key,
+            fp=cell.server.fingerprint,
+            seconds=f"{time.monotonic() - started:.2f}",
+            client_seconds=f"{client_seconds:.2f}",
+            measured_seconds=f"{record.duration or 0.0:.2f}",  # the client's window (plan)
+        )
+    except BaseException as exc:
+        for path in written:
+            path.unlink(missing_ok=True)
+        failure = _naming_cell(exc, cell=cell.key, node=exp.cluster.nodes[0], bench_log=bench_log)
+        shown = failure if failure is not None else exc
+        try:
+            events.emit(
+                "cell-failed",
+                cell=cell.key,
+                fp=cell.server.fingerprint,
+                error=(str(shown).splitlines() or [type(exc).__name__])[0],
+            )
+        except OSError as emit_exc:  # e.g. the disk is full: the cell's own error matters more
+            logger.warning("cell %s: could not log cell-failed: %s", cell.key, emit_exc)
+        if failure is not None and failure is not exc:
+            raise failure from exc
+        raise
+
+
+def _check_client(*, exp: Experiment, record: BenchRecord, cell: str, bench_log: Path) -> None:
+    """Warn when the builtin client's self-check says it was saturated (results.csv flags the
+    cell); with `client.saturation.invalid` the cell fails instead."""
+    limits = exp.client.saturation
+    extra = record.model_extra or {}
+    if not selfcheck.saturated(
+        extra, loop_lag_p99_ms=limits.loop_lag_p99_ms, cpu_pct=limits.cpu_pct
+    ):
+        return
+    text = (
+        f"cell {cell}: client saturated (event-loop lag p99 "
+        f"{extra.get('client_loop_lag_p99_ms', math.nan):.1f} ms, limit "
+        f"{limits.loop_lag_p99_ms:g}; CPU {extra.get('client_cpu_pct', math.nan):.0f}% of a "
+        f"core, limit {limits.cpu_pct:g}); bench log {bench_log}"
+    )
+    if limits.invalid:
+        raise ClientError(text)
+    logger.warning("%s", text)
+
+
+def _check_requests(
+    *, exp: Experiment, manager: ServerManager, record: BenchRecord, cell: str, state: ServerState
+) -> None:
+    """Requests the server counted beyond the client's (someone else's in the measurement):
+    an event and a warning; with `validation.foreign_requests_invalid` the cell fails."""
+    count = (record.model_extra or {}).get(REQUESTS_KEY) or {}
+    extra = count.get("difference")
+    if not extra:
+        return
+    if extra < 0:  # fewer than sent: a request the server never finished (the record says so)
+        logger.warning("cell %s: the server counted %+d request(s) vs the client", cell, extra)
+        return
+    manager.events.emit(
+        "foreign-requests", cell=cell, server=state.server_id, client=count.get("client"),
+        counted=count.get("server"), difference=extra,
+    )  # fmt: skip
+    node = state.ranks[0].node if state.ranks else "?"
+    text = (
+        f"cell {cell}: server {state.server_id} on node {node} counted {count.get('server')} "
+        f"request(s) during "
+        f"the client's run, the client sent {count.get('client')} (difference {extra:+d}, "
+        f"from {', '.join(count.get('sources') or [])}): someone else's requests are in the "
+        f"measurement"
+    )
+    if exp.validation.foreign_requests_invalid:
+        raise CellFailed(text)
+    logger.warning("%s", text)
+
+
+def _write(path: Path, write: Callable[[], None], written: list[Path]) -> None:
+    """Write one output file (atomically, by `write`); an OSError names the file."""
+    try:
+        write()
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot write {path}: {exc.strerror or exc}") from exc
+    written.append(path)
+
+
+def _server_cause(manager: ServerManager, state: ServerState) -> ServesweepError | None:
+    """After a failed client: the server's death or fatal log line, if that is the cause."""
+    try:
+        manager.check_alive(state)
+    except ServerDied as exc:
+        return exc
+    except TransportError as exc:  # the node cannot be asked either: keep the client's error
+        logger.warning("could not check the server after a failed client: %s", exc)
+    return None
+
+
+def _naming_cell(
+    exc: BaseException, *, cell: str, node: str, bench_log: Path
+) -> BaseException | None:
+    """`exc` with a message that starts with the cell (None: leave a non-error exception as is).
+
+    OSError (disk full, permissions) counts as an error of the workflow host; Ctrl-C names the
+    cell it interrupted."""
+    if isinstance(exc, ServesweepError):
+        text = str(exc)
+        if f"cell {cell}" in text and ".log" in text:
+            return exc
+        prefix = "" if f"cell {cell}" in text else f"cell {cell}: "
+        suffix = "" if ".log" in text else f"; bench log {bench_log}"
+        return type(exc)(f"{prefix}{text}{suffix}")
+    if isinstance(exc, OSError):
+        return OSError(
+            exc.errno,
+            f"cell {cell}: {exc.strerror or exc} on the workflow host; bench log {bench_log}",
+        )
+    if isinstance(exc, Terminated):
+        why = " (hang-up: the session dropped)" if exc.signum == signal.SIGHUP else ""
+        return Terminated(
+            f"cell {cell} {exc}{why}; client on node {node}; bench log {bench_log}", exc.signum
+        )
+    if isinstance(exc, KeyboardInterrupt):
+        return KeyboardInterrupt(
+            f"cell {cell} interrupted by SIGINT (Ctrl-C); client on node {node}; "
+            f"bench log {bench_log}"
+        )
+    return None

@@ -1,0 +1,70 @@
+"""What a raw record was measured with (fingerprint, workload, client, warm-up), and its check."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from servesweep import __version__
+from servesweep.config.experiment import Experiment
+from servesweep.config.matrix import CellRepeat, workload_key
+from servesweep.core.errors import CellFailed
+
+# The raw record's key holding measured_with(); records without it cannot be checked.
+KEY = "servesweep_measured_with"
+
+
+def client_identity(exp: Experiment) -> dict[str, str]:
+    """The load generator of a run: kind, its version, the tokenizer it counts with."""
+    version = exp.engine.version if exp.client.kind == "bench_serving" else __version__
+    return {
+        "kind": exp.client.kind,
+        "version": version,
+        "tokenizer": exp.client.tokenizer or exp.engine.model_path,
+    }
+
+
+def measured_with(exp: Experiment, cell: CellRepeat) -> dict[str, Any]:
+    """What a cell-repeat is measured with, as JSON values (written into its raw record)."""
+    return {
+        "fingerprint": cell.server.fingerprint,
+        "workload": json.loads(workload_key(cell.workload)),  # the measured part (its seed)
+        "client": client_identity(exp),
+        "warmup_after_start": exp.warmup_after_start,
+    }
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out |= _flat(v, f"{prefix}{k}.")
+        return out
+    return {prefix.rstrip("."): value}
+
+
+def differences(recorded: Any, expected: Mapping[str, Any]) -> list[str]:
+    """`key: recorded -> now` for every key that differs ([] when the record matches)."""
+    if not isinstance(recorded, Mapping):
+        return [f"{KEY}: absent (measured before records carried their configuration)"]
+    got, want = _flat(recorded), _flat(expected)
+    return [
+        f"{k}: {got.get(k)!r} -> {want.get(k)!r}"
+        for k in sorted(set(got) | set(want))
+        if got.get(k) != want.get(k)
+    ]
+
+
+def check_current(stale: Sequence[tuple[str, str, list[str]]]) -> None:
+    """One CellFailed line for every (cell, raw file, differences) measured with another
+    configuration than the current one: never relabelled."""
+    if not stale:
+        return
+    shown = "; ".join(f"cell {cell} ({', '.join(diff[:3])})" for cell, _, diff in stale[:3])
+    more = f" (+{len(stale) - 3} more cells)" if len(stale) > 3 else ""
+    files = " ".join(path for _, path, _ in stale)
+    raise CellFailed(
+        f"{len(stale)} raw record(s) were measured with another configuration than the current "
+        f"one: {shown}{more}; restore the configuration, or delete them to rerun: rm {files}"
+    )

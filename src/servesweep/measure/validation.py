@@ -1,0 +1,231 @@
+"""Record checks: failed requests, wrong lengths, silent stream failures, and drift figures."""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+from servesweep.config.schema import MIN_RETOKENIZED_RATIO, Workload
+from servesweep.core.errors import CellFailed
+from servesweep.measure.recordkeys import DETAIL_KEYS
+from servesweep.measure.records import BenchRecord
+
+log = logging.getLogger(__name__)
+
+MAX_SHOWN = 3  # problems quoted in a CellFailed message
+MAX_ERROR_CHARS = 300  # of the first request error quoted
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What is wrong with a record (`problems`: invalid), what is only odd (`warnings`), and
+    the drift figures it carries (docs/validation.md)."""
+
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    retokenized_ratio: float | None = None
+    empty_texts: int | None = None  # successful requests with empty text but a first token
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def line(self) -> str:
+        """`ok`, `warning: ...` or `invalid: ...` (the worst kind first, its reasons joined)."""
+        if self.problems:
+            return "invalid: " + "; ".join(self.problems)
+        if self.warnings:
+            return "warning: " + "; ".join(self.warnings)
+        return "ok"
+
+
+def _short(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _indices(flags: list[bool]) -> str:
+    idx = [str(i) for i, f in enumerate(flags) if f]
+    return ", ".join(idx[:5]) + (", ..." if len(idx) > 5 else "")
+
+
+def retokenized_ratio(record: BenchRecord) -> float | None:
+    """`total_output_tokens_retokenized / total_output_tokens` (client text re-encoded vs
+    server-counted tokens); None when either is absent or nothing was generated."""
+    retok, total = record.total_output_tokens_retokenized, record.total_output_tokens
+    if retok is None or not total:
+        return None
+    return retok / total
+
+
+def _has_details(record: BenchRecord) -> bool:
+    return all(getattr(record, k) is not None for k in DETAIL_KEYS)
+
+
+def _detail_checks(record: BenchRecord, workload: Workload | None) -> tuple[list[str], list[str]]:
+    """(problems, warnings) from the per-request arrays; lengths only against a workload."""
+    n = len(record.errors or [])
+    wrong = [k for k in DETAIL_KEYS if len(getattr(record, k)) != n]
+    if workload is not None:
+        n = workload.num_requests
+        wrong = [k for k in DETAIL_KEYS if len(getattr(record, k)) != n]
+    if wrong:
+        return [f"per-request details {', '.join(wrong)} do not have {n} entries"], []
+    problems: list[str] = []
+    errors = record.errors or []
+    failed = [bool(e) for e in errors]
+    if any(failed):
+        first = next(e for e in errors if e)
+        problems.append(f"{sum(failed)} request(s) failed; first error: {_short(first)}")
+    ok = [not f for f in failed]
+    texts = record.generated_texts or []
+    ttfts = record.ttfts or []
+    checks: list[tuple[list[bool], str]] = []
+    if workload is not None:  # server-counted lengths are exact with random-ids + ignore_eos
+        checks += [
+            (
+                [o and x != workload.input_len for o, x in zip(ok, record.input_lens, strict=True)],
+                f"input_len != {workload.input_len}",
+            ),
+            (
+                [
+                    o and x != workload.output_len
+                    for o, x in zip(ok, record.output_lens, strict=True)
+                ],
+                f"output_len != {workload.output_len}",
+            ),
+        ]
+    checks.append(
+        (
+            [o and t == 0 for o, t in zip(ok, ttfts, strict=True)],
+            "ttft 0 (no token arrived: silent stream failure)",
+        )
+    )
+    for flags, what in checks:
+        if any(flags):
+            problems.append(f"{sum(flags)} request(s) with {what}: #{_indices(flags)}")
+    empty = [o and t != 0 and not x for o, t, x in zip(ok, ttfts, texts, strict=True)]
+    warnings = []
+    if any(empty):
+        warnings.append(
+            f"{sum(empty)} request(s) with empty text after a first token (special tokens): "
+            f"#{_indices(empty)}"
+        )
+    return problems, warnings
+
+
+def _aggregate_checks(record: BenchRecord) -> list[str]:
+    """Silent-failure signs a record without per-request details still shows."""
+    problems = []
+    done = record.completed
+    for key in ("median_ttft_ms", "mean_ttft_ms"):
+        value = getattr(record, key)
+        if done != 0 and value is not None and value == 0:
+            over = f" over {done} completed requests" if done else ""
+            problems.append(f"{key} 0.0{over} (no token arrived)")
+            break
+    return problems
+
+
+def judge_record(
+    record: BenchRecord,
+    *,
+    workload: Workload | None = None,
+    min_retokenized_ratio: float = MIN_RETOKENIZED_RATIO,
+    need_details: bool = True,
+) -> Verdict:
+    """Judge a bench_serving record (docs/validation.md).
+
+    With `workload` (a cell-repeat of a run) lengths must be exact: the server-counted
+    `output_lens`/`input_lens` and totals (random-ids, range ratio 1, ignore_eos), every request
+    completed, per-request details present unless `need_details` is false. Without one (a record
+    from elsewhere) only the signs of failure are judged. Everywhere: a failed request or a
+    request whose first token never arrived (ttft 0) is invalid; a re-tokenized count below
+    `min_retokenized_ratio` of the server's count is invalid (text missing), above it drift
+    (a warning with the figure); empty text after a first token is a warning.
+    """
+    problems: list[str] = []
+    warnings: list[str] = []
+    done = record.completed or 0
+    if workload is not None and record.completed != workload.num_requests:
+        problems.append(f"completed {record.completed} of {workload.num_requests} requests")
+    elif workload is None and record.completed is not None and record.completed < 1:
+        problems.append(f"completed {record.completed} requests")
+    empty_texts = None
+    if _has_details(record):
+        detail_problems, detail_warnings = _detail_checks(record, workload)
+        problems += detail_problems
+        warnings += detail_warnings
+        texts, ttfts = record.generated_texts or [], record.ttfts or []
+        empty_texts = sum(1 for t, x in zip(ttfts, texts, strict=False) if t != 0 and not x)
+    else:
+        missing = [k for k in DETAIL_KEYS if getattr(record, k) is None]
+        if workload is not None and need_details:
+            problems.append(
+                f"no per-request details ({', '.join(missing)}); run the client --output-details"
+            )
+        problems += _aggregate_checks(record)
+    if workload is not None:
+        if record.total_input_tokens != done * workload.input_len:
+            problems.append(
+                f"total_input_tokens {record.total_input_tokens} != "
+                f"{done} x input_len {workload.input_len}"
+            )
+        if record.total_output_tokens != done * workload.output_len:
+            problems.append(
+                f"total_output_tokens {record.total_output_tokens} != "
+                f"{done} x output_len {workload.output_len}"
+            )
+    ratio = retokenized_ratio(record)
+    if ratio is not None and not math.isnan(ratio):
+        figure = (
+            f"retokenized_ratio {ratio:.4f} ({record.total_output_tokens_retokenized} re-tokenized"
+            f" of {record.total_output_tokens} server-counted output tokens)"
+        )
+        if ratio < min_retokenized_ratio:
+            problems.append(
+                f"{figure} < validation.min_retokenized_ratio {min_retokenized_ratio} "
+                "(text missing: silent stream failure)"
+            )
+        elif ratio < 1:
+            warnings.append(f"{figure}: re-tokenization drift")
+    return Verdict(problems, warnings, ratio, empty_texts)
+
+
+def record_problems(
+    record: BenchRecord,
+    workload: Workload,
+    *,
+    min_retokenized_ratio: float = MIN_RETOKENIZED_RATIO,
+) -> list[str]:
+    """Everything that makes a cell-repeat's record for `workload` invalid; empty if valid."""
+    return judge_record(
+        record, workload=workload, min_retokenized_ratio=min_retokenized_ratio
+    ).problems
+
+
+def check_record(
+    record: BenchRecord,
+    workload: Workload,
+    *,
+    cell: str,
+    logs: list[str],
+    node: str | None = None,
+    min_retokenized_ratio: float = MIN_RETOKENIZED_RATIO,
+) -> Verdict:
+    """Log the record's warnings; raise CellFailed naming the cell, its first problems, the
+    client's node and the log files, if it is invalid."""
+    verdict = judge_record(record, workload=workload, min_retokenized_ratio=min_retokenized_ratio)
+    for warning in verdict.warnings:
+        log.warning("cell %s: %s", cell, warning)
+    problems = verdict.problems
+    if not problems:
+        return verdict
+    shown = "; ".join(problems[:MAX_SHOWN])
+    more = f" (+{len(problems) - MAX_SHOWN} more)" if len(problems) > MAX_SHOWN else ""
+    where = ", ".join(logs) if logs else "none"
+    client = f"; client on node {node}" if node else ""
+    message = f"cell {cell}: invalid record: {shown}{more}{client}; logs: {where}"
+    log.error("%s", message)
+    raise CellFailed(message)

@@ -1,0 +1,1 @@
+"""Serving: engine launch plans, server lifecycle, log scans and evidence, preflight, liveness."""

@@ -1,0 +1,284 @@
+"""Command builders: `sglang.launch_server` per node and rank, and the simulator (same flags)."""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from servesweep.cluster.transport import node_address
+from servesweep.config.experiment import Experiment
+from servesweep.config.load import env_var_of
+from servesweep.config.matrix import RoleSpec, ServerSpec
+from servesweep.config.schema import PD_ROLES
+from servesweep.core.errors import ConfigError
+
+# MoE runner choices of `--moe-runner-backend` per SGLang version (SGLANG.md section 3).
+MOE_RUNNERS_0_5_9 = (
+    "auto deep_gemm triton triton_kernel flashinfer_trtllm flashinfer_cutlass flashinfer_mxfp4 "
+    "flashinfer_cutedsl cutlass"
+).split()
+MOE_RUNNERS_0_5_23 = (
+    MOE_RUNNERS_0_5_9
+    + (
+        "experimental_sgl_trtllm flashinfer_trtllm_routed flashinfer_megamoe aiter marlin humming "
+        "experimental_sgl_marlin lora_cutedsl lora_triton lora_marlin hpc_ops megamoe intel_xpu"
+    ).split()
+)
+MARLIN_SINCE = (0, 5, 12)
+
+
+def parse_version(version: str) -> tuple[int, ...]:
+    """'0.5.10.post1' -> (0, 5, 10)."""
+    parts = []
+    for piece in version.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def moe_runners(version: str) -> list[str]:
+    """The `--moe-runner-backend` choices of a pinned SGLang version."""
+    if parse_version(version) >= MARLIN_SINCE:
+        return MOE_RUNNERS_0_5_23
+    return MOE_RUNNERS_0_5_9
+
+
+def check_supported(exp: Experiment, spec: ServerSpec) -> None:
+    """Refuse arguments the pinned SGLang version would reject at launch."""
+    for role in spec.roles:
+        runner = role.args.moe_runner_backend
+        if runner is not None and runner not in moe_runners(exp.engine.version):
+            if "moe_runner_backend" in exp.matrix.server:
+                key = "matrix.server.moe_runner_backend"
+            elif role.name in exp.roles and "moe_runner_backend" in exp.roles[role.name].server:
+                key = f"roles.{role.name}.server.moe_runner_backend"
+            else:
+                key = "server.moe_runner_backend"
+            raise ConfigError(
+                f"config key '{key}': {runner!r} is not a MoE runner of SGLang "
+                f"{exp.engine.version} (choices: {', '.join(moe_runners(exp.engine.version))})"
+            )
+
+
+@dataclass(frozen=True)
+class RankCommand:
+    """The launch command of one rank of one role (or the router) on one node."""
+
+    role: str
+    node: str
+    rank: int
+    argv: list[str]
+    env: dict[str, str]
+    keyed: bool = False  # started by KEYED_LAUNCH: needs API_KEY_ENV in its environment
+
+
+# The service's API key (docs/access.md): the process reads it from its environment and hands
+# it to SGLang's `--api-key` inside Python, so it is in no process's argv; a forked filter masks
+# it in everything the server prints (SGLang logs its server_args, key included).
+API_KEY_ENV = "SERVESWEEP_API_KEY"
+KEYED_LAUNCH = ";".join(
+    [
+        "import os,runpy,sys",
+        f"k=os.environ['{API_KEY_ENV}'].encode()",
+        "r,w=os.pipe()",
+        # the child (fork() == 0) masks the key in every line, until the server's end
+        "os.fork() or [os.close(w),[os.write(1,x.replace(k,b'***')) for x in os.fdopen(r,'rb')]"
+        ",os._exit(0)]",
+        "os.close(r)",
+        "os.dup2(w,1)",
+        "os.dup2(w,2)",
+        "os.close(w)",
+        "m=sys.argv.pop(1)",
+        "sys.argv[0]=m",
+        # `--api-key=KEY`: a URL-safe key may start with '-' (argparse would take it for a flag)
+        "sys.argv+=['--api-key='+k.decode()]",
+        "runpy.run_module(m,run_name='__main__',alter_sys=True)",
+    ]
+)  # one line: commands.sh keeps one line per command
+
+
+def keyed(spec: ServerSpec) -> bool:
+    """Whether a server set gets an API key: a single role (SGLang's `--api-key`, every pinned
+    version). A PD set has none: sglang-router 0.3.2 checks no key from its clients and its
+    --mini-lb forwards none to the workers; nor does a server SGLang refuses a key with
+    (`--tokenizer-worker-num` > 1 asserts no key; 0.5.23's `--grpc-port` refuses one)
+    (docs/access.md)."""
+    if spec.router is not None:
+        return False
+    for role in spec.roles:
+        extra = [str(a) for a in role.args.extra_args]
+        for i, arg in enumerate(extra):
+            name, _, inline = arg.partition("=")
+            value = inline or (extra[i + 1] if i + 1 < len(extra) else "")
+            if name == "--grpc-port" or (name == "--tokenizer-worker-num" and value != "1"):
+                return False
+    return True
+
+
+ROUTER_ROLE = "router"
+DEFAULT_BOOTSTRAP_PORT = 8998
+
+
+def server_host(exp: Experiment) -> str:
+    """Interface HTTP servers listen on: loopback locally, every interface on a cluster."""
+    return "127.0.0.1" if exp.cluster.transport == "local" else "0.0.0.0"
+
+
+def role_url(exp: Experiment, role: RoleSpec) -> str:
+    """URL of a role's rank 0."""
+    return f"http://{node_address(exp.cluster, role.nodes[0])}:{role.port}"
+
+
+def base_url(exp: Experiment, spec: ServerSpec) -> str:
+    """URL clients use: the router of a PD set, else rank 0 of the only role."""
+    if spec.router is not None:
+        return f"http://{node_address(exp.cluster, spec.router.node)}:{spec.router.port}"
+    return role_url(exp, spec.roles[0])
+
+
+def listening_ports(exp: Experiment, spec: ServerSpec) -> list[tuple[str, int]]:
+    """(node, port) pairs the server set will listen on."""
+    ports: list[tuple[str, int]] = []
+    for role in spec.roles:
+        ports.append((role.nodes[0], role.port))
+        if len(role.nodes) > 1:
+            ports.append((role.nodes[0], role.dist_init_port))
+        if role.name == "prefill":
+            bootstrap = role.args.disaggregation_bootstrap_port or DEFAULT_BOOTSTRAP_PORT
+            ports.append((role.nodes[0], bootstrap))
+    if spec.router is not None:
+        ports.append((spec.router.node, spec.router.port))
+    return list(dict.fromkeys(ports))
+
+
+def _server_flags(exp: Experiment, role: RoleSpec, rank: int) -> list[str]:
+    args = role.args
+    flags = ["--model-path", exp.engine.model_path]
+    if exp.engine.served_model_name:
+        flags += ["--served-model-name", exp.engine.served_model_name]
+    flags += ["--host", server_host(exp), "--port", str(role.port)]
+    # Request counters and load gauges on /metrics (the watchdog, the isolation check and the
+    # request-count comparison read them; /metrics needs no key).
+    flags.append("--enable-metrics")
+    flags += ["--tp-size", str(args.tp_size), "--ep-size", str(args.ep_size)]
+    flags += ["--dp-size", str(args.dp_size), "--pp-size", str(args.pp_size)]
+    if len(role.nodes) > 1:
+        addr = f"{node_address(exp.cluster, role.nodes[0])}:{role.dist_init_port}"
+        flags += ["--nnodes", str(len(role.nodes)), "--node-rank", str(rank)]
+        flags += ["--dist-init-addr", addr]
+    if role.name in PD_ROLES:
+        flags += ["--disaggregation-mode", role.name]
+    optional = {
+        "--moe-runner-backend": args.moe_runner_backend,
+        "--chunked-prefill-size": args.chunked_prefill_size,
+        "--page-size": args.page_size,
+        "--kv-cache-dtype": args.kv_cache_dtype,
+        "--mem-fraction-static": args.mem_fraction_static,
+        "--max-running-requests": args.max_running_requests,
+        "--disaggregation-transfer-backend": args.disaggregation_transfer_backend,
+        "--disaggregation-ib-device": args.disaggregation_ib_device,
+        "--disaggregation-bootstrap-port": args.disaggregation_bootstrap_port,
+        "--speculative-algorithm": args.speculative_algorithm,
+    }
+    for flag, value in optional.items():
+        if value is not None:
+            flags += [flag, str(value)]
+    if args.disable_radix_cache:
+        flags.append("--disable-radix-cache")
+    if args.trust_remote_code:
+        flags.append("--trust-remote-code")
+    return flags + list(args.extra_args)
+
+
+def _sim_flags(exp: Experiment, spec: ServerSpec, node: str) -> list[str]:
+    sim = exp.engine.sim
+    # Each server config gets its own noise stream; the same config reproduces it.
+    seed = (sim.seed + zlib.crc32(spec.fingerprint.encode())) % 2**31
+    flags = ["--sim-time-scale", str(sim.time_scale), "--sim-seed", str(seed)]
+    flags += ["--sim-startup-s", str(sim.startup_s)]
+    if not sim.noise:
+        flags.append("--sim-clean")
+    if sim.profile:
+        flags += ["--sim-profile", sim.profile]
+    faults = sim.faults
+    if faults.fail_start or node in faults.fail_start_nodes:
+        flags.append("--sim-fail-start")
+    if faults.crash_after is not None:
+        flags += ["--sim-crash-after", str(faults.crash_after)]
+    for flag, indices in (
+        ("--sim-http-500-at", faults.http_500_at),
+        ("--sim-midstream-error-at", faults.midstream_error_at),
+        ("--sim-hang-at", faults.hang_at),
+    ):
+        if indices:
+            flags += [flag, ",".join(str(i) for i in indices)]
+    return flags
+
+
+def router_command(exp: Experiment, spec: ServerSpec) -> RankCommand:
+    """The PD router in front of rank 0 of prefill and decode."""
+    router = spec.router
+    assert router is not None
+    prefill, decode = (next(r for r in spec.roles if r.name == n) for n in PD_ROLES)
+    bootstrap = prefill.args.disaggregation_bootstrap_port or DEFAULT_BOOTSTRAP_PORT
+    if exp.engine.kind == "sglang":
+        module = ["-m", "sglang_router.launch_router"]
+    else:
+        module = ["-m", "servesweep.sim.router"]
+    argv = [exp.engine.python, *module, "--pd-disaggregation"]
+    if router.mini_lb:
+        argv.append("--mini-lb")
+    argv += ["--prefill", role_url(exp, prefill), str(bootstrap)]
+    argv += ["--decode", role_url(exp, decode)]
+    argv += ["--host", server_host(exp), "--port", str(router.port), "--policy", router.policy]
+    return RankCommand(role=ROUTER_ROLE, node=router.node, rank=0, argv=argv, env={})
+
+
+def rank_commands(exp: Experiment, spec: ServerSpec) -> list[RankCommand]:
+    """Every process of a server set in start order: each role's ranks (rank 0 first),
+    then the router."""
+    check_supported(exp, spec)
+    if exp.engine.kind == "sglang":
+        module = ["-m", "sglang.launch_server"]
+    else:
+        module = ["-m", "servesweep.sim"]
+    commands = []
+    key = keyed(spec)
+    if key:
+        module = ["-c", KEYED_LAUNCH, module[1]]
+    for role in spec.roles:
+        for rank, node in enumerate(role.nodes):
+            argv = [exp.engine.python, *module, *_server_flags(exp, role, rank)]
+            if exp.engine.kind == "sim":
+                argv += _sim_flags(exp, spec, node)
+            commands.append(
+                RankCommand(
+                    role=role.name,
+                    node=node,
+                    rank=rank,
+                    argv=argv,
+                    env=dict(role.args.env),
+                    keyed=key,
+                )
+            )
+    if spec.router is not None:
+        commands.append(router_command(exp, spec))
+    return commands
+
+
+def check_experiment(
+    exp: Experiment, specs: list[ServerSpec], env: Mapping[str, str] | None = None
+) -> None:
+    """Check every server config against the pinned engine version (before anything starts);
+    a refused matrix value that an env variable set names that variable and its value."""
+    try:
+        for spec in specs:
+            check_supported(exp, spec)
+    except ConfigError as exc:
+        match = re.match(r"config key 'matrix\.(server|client)\.(\w+)'", str(exc))
+        var = env_var_of(match.group(1), match.group(2), env or {}) if match else None
+        if var is None:
+            raise
+        raise ConfigError(f"env {var}={(env or {})[var]!r}: {exc}") from None

@@ -1,0 +1,127 @@
+"""Preflight before any server start: P/D agreement, IB devices, image, free ports."""
+
+from __future__ import annotations
+
+import datetime as dt
+import shlex
+from typing import Any
+
+from servesweep.cluster import gpuidle
+from servesweep.cluster.pools import narrow, node_pools
+from servesweep.cluster.transport import node_address
+from servesweep.config.experiment import AUTO_PORT, Experiment
+from servesweep.config.matrix import ServerSpec, server_specs
+from servesweep.config.paths import RunPaths
+from servesweep.config.schema import PD_ROLES
+from servesweep.core.errors import PreflightFailed
+from servesweep.serving.engines import listening_ports
+from servesweep.serving.servers import ServerManager, ServerState
+
+PROBE_TIMEOUT_S = 30.0
+
+
+def pd_agreement(spec: ServerSpec) -> dict[str, Any]:
+    """Page size and KV-cache dtype of P and D (config validation already refused a mismatch)."""
+    if spec.router is None:
+        return {}
+    roles = {r.name: r.args for r in spec.roles}
+    out: dict[str, Any] = {}
+    for key in ("page_size", "kv_cache_dtype"):
+        p, d = getattr(roles["prefill"], key), getattr(roles["decode"], key)
+        if p != d:
+            raise PreflightFailed(f"server {spec.id}: {key} differs: prefill {p!r}, decode {d!r}")
+        out[key] = p
+    return out
+
+
+def _ib_devices(spec: ServerSpec) -> list[tuple[str, str]]:
+    pairs = []
+    for role in spec.roles:
+        if role.name in PD_ROLES and role.args.disaggregation_ib_device:
+            for dev in role.args.disaggregation_ib_device.split(","):
+                pairs += [(node, dev.strip()) for node in role.nodes]
+    return list(dict.fromkeys(pairs))
+
+
+def gpus_idle(*, exp: Experiment, manager: ServerManager) -> list[dict[str, Any]]:
+    """Every node's GPUs idle (no compute process, memory below the threshold) and as many as
+    the config says; PreflightFailed names node, GPU, pid and memory. Sim nodes are idle."""
+    if exp.engine.kind == "sim":
+        return [{"node": n, "simulated": True, "idle": True} for n in exp.cluster.nodes]
+    out = []
+    for node in exp.cluster.nodes:
+        res = manager.transport.run(node, gpuidle.probe_command(), timeout=PROBE_TIMEOUT_S)
+        if not res.ok:
+            raise PreflightFailed(f"node {node}: nvidia-smi failed: {res.stderr.strip()[:200]}")
+        states = gpuidle.parse(*gpuidle.split_probe(res.stdout))
+        reason = gpuidle.busy_reason(
+            node,
+            states,
+            expected=exp.cluster.gpus_per_node,
+            max_used_mib=exp.preflight.gpu_idle_max_memory_mib,
+        )
+        if reason is not None:
+            raise PreflightFailed(reason)
+        out.append({"node": node, "gpus": len(states), "idle": True})
+    return out
+
+
+def up_in(paths: RunPaths, pool: int) -> ServerState | None:
+    """The server set of this run that pool `pool` has up, or None."""
+    return ServerState.load(paths.current_server_of(pool))
+
+
+def run_preflight(*, exp: Experiment, manager: ServerManager) -> dict[str, Any]:
+    """Every check for every server config; raise PreflightFailed naming node and reason."""
+    transport = manager.transport
+    transport.check_reachable(exp.cluster.nodes)
+    # A server set of this run that is still up holds its ports; ensure() replaces it.
+    current = next(filter(None, (up_in(manager.paths, p.index) for p in node_pools(exp))), None)
+    checks: dict[str, Any] = {"pd": {}, "ib_devices": [], "image": [], "ports": []}
+    # Every server config as every pool would run it (nodes, ports shifted per pool).
+    pooled = [(narrow(exp, p), s) for p in node_pools(exp) for s in server_specs(narrow(exp, p))]
+    for pool_exp, spec in pooled:
+        checks["pd"][spec.id] = pd_agreement(spec)
+        for node, dev in _ib_devices(spec):
+            if exp.engine.kind == "sim":  # simulated nodes have simulated RDMA devices
+                checks["ib_devices"].append({"node": node, "device": dev, "simulated": True})
+                continue
+            res = transport.run(
+                node, f"test -e /sys/class/infiniband/{shlex.quote(dev)}", timeout=PROBE_TIMEOUT_S
+            )
+            if not res.ok:
+                raise PreflightFailed(
+                    f"node {node}: IB device {dev} not present (/sys/class/infiniband/{dev})"
+                )
+            checks["ib_devices"].append({"node": node, "device": dev})
+        if current is not None:
+            checks["ports"].append(
+                {"server": spec.id, "skipped": f"server {current.server_id} of this run is up"}
+            )
+            continue
+        if manager.service(spec.fingerprint) is not None:
+            checks["ports"].append({"server": spec.id, "skipped": "its service is up (reused)"})
+            continue
+        manager.check_foreign(spec)  # another owner's server: name it, not just the port
+        for node, port in listening_ports(pool_exp, spec):
+            if port == AUTO_PORT:
+                checks["ports"].append({"node": node, "port": "auto"})
+                continue
+            probe = f"bash -c 'exec 3<>/dev/tcp/{node_address(pool_exp.cluster, node)}/{port}'"
+            if transport.run(node, f"{probe} 2>/dev/null", timeout=PROBE_TIMEOUT_S).ok:
+                raise PreflightFailed(
+                    f"node {node}: port {port} is already in use (server {spec.id} needs it); "
+                    f"stop what holds it or change the port"
+                )
+            checks["ports"].append({"node": node, "port": port, "free": True})
+    checks["gpus"] = gpus_idle(exp=exp, manager=manager)
+    if exp.runtime.kind == "docker":
+        fmt = shlex.quote("{{.Id}}")
+        for node in exp.cluster.nodes:
+            res = manager.runtime.run_docker(  # type: ignore[attr-defined]
+                node, f"image inspect -f {fmt} {shlex.quote(exp.runtime.image or '')}"
+            )
+            if not res.ok:
+                raise PreflightFailed(f"node {node}: image {exp.runtime.image} not present")
+            checks["image"].append({"node": node, "image_id": res.stdout.strip()})
+    return {"run_id": exp.run_id, "checked_at": dt.datetime.now(dt.UTC).isoformat(), **checks}

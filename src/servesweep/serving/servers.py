@@ -1,0 +1,794 @@
+"""Server lifecycle: lazy, fingerprinted, one server set at a time per node pool (DESIGN.md
+section 5; servesweep.cluster.pools)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import json
+import logging
+import os
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from servesweep.cluster.owner import (
+    KIND_LABEL,
+    OWNER_LABEL,
+    POOL_LABEL,
+    PORTS_LABEL,
+    RUN_LABEL,
+    SERVER_KIND,
+    SERVICE_LABEL,
+    Owner,
+    current_owner,
+)
+from servesweep.cluster.pools import narrow, node_pools
+from servesweep.cluster.runtime import ONESHOT_DIR, Labelled, Launch, ProcessRuntime, Runtime
+from servesweep.cluster.secrets import Secret, new_api_key, scrub
+from servesweep.cluster.transport import LocalTransport, Transport
+from servesweep.config.experiment import Experiment
+from servesweep.config.matrix import ServerSpec, server_specs
+from servesweep.config.paths import RunPaths
+from servesweep.config.schema import SINGLE_ROLE
+from servesweep.core.errors import NodeShared, ServerConflict, ServerDied, ServerStartError
+from servesweep.core.events import EventLog
+from servesweep.core.files import write_json_atomic, write_text_atomic
+from servesweep.serving import logscan
+from servesweep.serving.engines import (
+    API_KEY_ENV,
+    ROUTER_ROLE,
+    RankCommand,
+    base_url,
+    listening_ports,
+    rank_commands,
+    role_url,
+)
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 0.2
+FATAL_SCAN_EVERY_S = 2.0
+
+
+@dataclass
+class RankState:
+    """One running process of a server set: where it runs and how to find it again."""
+
+    role: str
+    node: str
+    rank: int
+    handle: str
+    log_path: str
+    url: str | None = None  # the role's HTTP endpoint, on rank 0 and the router
+    identity: str = ""  # Runtime.identity at start: a reused pid or id is not ours
+
+
+@dataclass
+class ServerState:
+    """The server set currently running for a run (persisted in service/current.json)."""
+
+    fingerprint: str
+    server_id: str
+    base_url: str
+    ranks: list[RankState] = field(default_factory=list)
+    started_at: float = 0.0
+    ready_at: float | None = None
+    service: bool = False  # brought up by `servesweep up`: outlives runs
+    owner: str = ""
+    run_id: str = ""  # the run (or `up`) that started it
+
+    @classmethod
+    def load(cls, path: Path) -> ServerState | None:
+        if not path.exists():
+            return None
+        data = json.loads(path.read_text())
+        data["ranks"] = [RankState(**r) for r in data["ranks"]]
+        for key in TIME_FIELDS:
+            data[key] = _epoch(data.get(key))
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        """As written to current.json and server.json: times in ISO-8601 (UTC)."""
+        data = asdict(self)
+        for key in TIME_FIELDS:
+            data[key] = _iso(data[key])
+        return data
+
+
+TIME_FIELDS = ("started_at", "ready_at")
+
+
+def _iso(epoch: float | None) -> str | None:
+    if epoch is None:
+        return None
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).isoformat(timespec="milliseconds")
+
+
+def _epoch(value: str | float | None) -> float | None:
+    """A time of a state file: ISO-8601, or the epoch float files before it held."""
+    if value is None or isinstance(value, int | float):
+        return value
+    return dt.datetime.fromisoformat(value).timestamp()
+
+
+def log_name(role: str, node: str) -> str:
+    """File name of one process's log in service/<server>/."""
+    return f"{node}.log" if role == SINGLE_ROLE else f"{role}-{node}.log"
+
+
+def http_status(url: str, timeout: float = 2.0) -> int | None:
+    """HTTP status of a GET, or None when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, OSError, TimeoutError):
+        return None
+
+
+def auth_headers(key: Secret | None) -> dict[str, str]:
+    """The header SGLang's `--api-key` wants (none without a key)."""
+    return {} if key is None else {"Authorization": f"Bearer {key.reveal()}"}
+
+
+def http_json(url: str, timeout: float = 5.0, *, key: Secret | None = None) -> Any:
+    """GET a JSON document (None on any failure)."""
+    try:
+        request = urllib.request.Request(url, headers=auth_headers(key))
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return json.loads(resp.read())
+    except (urllib.error.URLError, OSError, TimeoutError, ValueError):
+        return None
+
+
+class ServerManager:
+    """Ensures the right server set runs for a cell; stops it on exit."""
+
+    def __init__(
+        self,
+        exp: Experiment,
+        paths: RunPaths,
+        *,
+        transport: Transport,
+        runtime: Runtime,
+        events: EventLog | None = None,
+        owner: Owner | None = None,
+        pool: int = 0,
+    ) -> None:
+        self.exp = exp  # narrowed to the pool's nodes (servesweep.cluster.pools.narrow)
+        self.pool = pool
+        self.paths = paths
+        self.transport = transport
+        self.runtime = runtime
+        self.events = events or EventLog(paths.orchestrator_log)
+        self.owner = owner or current_owner(paths.root.parent)
+        # `servesweep up`: what starts is a service (labelled, recorded in paths.services).
+        self.service_mode = False
+        # API keys of server sets by id: made at start, or read back from the entry process's
+        # environment (a later job, a service); only ever in memory here (docs/access.md).
+        self._keys: dict[str, Secret | None] = {}
+
+    # ------------------------------------------------------------ naming
+    def labels(self, spec: ServerSpec | None = None) -> dict[str, str]:
+        """Labels of this caller's servers: kind, run and owner (+ fingerprint of `spec`)."""
+        labels = {
+            KIND_LABEL: SERVER_KIND,
+            RUN_LABEL: self.exp.run_id,
+            POOL_LABEL: str(self.pool),
+            **self.owner.labels(),
+        }
+        if spec is not None:
+            labels |= {"fingerprint": spec.fingerprint}
+            if self.service_mode:
+                labels |= {SERVICE_LABEL: spec.fingerprint}
+        return labels
+
+    def node_dir(self) -> str:
+        """This owner's and run's directory on a node: two checkouts never share it."""
+        return f"{ONESHOT_DIR}/{self.owner.tag}/{self.exp.run_id}"
+
+    def node_log_path(self, server_id: str, role: str, node: str) -> str:
+        """Where a process writes its log on its node."""
+        if self.exp.cluster.transport == "local":
+            return str(self.local_log_path(server_id, role, node).resolve())
+        return f"{self.node_dir()}/{server_id}/{log_name(role, node)}"
+
+    def local_log_path(self, server_id: str, role: str, node: str) -> Path:
+        return self.paths.service(server_id) / log_name(role, node)
+
+    def launches(
+        self, spec: ServerSpec, key: Secret | None = None
+    ) -> list[tuple[RankCommand, Launch]]:
+        """Every process of a server set in start order, with its launch (a keyed process gets
+        `key` in API_KEY_ENV through stdin)."""
+        out = []
+        ports = listening_ports(self.exp, spec)
+        for cmd in rank_commands(self.exp, spec):
+            labels = self.labels(spec) | {
+                "server": spec.id,
+                "role": cmd.role,
+                "rank": str(cmd.rank),
+                "node": cmd.node,
+                PORTS_LABEL: ",".join(str(p) for n, p in ports if n == cmd.node),
+            }
+            launch = Launch(
+                name=(
+                    f"servesweep-{self.owner.tag}-{self.exp.run_id}-{spec.fingerprint}-"
+                    f"{cmd.role}-r{cmd.rank}{'' if self.pool == 0 else f'-pool_{self.pool}'}"
+                ),
+                node=cmd.node,
+                argv=cmd.argv,
+                log_path=self.node_log_path(spec.id, cmd.role, cmd.node),
+                env=cmd.env,
+                labels=labels,
+                accelerators=cmd.role != ROUTER_ROLE,
+                secret_env=(API_KEY_ENV, key or Secret("")) if cmd.keyed else None,
+            )
+            out.append((cmd, launch))
+        return out
+
+    def commands_script(self, spec: ServerSpec) -> str:
+        """service/<server>/commands.sh: the exact command run on each node, in start order."""
+        lines = ["#!/bin/sh", f"# server {spec.id} fingerprint {spec.fingerprint}"]
+        for cmd, launch in self.launches(spec):
+            lines.append(f"# role {cmd.role} rank {cmd.rank} node {cmd.node}")
+            lines.append(self.runtime.command_line(launch))
+        return "\n".join(lines) + "\n"
+
+    def _url(self, spec: ServerSpec, cmd: RankCommand) -> str | None:
+        if cmd.role == ROUTER_ROLE:
+            return base_url(self.exp, spec)
+        if cmd.rank != 0:
+            return None
+        return role_url(self.exp, next(r for r in spec.roles if r.name == cmd.role))
+
+    # ------------------------------------------------------------ lifecycle
+    def current(self) -> ServerState | None:
+        """The server set this run started (service/current.json)."""
+        return ServerState.load(self.paths.current_server_of(self.pool))
+
+    def service(self, fingerprint: str) -> ServerState | None:
+        """The service with this fingerprint that `servesweep up` left running, if any."""
+        return ServerState.load(self.paths.service_record(fingerprint))
+
+    def _state_file(self, state: ServerState) -> Path:
+        if state.service:
+            return self.paths.service_record(state.fingerprint)
+        return self.paths.current_server_of(self.pool)
+
+    def ensure(self, spec: ServerSpec) -> tuple[ServerState, bool]:
+        """Reuse a healthy server with `spec`'s fingerprint (this run's, or a service brought
+        up by `servesweep up`, whatever run started it), else start one.
+
+        Returns the state and whether it was started just now."""
+        state = self.current()
+        if state is not None and state.fingerprint == spec.fingerprint:
+            if self._healthy(state):
+                self.events.emit("reuse", fp=spec.fingerprint, server=spec.id)
+                return state, False
+            self.events.emit("unhealthy", fp=state.fingerprint, server=state.server_id)
+        if state is not None:
+            reason = "fingerprint change" if state.fingerprint != spec.fingerprint else "unhealthy"
+            self.stop(state, reason=reason)
+        service = self.service(spec.fingerprint)
+        if service is not None:
+            if self._healthy(service):
+                self.events.emit(
+                    "reuse", fp=spec.fingerprint, server=spec.id, service=spec.fingerprint
+                )
+                self._note_use(spec.fingerprint)
+                return service, False
+            self.events.emit("unhealthy", fp=spec.fingerprint, service=spec.fingerprint)
+            self.stop(service, reason="service unhealthy")
+        self._remove_stale()
+        return self.start(spec), True
+
+    def _note_use(self, fingerprint: str) -> None:
+        """Add this run to the service's list of runs that used it (once per run)."""
+        path = self.paths.service_runs(fingerprint)
+        seen = path.read_text().split() if path.exists() else []
+        if self.exp.run_id not in seen:
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            write_text_atomic(
+                path,
+                "".join(
+                    f"{line}\n"
+                    for line in [
+                        *(path.read_text().splitlines() if path.exists() else []),
+                        f"{stamp} {self.exp.run_id}",
+                    ]
+                ),
+            )
+
+    def service_runs(self, fingerprint: str) -> list[str]:
+        path = self.paths.service_runs(fingerprint)
+        return [line.split()[1] for line in path.read_text().splitlines()] if path.exists() else []
+
+    def start(self, spec: ServerSpec) -> ServerState:
+        """Start role by role (prefill, decode, router), each ready before the next;
+        on failure stop everything that started. "auto" ports are picked now."""
+        spec = resolve_ports(spec)
+        service = self.paths.service(spec.id)
+        service.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(service / "commands.sh", self.commands_script(spec))
+        state = ServerState(
+            fingerprint=spec.fingerprint,
+            server_id=spec.id,
+            base_url=base_url(self.exp, spec),
+            started_at=time.time(),
+            service=self.service_mode,
+            owner=self.owner.label,
+            run_id=self.exp.run_id,
+        )
+        state_file = self._state_file(state)
+        self.transport.check_reachable(self.exp.cluster.nodes)
+        self.check_foreign(spec)
+        self.check_nodes_free(spec)
+        self.events.emit(
+            "start",
+            fp=spec.fingerprint,
+            server=spec.id,
+            nodes=",".join(spec_nodes(spec)),
+            pool=self.pool,
+            owner=self.owner.label,
+        )
+        key = new_api_key()
+        self._keys[spec.id] = key
+        try:
+            launches = self.launches(spec, key)
+            if not any(launch.secret_env for _, launch in launches):
+                self._keys[spec.id] = None
+            for role in dict.fromkeys(cmd.role for cmd, _ in launches):
+                role_started = time.time()
+                for cmd, launch in launches:
+                    if cmd.role != role:
+                        continue
+                    handle = self.runtime.start(launch)
+                    state.ranks.append(
+                        RankState(
+                            cmd.role,
+                            cmd.node,
+                            cmd.rank,
+                            handle,
+                            launch.log_path,
+                            self._url(spec, cmd),
+                            self.runtime.identity(cmd.node, handle),
+                        )
+                    )
+                    write_json_atomic(state_file, state.to_dict())
+                self._wait_ready(state, spec, role)
+                if role != SINGLE_ROLE:
+                    self.events.emit(
+                        "role-ready",
+                        fp=spec.fingerprint,
+                        server=spec.id,
+                        role=role,
+                        seconds=f"{time.time() - role_started:.2f}",
+                    )
+        except BaseException as exc:
+            self.events.emit(
+                "start-failed",
+                fp=spec.fingerprint,
+                server=spec.id,
+                error=str(exc).splitlines()[0][:200],
+            )
+            self.stop(state, reason="start failed")
+            raise
+        state.ready_at = time.time()
+        write_json_atomic(state_file, state.to_dict())
+        if state.service:
+            self._note_use(spec.fingerprint)
+        write_json_atomic(service / "server.json", state.to_dict())
+        key = self.api_key(state)
+        info = http_json(f"{state.ranks[0].url}/server_info", key=key)
+        if info is not None:  # SGLang reports its api_key (and launch command): masked
+            write_text_atomic(service / "server_info.json", scrub(json.dumps(info, indent=2), key))
+        self.events.emit(
+            "ready",
+            fp=spec.fingerprint,
+            server=spec.id,
+            seconds=f"{state.ready_at - state.started_at:.2f}",
+        )
+        return state
+
+    def _wait_ready(self, state: ServerState, spec: ServerSpec, role: str) -> None:
+        """Wait until `role`'s endpoint answers /health 200 (and, for an engine, rank 0 has
+        logged SGLang's ready line); fail fast on a dead rank or a fatal log pattern."""
+        head = next(r for r in state.ranks if r.role == role and r.url)
+        deadline = time.monotonic() + self.exp.engine.ready_timeout_s
+        next_scan = 0.0
+        while True:
+            if http_status(f"{head.url}/health") == 200:
+                if role == ROUTER_ROLE:
+                    break
+                log = self.runtime.logs(head.node, head.handle, head.log_path)
+                if logscan.READY_LINE in log:
+                    break
+            now = time.monotonic()
+            if now >= next_scan:
+                self._check_ranks(state, starting=True)
+                next_scan = now + FATAL_SCAN_EVERY_S
+            if now > deadline:
+                text = self.runtime.logs(head.node, head.handle, head.log_path)
+                raise ServerStartError(
+                    f"server {spec.id} (fp {spec.fingerprint}) {role} not ready after "
+                    f"{self.exp.engine.ready_timeout_s:.0f}s: no /health 200"
+                    f"{'' if role == ROUTER_ROLE else ' + ready line'} on node {head.node}; "
+                    f"log {self._keep_failed_log(spec.id, head, text)}"
+                )
+            time.sleep(POLL_S)
+        self._check_ranks(state, starting=True)
+
+    def _check_ranks(self, state: ServerState, *, starting: bool) -> None:
+        """Save every process's log; raise naming node and log if one died or logged a
+        fatal pattern. A process that exited is reported first: it is the cause, the fatal
+        lines of the others (e.g. rank 0's NCCL error) are its consequence."""
+        error = ServerStartError if starting else ServerDied
+        texts = {}
+        for rank in state.ranks:
+            texts[rank.role, rank.rank] = self.runtime.logs(rank.node, rank.handle, rank.log_path)
+            self._save_log(state.server_id, rank, texts[rank.role, rank.rank])
+        exited = [r for r in state.ranks if not self.runtime.is_running(r.node, r.handle)]
+        # A process that died silently (killed, node lost) is the cause; one that exited
+        # logging a fatal line after it (rank 0's NCCL error) is the consequence.
+        silent = [r for r in exited if not logscan.fatal_findings(texts[r.role, r.rank])]
+        exited = silent + [r for r in exited if r not in silent]
+        for rank in exited or state.ranks:
+            text = texts[rank.role, rank.rank]
+            findings = logscan.fatal_findings(text)
+            if not findings and rank not in exited:
+                continue
+            where = (
+                f"server {state.server_id} (fp {state.fingerprint}) {rank.role} rank "
+                f"{rank.rank} on node {rank.node}"
+            )
+            log = self._keep_failed_log(state.server_id, rank, text)
+            if findings:
+                first = findings[0]
+                cause = (
+                    f"fatal pattern '{first.name}' at line {first.line_no}: "
+                    f"{first.line.strip()[:160]}"
+                )
+            else:
+                cause = "exited"
+            if rank in exited and findings:
+                cause = f"exited; {cause}"
+            raise error(f"{where}: {cause}; log {log}")
+
+    def _keep_failed_log(self, server_id: str, rank: RankState, text: str) -> Path:
+        """A copy of a failed process's log that a later start will not overwrite."""
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        target = self.local_log_path(server_id, rank.role, rank.node)
+        kept = target.with_name(f"{target.name}.failed-{stamp}")
+        write_text_atomic(kept, scrub(text, self._keys.get(server_id)))
+        return kept
+
+    def api_key(self, state: ServerState) -> Secret | None:
+        """The server set's API key (None: it has none): made at its start by this process,
+        else read back from its entry process's environment over the transport (a later job of
+        the run, a service of `servesweep up`); never written anywhere."""
+        if state.server_id not in self._keys:
+            entry = next((r for r in state.ranks if r.role == ROUTER_ROLE), None) or (
+                state.ranks[0] if state.ranks else None
+            )
+            key = None
+            if entry is not None:
+                key = self.runtime.secret_env(entry.node, entry.handle, API_KEY_ENV)
+            self._keys[state.server_id] = key if key is not None and key.reveal() else None
+        return self._keys[state.server_id]
+
+    def check_alive(self, state: ServerState) -> None:
+        """After a cell: every process running, no fatal pattern, the entry point healthy."""
+        self._check_ranks(state, starting=False)
+        if http_status(f"{state.base_url}/health", timeout=30.0) != 200:
+            head = state.ranks[0]
+            raise ServerDied(
+                f"server {state.server_id} (fp {state.fingerprint}) at {state.base_url} is "
+                f"unhealthy (/health not 200); log "
+                f"{self.local_log_path(state.server_id, head.role, head.node)}"
+            )
+
+    def _healthy(self, state: ServerState) -> bool:
+        try:
+            self.check_alive(state)
+        except (ServerDied, ServerStartError):
+            return False
+        return True
+
+    def _save_log(self, server_id: str, rank: RankState, text: str) -> None:
+        target = self.local_log_path(server_id, rank.role, rank.node)
+        if str(target.resolve()) != rank.log_path:
+            write_text_atomic(target, scrub(text, self._keys.get(server_id)))
+
+    def stop(self, state: ServerState, *, reason: str) -> None:
+        """Collect every rank's log, stop every rank (in parallel), forget the state."""
+
+        def _stop(rank: RankState) -> None:
+            try:
+                text = self.runtime.logs(rank.node, rank.handle, rank.log_path)
+                self._save_log(state.server_id, rank, text)
+            finally:
+                self._stop_if_ours(state, rank)
+
+        with ThreadPoolExecutor(max_workers=max(1, len(state.ranks))) as pool:
+            list(pool.map(_stop, state.ranks))
+        self._keys.pop(state.server_id, None)
+        if state.service:
+            self.paths.service_record(state.fingerprint).unlink(missing_ok=True)
+        else:
+            current = self.current()
+            if current is not None and current.fingerprint == state.fingerprint:
+                self._state_file(state).unlink(missing_ok=True)
+        self.events.emit(
+            "stop", fp=state.fingerprint, server=state.server_id, pool=self.pool, reason=reason
+        )
+
+    def _stop_if_ours(self, state: ServerState, rank: RankState) -> None:
+        """Signal a rank only if it provably is the one we started (labels in its env or on its
+        container, and its start time); a reused pid of another process is left alone."""
+        labels = {"run": self.exp.run_id, "fingerprint": state.fingerprint}
+        if self.runtime.owns(rank.node, rank.handle, labels, rank.identity):
+            self.runtime.stop(rank.node, rank.handle)
+            return
+        if not self.runtime.is_running(rank.node, rank.handle):
+            return  # gone: nothing to signal
+        kind = "process" if self.exp.runtime.kind == "process" else "container"
+        self.events.emit("not-ours", node=rank.node, handle=rank.handle, server=state.server_id)
+        logger.warning(
+            "node %s: %s %s is not server %s of run %s (labels or start time differ): left alone",
+            rank.node,
+            kind,
+            rank.handle,
+            state.server_id,
+            self.exp.run_id,
+        )
+
+    def _remove_stale(self) -> None:
+        """Remove this owner's processes/containers of this run found by label (after a hard
+        kill); another owner's servers are never touched here."""
+        labels = self.labels()
+        for node in self.exp.cluster.nodes:
+            for found in self.runtime.labelled(node, labels):
+                if found.labels.get(SERVICE_LABEL):
+                    continue  # a service outlives runs: only `servesweep down` stops it
+                self.events.emit("stale", node=node, handle=found.handle, run=self.exp.run_id)
+                self.runtime.stop(node, found.handle)
+
+    def shared_nodes(self, spec: ServerSpec) -> list[Labelled]:
+        """Server processes of this run's other pools on a node `spec` needs, found by the
+        labels on the node (the plan's disjoint pools are not trusted alone)."""
+        found = []
+        mine = {KIND_LABEL: SERVER_KIND, RUN_LABEL: self.exp.run_id, **self.owner.labels()}
+        for node in spec_nodes(spec):
+            for other in self.runtime.labelled(node, mine):
+                if other.labels.get("node", node) != node:
+                    continue  # one machine or one dockerd serving several test nodes
+                if other.labels.get(POOL_LABEL, "0") != str(self.pool):
+                    found.append(other)
+        return found
+
+    def check_nodes_free(self, spec: ServerSpec) -> None:
+        """NodeShared naming the node and the pool whose server holds it."""
+        found = self.shared_nodes(spec)
+        if found:
+            other = found[0]
+            raise NodeShared(
+                f"server {spec.id} of pool {self.pool}: node {other.node} holds server "
+                f"{other.labels.get('server', '?')} of pool {other.labels.get(POOL_LABEL, '?')} "
+                f"(handle {other.handle[:12]}); no two server sets share a node"
+            )
+
+    def foreign(self, spec: ServerSpec) -> list[Labelled]:
+        """Servers of other owners in the way of `spec`: on a node it needs (a real engine
+        needs the node's GPUs), or holding one of its ports (the sim shares a machine)."""
+        needed = listening_ports(self.exp, spec)
+        found = []
+        for node in spec_nodes(spec):
+            ports = {p for n, p in needed if n == node}
+            for other in self.runtime.labelled(node, {KIND_LABEL: SERVER_KIND}):
+                if other.labels.get(OWNER_LABEL) == self.owner.label:
+                    continue
+                if other.labels.get("node", node) != node:
+                    continue  # one machine or one dockerd serving several test nodes
+                held = {int(p) for p in other.labels.get(PORTS_LABEL, "").split(",") if p}
+                if self.exp.engine.kind != "sim" or held & ports:
+                    found.append(other)
+        return found
+
+    def check_foreign(self, spec: ServerSpec) -> None:
+        """One-line error naming the owner of a server that is in `spec`'s way."""
+        found = self.foreign(spec)
+        if found:
+            raise ServerConflict(describe_conflict(found[0], spec_id=spec.id))
+
+    def remove_foreign(self, specs: list[ServerSpec]) -> list[Labelled]:
+        """`servesweep down --force`: stop other owners' servers in the way of `specs`."""
+        removed: dict[tuple[str, str], Labelled] = {}
+        for spec in specs:
+            for other in self.foreign(spec):
+                if (other.node, other.handle) in removed:
+                    continue
+                self.events.emit(
+                    "force-stop",
+                    node=other.node,
+                    handle=other.handle,
+                    owner=other.labels.get(OWNER_LABEL, "?"),
+                    run=other.labels.get(RUN_LABEL, "?"),
+                )
+                self.runtime.stop(other.node, other.handle)
+                removed[other.node, other.handle] = other
+        return list(removed.values())
+
+    def stop_all(self, *, reason: str, services: bool = False) -> None:
+        """Stop the server set this run started and any stale one of this run (this owner's
+        only); with `services`, also the services of this config's fingerprints
+        (`servesweep down`), recorded or found by label."""
+        state = self.current()
+        if state is not None:
+            self.stop(state, reason=reason)
+        self._remove_stale()
+        if not services:
+            return
+        for spec in server_specs(self.exp):
+            service = self.service(spec.fingerprint)
+            if service is not None:
+                self.stop(service, reason=reason)
+            mine = {KIND_LABEL: SERVER_KIND, SERVICE_LABEL: spec.fingerprint, **self.owner.labels()}
+            for node in self.exp.cluster.nodes:
+                for handle in self.runtime.find(node, mine):
+                    self.events.emit("stale", node=node, handle=handle, service=spec.fingerprint)
+                    self.runtime.stop(node, handle)
+
+    def status(self) -> list[dict[str, str]]:
+        """Per server process found on the nodes by label (any owner, so also what a killed
+        run left): owner, run, service, uptime and the runs that used it (from our records),
+        running, health (rank 0)."""
+        known: dict[tuple[str, str], tuple[ServerState, RankState]] = {}
+        for spec in server_specs(self.exp):
+            for state in (self.current(), self.service(spec.fingerprint)):
+                if state is not None:
+                    known |= {(r.node, r.handle): (state, r) for r in state.ranks}
+        rows = []
+        seen: set[tuple[str, str]] = set()
+        for node in self.exp.cluster.nodes:
+            for found in self.runtime.labelled(node, {KIND_LABEL: SERVER_KIND}):
+                if found.labels.get("node", node) != node or (node, found.handle) in seen:
+                    continue
+                seen.add((node, found.handle))
+                rows.append(self._status_row(found, known.get((node, found.handle))))
+        return rows
+
+    def _status_row(
+        self, found: Labelled, known: tuple[ServerState, RankState] | None
+    ) -> dict[str, str]:
+        labels = found.labels
+        fp = labels.get("fingerprint", "?")
+        service = labels.get(SERVICE_LABEL, "")
+        row = {
+            "node": found.node,
+            "role": labels.get("role", "?"),
+            "rank": labels.get("rank", "?"),
+            "server": labels.get("server", "?"),
+            "fp": fp,
+            "service": service or "-",
+            "owner": labels.get(OWNER_LABEL, "?"),
+            "mine": str(labels.get(OWNER_LABEL) == self.owner.label).lower(),
+            "run": labels.get(RUN_LABEL, "?"),
+            "handle": found.handle[:12],
+            "running": str(self.runtime.is_running(found.node, found.handle)),
+        }
+        if known is not None:
+            state, rank = known
+            row["uptime_s"] = f"{time.time() - state.started_at:.0f}"
+            if rank.url:
+                row["health"] = str(http_status(f"{rank.url}/health") or "no answer")
+        else:
+            row["uptime_s"] = "?"
+        if service and labels.get(OWNER_LABEL) == self.owner.label:
+            row["used_by"] = ",".join(self.service_runs(service)) or "-"
+        return row
+
+
+def spec_nodes(spec: ServerSpec) -> list[str]:
+    """Every node a server set runs a process on (roles' nodes, then the router's)."""
+    return list(
+        dict.fromkeys(
+            [
+                *(n for r in spec.roles for n in r.nodes),
+                *([spec.router.node] if spec.router else []),
+            ]
+        )
+    )
+
+
+def resolve_ports(spec: ServerSpec) -> ServerSpec:
+    """`spec` with every "auto" port (AUTO_PORT) replaced by a port free on this machine
+    (config allows "auto" only with the local transport)."""
+    roles = tuple(
+        dataclasses.replace(
+            role,
+            port=role.port or free_port(),
+            dist_init_port=role.dist_init_port or free_port(),
+        )
+        for role in spec.roles
+    )
+    return dataclasses.replace(spec, roles=roles)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (bind port 0, read it, close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def describe_server(other: Labelled) -> str:
+    """`node N: server S (run R, ports P, handle H) of owner O`, from its labels."""
+    labels = other.labels
+    return (
+        f"node {other.node}: server {labels.get('server', '?')} (run {labels.get(RUN_LABEL, '?')}"
+        f", ports {labels.get(PORTS_LABEL) or '?'}, handle {other.handle[:12]}) of owner "
+        f"{labels.get(OWNER_LABEL, 'unknown')}"
+    )
+
+
+def describe_conflict(other: Labelled, *, spec_id: str) -> str:
+    """One line: whose server is in the way, where, and how to remove it."""
+    return (
+        f"{describe_server(other)} is in the way of server {spec_id}; ask its owner or remove "
+        f"it with `servesweep down --force`"
+    )
+
+
+def open_transport(exp: Experiment) -> Transport:
+    """The transport the experiment's cluster is reached with."""
+    if exp.cluster.transport == "local":
+        return LocalTransport()
+    from servesweep.cluster.ssh import SshTransport
+
+    return SshTransport(exp.cluster.ssh, nodes=exp.cluster.nodes)
+
+
+def open_runtime(exp: Experiment, transport: Transport, *, for_commands: bool = False) -> Runtime:
+    """The runtime servers live in on each node (`for_commands`: no password is read)."""
+    if exp.runtime.kind == "process":
+        return ProcessRuntime(transport)
+    from servesweep.cluster.runtime import DockerRuntime
+    from servesweep.cluster.secrets import sudo_password
+
+    password = (
+        sudo_password(os.environ, default_file=exp.secrets.sudo_password_file)
+        if exp.runtime.sudo and not for_commands
+        else None
+    )
+    return DockerRuntime(transport, exp.runtime, sudo_password=password, gpus=exp.runtime.gpus)
+
+
+@contextlib.contextmanager
+def connect(exp: Experiment, paths: RunPaths, *, pool: int = 0) -> Iterator[ServerManager]:
+    """A ServerManager (of pool `pool`, `exp` narrowed to it) over a fresh transport, closed on
+    exit."""
+    transport = open_transport(exp)
+    try:
+        yield ServerManager(
+            exp, paths, transport=transport, runtime=open_runtime(exp, transport), pool=pool
+        )
+    finally:
+        transport.close()
+
+
+def shutdown(exp: Experiment, paths: RunPaths, *, reason: str, services: bool = False) -> None:
+    """Stop every server the run started, in every pool (workflow onsuccess/onerror); with
+    `services` also the services of this config (`servesweep down`)."""
+    for pool in node_pools(exp):
+        with connect(narrow(exp, pool), paths, pool=pool.index) as manager:
+            manager.stop_all(reason=reason, services=services)

@@ -1,0 +1,236 @@
+"""The workflow's table jobs: results and requests tables, log scan, summary, case table,
+manifest, cross-run comparison (see servesweep.workflow.jobs for how a job is called)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from servesweep.analysis import compare
+from servesweep.analysis.casetable import case_table, markdown_table
+from servesweep.analysis.landing import landing_page
+from servesweep.analysis.reference import load_reference, reference_table
+from servesweep.analysis.results import collect_results as collect
+from servesweep.analysis.results import (
+    read_requests_csv,
+    read_results_csv,
+    write_requests_csv,
+    write_results_csv,
+)
+from servesweep.analysis.summary import load_requests, warmups, write_summary
+from servesweep.analysis.summary import summarize as summarize_results
+from servesweep.cluster.pools import PoolPlan, pooled_cells
+from servesweep.config.load import load_experiment, unnarrowed_env
+from servesweep.config.matrix import client_specs
+from servesweep.config.paths import RunPaths, aggregate_cells
+from servesweep.core.errors import CellFailed
+from servesweep.core.events import read_events
+from servesweep.core.files import write_json_atomic, write_text_atomic
+from servesweep.measure.provenance import measured_with
+from servesweep.serving.logscan import scan_run
+from servesweep.workflow.jobs import PathLike, experiment
+from servesweep.workflow.manifest import build_manifest
+from servesweep.workflow.plan import pool_plan
+
+
+def collect_results(
+    *,
+    config: Mapping[str, Any],
+    cell_keys: Sequence[str],
+    raw: Sequence[PathLike],
+    gpu: Sequence[PathLike],
+    results_csv: PathLike,
+    requests_csv: PathLike,
+) -> None:
+    """Rule collect_results: results.csv (one row per cell-repeat) and requests.csv (one row
+    per request) from the raw records and GPU snapshots of `cell_keys` (the selected cells and
+    every other finished one of the configured matrix; `raw` and `gpu` in matrix order)."""
+    exp, paths = experiment(config)
+    configured = load_experiment(config, unnarrowed_env(os.environ))
+    cells = aggregate_cells(
+        selected=pooled_cells(exp, planned_pools(exp, paths)),
+        configured=pooled_cells(configured, planned_pools(configured, paths)),
+        paths=paths,
+    )
+    if sorted(c.key for c in cells) != sorted(cell_keys):
+        raise CellFailed(
+            f"run {exp.run_id}: raw files appeared or vanished since the workflow planned "
+            f"collect_results; run the workflow again"
+        )
+    results, requests = collect(
+        run_id=exp.run_id,
+        cells=cells,
+        raw=[Path(p) for p in raw],
+        gpu=[Path(p) for p in gpu],
+        min_retokenized_ratio=exp.validation.min_retokenized_ratio,
+        measured_with=[measured_with(exp, c) for c in cells],
+        slo=exp.slo,
+        saturation=exp.client.saturation,
+        engine_kind=exp.engine.kind,
+        time_scale=exp.engine.sim.time_scale,
+    )
+    write_results_csv(results, results_csv)
+    write_requests_csv(requests, requests_csv)
+
+
+def planned_pools(exp: Any, paths: RunPaths) -> PoolPlan:
+    """The pool plan the workflow ran with (its onstart wrote pools.json; kept from there)."""
+    return pool_plan(exp=exp, paths=paths, results_dir=paths.root.parent)
+
+
+def scan_logs(
+    *, logs: Sequence[PathLike], service_root: PathLike, evidence: Mapping[str, str], out: PathLike
+) -> None:
+    """Rule scan_logs: final scan of every server log (fatal patterns, evidence)."""
+    write_json_atomic(out, scan_run(logs=logs, service_root=service_root, evidence=dict(evidence)))
+
+
+def summarize(
+    *,
+    baseline: Mapping[str, Any],
+    server_axes: Sequence[str],
+    client_axes: Sequence[str],
+    results_csv: PathLike,
+    requests_csv: PathLike,
+    logscan: PathLike,
+    warmup: Sequence[PathLike],
+    out: PathLike,
+) -> None:
+    """Rule summarize: medians, intervals, verdicts, final log scan and warm-ups; `baseline`
+    and the axes are the rule's params (a changed baseline reruns it)."""
+    results = read_results_csv(results_csv)
+    summary = summarize_results(
+        results=results,
+        baseline=dict(baseline),
+        server_axes=list(server_axes),
+        client_axes=list(client_axes),
+        requests=load_requests(results=results, requests=read_requests_csv(requests_csv)),
+    )
+    scan = json.loads(Path(logscan).read_text())
+    summary["log_scan"] = {k: v for k, v in scan.items() if k != "per_log"}
+    summary["warmup"] = warmups(warmup)
+    write_summary(summary, out)
+
+
+def write_case_table(
+    *,
+    config: Mapping[str, Any],
+    results_csv: PathLike,
+    reference: Sequence[PathLike],
+    md: PathLike,
+    html: PathLike,
+) -> None:
+    """Rule write_case_table: the seed's PD table (markdown and HTML), and beside it each
+    case against the reference table (`reference`: its file, or none)."""
+    exp, _ = experiment(config)
+    results = read_results_csv(results_csv)
+    clients = client_specs(exp)
+    table = case_table(results=results, clients=clients)
+    note, factor = "", 1.0
+    if exp.engine.kind == "sim" and exp.engine.sim.time_scale > 0:
+        scale = exp.engine.sim.time_scale
+        factor = 1 / scale
+        note = (
+            f"\nSimulated engine at time_scale {scale}: times are wall-clock; simulated "
+            f"seconds = shown / {scale}, simulated TPS = shown x {scale}.\n"
+        )
+    text, page = markdown_table(table) + note, table.to_html(index=False, border=0)
+    if exp.reference is not None and reference:
+        ref = load_reference(reference[0], cases=list(exp.cases))
+        versus = reference_table(
+            results=results,
+            clients=clients,
+            reference=ref,
+            tolerance=exp.reference.tolerance,
+            time_factor=factor,
+        )
+        units = " (simulated seconds and TPS)" if factor != 1 else ""
+        heading = (
+            f"\nAgainst the reference{units}: {ref.source}; deltas in bold are outside "
+            f"±{exp.reference.tolerance:.0%}.\n\n"
+        )
+        text += heading + markdown_table(versus)
+        page += f"<p>{heading.strip()}</p>" + versus.to_html(index=False, border=0)
+    write_text_atomic(md, text)
+    write_text_atomic(html, page)
+
+
+def write_landing_page(
+    *,
+    summary_json: PathLike,
+    results_csv: PathLike,
+    manifest_json: PathLike,
+    builds: Sequence[PathLike],
+    events: Sequence[PathLike],
+    method: PathLike,
+    metrics: Sequence[str],
+    plots: Sequence[tuple[str, PathLike]],
+    out: PathLike,
+) -> None:
+    """Rule write_landing_page: the report's first page (servesweep.analysis.landing); `events`: the
+    run's orchestrator.log, if it has one; `plots`: (caption, PNG) of the key plots."""
+    page = landing_page(
+        summary=json.loads(Path(summary_json).read_text()),
+        manifest=json.loads(Path(manifest_json).read_text()),
+        results=read_results_csv(results_csv),
+        metrics=list(metrics),
+        plots=[(caption, Path(p)) for caption, p in plots],
+        builds=[json.loads(Path(b).read_text()) for b in builds],
+        events=[e for path in events for e in read_events(path)],
+        method_rst=Path(method).read_text(),
+    )
+    write_text_atomic(out, page)
+
+
+def write_manifest(
+    *,
+    config: Mapping[str, Any],
+    server_info: Sequence[PathLike],
+    builds: Sequence[PathLike],
+    repo: PathLike,
+    out: PathLike,
+) -> None:
+    """Rule write_manifest: resolved config, fingerprints, versions, image evidence."""
+    exp, paths = experiment(config)
+    manifest = build_manifest(
+        exp=exp,
+        server_info=[Path(p) for p in server_info],
+        builds=[Path(p) for p in builds],
+        repo=Path(repo),
+        pools=planned_pools(exp, paths),
+    )
+    write_json_atomic(out, manifest)
+
+
+def compare_runs(
+    *,
+    run_a: str,
+    run_b: str,
+    results_a: PathLike,
+    results_b: PathLike,
+    requests_a: Sequence[PathLike],
+    requests_b: Sequence[PathLike],
+    out_json: PathLike,
+    out_csv: PathLike,
+) -> None:
+    """Rule compare_runs: run B vs run A per common cell, with intervals, verdicts.
+    `requests_*` hold the run's requests.csv, or nothing (compare.run_inputs)."""
+    table_a, per_request_a = compare.load_run(
+        results_csv=results_a, requests_csv=next(iter(requests_a), None)
+    )
+    table_b, per_request_b = compare.load_run(
+        results_csv=results_b, requests_csv=next(iter(requests_b), None)
+    )
+    comparison = compare.compare_runs(
+        results_a=table_a,
+        results_b=table_b,
+        run_a=run_a,
+        run_b=run_b,
+        requests_a=per_request_a,
+        requests_b=per_request_b,
+    )
+    compare.write_comparison(comparison, out_json)
+    compare.write_table(compare.comparison_table(comparison), out_csv)

@@ -1,0 +1,325 @@
+"""`servesweep` command line: commands, up, status, down, plan, nodes, check, import (no
+benchmark)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from servesweep.cluster.images import build_commands
+from servesweep.cluster.transport import LocalTransport, node_address
+from servesweep.config.experiment import Experiment
+from servesweep.config.load import load_experiment_file
+from servesweep.config.matrix import cell_repeats, server_specs
+from servesweep.config.paths import RunPaths
+from servesweep.config.schema import MIN_RETOKENIZED_RATIO
+from servesweep.core.errors import ConfigError, ServesweepError
+from servesweep.measure.cells import client_launch, run_warmup
+from servesweep.serving.engines import base_url, check_experiment
+from servesweep.serving.servers import (
+    ServerManager,
+    connect,
+    describe_server,
+    open_runtime,
+    shutdown,
+)
+from servesweep.workflow.plan import make_plan
+
+DEFAULT_CONFIG = "config/config.yaml"
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--configfile",
+        default=DEFAULT_CONFIG,
+        help=f"experiment YAML (default {DEFAULT_CONFIG}); env narrowing applies",
+    )
+    common.add_argument("--results", default="results", help="results directory")
+    parser = argparse.ArgumentParser(prog="servesweep", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, text in (
+        ("down", "stop this run's servers and this config's services (yours only)"),
+        ("status", "servers on the nodes by label: owner, run, service, uptime, used by, health"),
+        ("commands", "print every server launch command per node; touches no node"),
+        ("up", "start a service (warm-up included) that every run of this server config reuses"),
+        (
+            "plan",
+            "missing cell-repeats, server starts, node pools, estimated wall time; touches no node",
+        ),
+        (
+            "nodes",
+            "no node ever held two server sets: orchestrator.log, and the labels on the nodes now",
+        ),
+        (
+            "doctor",
+            "check every node over SSH: model path, image + version, GPUs idle, IB devices, "
+            "ports, clock skew, disk; one line per node and check",
+        ),
+    ):
+        sub.add_parser(name, parents=[common], help=text, description=text)
+    sub.choices["up"].add_argument("--server", help="server id (default: the first)")
+    sub.choices["down"].add_argument(
+        "--force",
+        action="store_true",
+        help="also remove other owners' servers in the way of this config (named, logged)",
+    )
+    text = "judge bench_serving records and server logs: ok, warning, invalid or fatal per line"
+    check = sub.add_parser("check", help=text, description=text)
+    check.add_argument("files", nargs="*", metavar="FILE", help="JSONL records or server logs")
+    check.add_argument("--type", choices=["record", "log"], help="skip typing by content")
+    check.add_argument(
+        "--min-retokenized-ratio",
+        type=float,
+        default=MIN_RETOKENIZED_RATIO,
+        help=f"validation.min_retokenized_ratio (default {MIN_RETOKENIZED_RATIO})",
+    )
+    check.add_argument(
+        "--table",
+        metavar="DIR",
+        help="check every file DIR/INDEX.md lists (tests/fixtures/real): file | label | verdict",
+    )
+    text = (
+        "bring a folder of bench_serving JSONL files into results/<run-id>/ (csv, summary, plots)"
+    )
+    imp = sub.add_parser("import", help=text, description=text)
+    imp.add_argument("dir", metavar="DIR", help="folder of bench_serving JSONL files")
+    imp.add_argument("--run-id", required=True, help="results/<run-id>/ to create")
+    imp.add_argument(
+        "--mapping", help="YAML naming each file's axes and repeat (docs/validation.md)"
+    )
+    imp.add_argument("--results", default="results", help="results directory")
+    imp.add_argument(
+        "--min-retokenized-ratio", type=float, default=MIN_RETOKENIZED_RATIO, help="as for check"
+    )
+    imp.add_argument("--no-plots", action="store_true", help="results.csv and summary.json only")
+    return parser
+
+
+def _experiment(args: argparse.Namespace) -> Experiment:
+    """The experiment of `--configfile` after env narrowing, checked as the Snakefile checks it
+    (rules/common.smk) before anything starts: a name the pinned engine lacks is refused."""
+    exp = load_experiment_file(args.configfile, os.environ)
+    check_experiment(exp, server_specs(exp), os.environ)
+    return exp
+
+
+def cmd_commands(args: argparse.Namespace) -> None:
+    exp = _experiment(args)
+    paths = RunPaths.for_run(exp, args.results)
+    # Command lines only: a local transport is never used to reach a node here.
+    transport = LocalTransport()
+    manager = ServerManager(
+        exp, paths, transport=transport, runtime=open_runtime(exp, transport, for_commands=True)
+    )
+    if exp.runtime.kind == "docker":
+        print("# image: build_images, on every node at once (NODE: each of them)")
+        for line in build_commands(exp=exp, runtime=manager.runtime, owner=manager.owner):
+            print(line)
+    for spec in server_specs(exp):
+        print(manager.commands_script(spec).removeprefix("#!/bin/sh\n"), end="")
+    print(f"# client on node {exp.cluster.nodes[0]}, per cell-repeat (each server config alike)")
+    cells = cell_repeats(exp)
+    for cell in (c for c in cells if c.server.id == cells[0].server.id):
+        base = f"{manager.node_dir()}/client/{cell.key.replace('/', '_')}"
+        launch = client_launch(
+            exp=exp,
+            manager=manager,
+            base_url=base_url(exp, cell.server),
+            workload=cell.workload,
+            tag=cell.key,
+            output_file=f"{base}.jsonl",
+            log_path=f"{base}.log",
+        )
+        print(manager.runtime.oneshot_line(launch))
+    for line in config_warnings(args.configfile, exp):
+        print(f"warning: {line}", file=sys.stderr)
+
+
+def config_warnings(path: str, exp: Experiment) -> list[str]:
+    """Values still marked as guesses in the site file, and nodes no ssh alias resolves."""
+    import yaml
+
+    from servesweep.config.load import site_dir_of
+    from servesweep.config.site import guessed_values
+
+    with open(path) as fh:
+        raw = yaml.safe_load(fh) or {}
+    out = [
+        f"{key} = {value!r} is a guess ({where}): confirm it on the cluster, then drop it "
+        f"from its guesses"
+        for key, value, where in guessed_values(raw, site_dir_of(path))
+    ]
+    if exp.cluster.transport == "ssh":
+        for node in exp.cluster.nodes:
+            address = node_address(exp.cluster, node)
+            if node not in exp.cluster.addresses and address == node:
+                out.append(
+                    f"node {node}: no ssh alias resolves it in {exp.cluster.ssh.config_file} "
+                    f"and cluster.addresses has none: {node}:{exp.engine.dist_init_port} "
+                    f"would be used as an address"
+                )
+    return out
+
+
+def cmd_status(args: argparse.Namespace) -> None:
+    exp = _experiment(args)
+    with connect(exp, RunPaths.for_run(exp, args.results)) as manager:
+        rows = manager.status()
+    if not rows:
+        print(f"run {exp.run_id}: no server running on {', '.join(exp.cluster.nodes)}")
+    for row in rows:
+        print("  ".join(f"{k}={v}" for k, v in row.items()))
+
+
+def cmd_plan(args: argparse.Namespace) -> None:
+    exp = _experiment(args)
+    paths = RunPaths.for_run(exp, args.results)
+    print(make_plan(exp=exp, paths=paths, results_dir=Path(args.results)).render(), end="")
+
+
+def cmd_nodes(args: argparse.Namespace) -> int:
+    """One line per node that held two server sets (log, labels); 1 if any, else 0."""
+    from servesweep.cluster.owner import KIND_LABEL, SERVER_KIND
+    from servesweep.cluster.pools import label_overlaps, node_overlaps
+    from servesweep.core.events import read_events
+
+    exp = load_experiment_file(args.configfile, os.environ)
+    paths = RunPaths.for_run(exp, args.results)
+    events = read_events(paths.orchestrator_log)
+    problems = node_overlaps(events)
+    with connect(exp, paths) as manager:
+        found = [
+            item
+            for node in dict.fromkeys(exp.cluster.nodes)
+            for item in manager.runtime.labelled(node, {KIND_LABEL: SERVER_KIND})
+            if item.labels.get("node", node) == node
+        ]
+    problems += label_overlaps(found)
+    for line in problems:
+        print(line)
+    starts = sum(e == "start" for _, e, _ in events)
+    print(
+        f"run {exp.run_id}: {starts} server starts in {paths.orchestrator_log}, "
+        f"{len(found)} server processes on the nodes now; "
+        f"times a node held two server sets: {len(problems)}"
+    )
+    return 1 if problems else 0
+
+
+def cmd_up(args: argparse.Namespace) -> None:
+    exp = _experiment(args)
+    specs = server_specs(exp)
+    chosen = [s for s in specs if args.server in (None, s.id)]
+    if not chosen:
+        raise ConfigError(f"--server {args.server!r}: not one of {[s.id for s in specs]}")
+    spec = chosen[0]
+    with connect(exp, RunPaths.for_run(exp, args.results)) as manager:
+        manager.service_mode = True
+        state, fresh = manager.ensure(spec)
+        if fresh and exp.warmup_after_start:
+            cell = next(c for c in cell_repeats(exp) if c.server.id == spec.id)
+            run_warmup(exp=exp, cell=cell, manager=manager, state=state)
+    verb = "started" if fresh else "already running"
+    print(
+        f"service {state.fingerprint} (server {state.server_id}) {verb} at {state.base_url}; "
+        f"runs with this server config reuse it; stop it with "
+        f"`servesweep down --configfile {args.configfile}`"
+    )
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from servesweep.workflow.doctor import run_doctor
+
+    exp = _experiment(args)
+    with connect(exp, RunPaths.for_run(exp, args.results)) as manager:
+        checks = run_doctor(exp=exp, manager=manager, results=Path(args.results))
+    for check in checks:
+        print(check.line())
+    failed = [c for c in checks if c.status == "fail"]
+    print(f"{len(checks)} checks, {len(failed)} failed")
+    return 1 if failed else 0
+
+
+def cmd_down(args: argparse.Namespace) -> None:
+    exp = _experiment(args)
+    paths = RunPaths.for_run(exp, args.results)
+    shutdown(exp, paths, reason="servesweep down", services=True)
+    print(f"run {exp.run_id}: every server and service of this config stopped")
+    if args.force:
+        with connect(exp, paths) as manager:
+            for other in manager.remove_foreign(server_specs(exp)):
+                print(f"removed {describe_server(other)}")
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from servesweep.measure import checks
+
+    if args.table:
+        rows = checks.corpus_rows(args.table)
+        print(checks.render_table(rows), end="")
+        return 0 if checks.acceptance_met(checks.corpus_counts(rows)) else 1
+    if not args.files:
+        raise checks.CheckInputError("no FILE given (or --table DIR)")
+    lines = []
+    for path in args.files:
+        for line in checks.check_file(
+            path, kind=args.type, min_retokenized_ratio=args.min_retokenized_ratio
+        ):
+            print(line, flush=True)
+            lines.append(line)
+    return 1 if checks.any_bad(lines) else 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from servesweep.analysis import importer
+
+    report = importer.import_run(
+        source=Path(args.dir),
+        run_id=args.run_id,
+        results=Path(args.results),
+        mapping=importer.load_mapping(args.mapping) if args.mapping else importer.Mapping(),
+        min_retokenized_ratio=args.min_retokenized_ratio,
+        plots=not args.no_plots,
+    )
+    for line in report.lines():
+        print(line)
+    return 1 if report.rejected else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command in ("check", "import"):
+        from servesweep.measure.checks import CheckInputError
+
+        try:
+            return cmd_check(args) if args.command == "check" else cmd_import(args)
+        except CheckInputError as exc:
+            print(f"servesweep: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 2
+        except ServesweepError as exc:
+            print(f"servesweep: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
+    handlers = {
+        "down": cmd_down,
+        "status": cmd_status,
+        "commands": cmd_commands,
+        "up": cmd_up,
+        "plan": cmd_plan,
+    }
+    try:
+        if args.command == "doctor":
+            return cmd_doctor(args)
+        if args.command == "nodes":
+            return cmd_nodes(args)
+        handlers[args.command](args)
+    except ServesweepError as exc:
+        print(f"servesweep: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""The workflow's jobs that reach the cluster: image checks, preflight, one cell-repeat.
+
+Each is one rule's job: keyword arguments in, files out. `scripts/<rule>.py` map the rule's
+`snakemake.input/output/params/log/wildcards` onto them inside logsetup.job_logging (the rule's
+log). `config` is the workflow's config as Snakemake holds it; each job resolves it as the
+Snakefile does (env narrowing included). The analysis jobs are in analysisjobs and plotjobs,
+so that a cell's process imports neither pandas nor seaborn.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from servesweep.cluster import pools
+from servesweep.cluster.images import build_images as build_all
+from servesweep.config.experiment import Experiment
+from servesweep.config.load import load_experiment
+from servesweep.config.matrix import CellRepeat, client_specs, server_specs, workload_key
+from servesweep.config.paths import RunPaths
+from servesweep.core.errors import ConfigError, PoolStopped
+from servesweep.core.files import write_json_atomic, write_text_atomic
+from servesweep.measure import provenance
+from servesweep.measure.cells import check_prerequisites, server_lock
+from servesweep.measure.cells import run_cell as run_cell_repeat
+from servesweep.serving.preflight import run_preflight
+from servesweep.serving.servers import connect
+
+PathLike = str | Path
+
+
+def experiment(config: Mapping[str, Any]) -> tuple[Experiment, RunPaths]:
+    """The resolved experiment and its paths, exactly as the Snakefile resolved them."""
+    exp = load_experiment(config, os.environ)
+    return exp, RunPaths.for_run(exp)
+
+
+def build_images(
+    *, config: Mapping[str, Any], logs: Sequence[PathLike], out: Sequence[PathLike]
+) -> None:
+    """Rule build_images: on every node at once, base image, image, smoke and content checks;
+    one evidence file per node (`out`, in cluster.nodes order, beside its log in `logs`)."""
+    exp, paths = experiment(config)
+    node_logs = {node: Path(log) for node, log in zip(exp.cluster.nodes, logs, strict=True)}
+    with connect(exp, paths) as manager:
+        evidence = build_all(exp=exp, runtime=manager.runtime, logs=node_logs, owner=manager.owner)
+    for node, path in zip(exp.cluster.nodes, out, strict=True):
+        write_json_atomic(path, evidence[node])
+
+
+def preflight(*, config: Mapping[str, Any], out: PathLike) -> None:
+    """Rule preflight: checks before any server start, as evidence."""
+    exp, paths = experiment(config)
+    with connect(exp, paths) as manager:
+        evidence = run_preflight(exp=exp, manager=manager)
+    write_json_atomic(out, evidence)
+
+
+def run_cell(
+    *,
+    config: Mapping[str, Any],
+    server: str,
+    client: str,
+    repeat: int,
+    fingerprint: str,
+    workload: str,
+    measured_with: str,
+    raw: PathLike,
+    gpu: PathLike,
+    bench_log: PathLike,
+) -> None:
+    """Rule run_cell: one cell-repeat, given by its wildcards (server, client, repeat) and
+    params (the fingerprint its server must have, its workload as JSON)."""
+    exp, paths = experiment(config)
+    specs = [s for s in server_specs(exp) if s.id == server]
+    if not specs:
+        raise ConfigError(
+            f"cell {server}/{client}/r{repeat}: no server {server} in run {exp.run_id}"
+        )
+    multi_pool = len(pools.node_pools(exp)) > 1
+    try:
+        exp, spec = pools.locate(exp, server_id=server, fingerprint=fingerprint)
+    except ConfigError:
+        raise ConfigError(
+            f"cell {server}/{client}/r{repeat}: the config gives server {server} fingerprint "
+            f"{specs[0].fingerprint}, the workflow planned {fingerprint}"
+        ) from None
+    all_clients = client_specs(exp)
+    clients = [c for c in all_clients if c.id == client]
+    cell = (
+        CellRepeat(
+            server=spec,
+            client=clients[0],
+            repeat=int(repeat),
+            repeats=exp.repeats,
+            clients=len(all_clients),
+        )
+        if clients
+        else None
+    )
+    if cell is None or workload_key(cell.workload) != workload:
+        raise ConfigError(
+            f"cell {server}/{client}/r{repeat}: the config's workload of client {client} is not "
+            f"the one the workflow planned ({workload})"
+        )
+    planned, now = json.loads(measured_with), provenance.measured_with(exp, cell)
+    if planned != now:
+        diff = ", ".join(provenance.differences(planned, now))
+        raise ConfigError(f"cell {cell.key}: the workflow planned it with other settings: {diff}")
+    check_prerequisites(exp=exp, paths=paths, cell=cell.key)
+    stopped = paths.pool_stopped(spec.pool)
+    with (
+        server_lock(paths.server_lock(exp.cluster.nodes), cell=cell.key),
+        connect(exp, paths, pool=spec.pool) as manager,
+    ):
+        if stopped.exists():
+            manager.events.emit("cell-skipped", cell=cell.key, pool=spec.pool)
+            raise PoolStopped(
+                f"cell {cell.key}: not started: pool {spec.pool} stopped after a failure "
+                f"({stopped.read_text().strip()})"
+            )
+        try:
+            run_cell_repeat(
+                exp=exp,
+                cell=cell,
+                manager=manager,
+                raw=Path(raw),
+                gpu=Path(gpu),
+                bench_log=Path(bench_log),
+            )
+        except BaseException as exc:
+            if multi_pool:
+                first = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+                write_text_atomic(stopped, f"cell {cell.key} failed: {first}\n")
+            raise

@@ -1,0 +1,130 @@
+"""manifest.json: resolved config, fingerprints, node pools, git SHA, package/engine/image
+versions."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.metadata
+import json
+import platform
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from servesweep.cluster.pools import PoolPlan, pooled_specs
+from servesweep.config.experiment import Experiment
+
+PACKAGES = ("servesweep", "snakemake", "pydantic", "pandas", "aiohttp", "paramiko", "seaborn")
+
+
+def git_sha(repo: Path) -> str:
+    """HEAD of the workflow's git checkout, '+dirty' if it has changes; 'unknown' outside git."""
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return sha + ("+dirty" if dirty.strip() else "")
+
+
+def package_versions() -> dict[str, str]:
+    """Installed versions of the packages that shape results."""
+    out = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def image_records(builds: Sequence[Path]) -> list[dict[str, Any]]:
+    """Per node: the image's digest and what its smoke commands and checks printed (the
+    build_images evidence, results/.images/<key>/<node>.json)."""
+    out = []
+    for path in builds:
+        data = json.loads(path.read_text())
+        out.append(
+            {
+                "node": data.get("node"),
+                "image": data.get("image"),
+                "image_key": data.get("image_key"),
+                "image_id": data.get("image_id"),
+                "repo_digests": data.get("repo_digests", []),
+                "base": data.get("base"),
+                "method": data.get("method"),
+                "engine_version": data.get("engine_version"),
+                "smoke": [{"command": s["command"], "output": s["output"]} for s in data["smoke"]],
+                "checks": [
+                    {k: c[k] for k in ("name", "expect", "output", "matched")}
+                    for c in data.get("checks", [])
+                ],
+                "checked_at": data.get("checked_at"),
+            }
+        )
+    return out
+
+
+def build_manifest(
+    *,
+    exp: Experiment,
+    server_info: Sequence[Path],
+    repo: Path,
+    pools: PoolPlan,
+    builds: Sequence[Path] = (),
+) -> dict[str, Any]:
+    """Everything needed to know what ran: config, servers (each in its pool), versions,
+    engine reports, images.
+    `server_info`: the /server_info snapshots of the run (service/<server>/server_info.json);
+    `builds`: the image evidence per node (docker runtimes)."""
+    infos = {path.parent.name: path for path in server_info}
+    servers = []
+    for spec in pooled_specs(exp, pools):
+        info_path = infos.get(spec.id)
+        info = json.loads(info_path.read_text()) if info_path is not None else {}
+        servers.append(
+            {
+                "id": spec.id,
+                "fingerprint": spec.fingerprint,
+                "pool": spec.pool,
+                "axes": spec.axes,
+                "roles": [
+                    {
+                        "role": r.name,
+                        "nodes": list(r.nodes),
+                        "port": r.port,
+                        "args": r.args.model_dump(),
+                    }
+                    for r in spec.roles
+                ],
+                "router": spec.router.model_dump() if spec.router else None,
+                "engine_version_reported": info.get("version"),
+            }
+        )
+    return {
+        "run_id": exp.run_id,
+        "written_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "git_sha": git_sha(repo),
+        "versions": package_versions(),
+        "engine": {
+            "kind": exp.engine.kind,
+            "simulated": exp.engine.kind == "sim",
+            # simulated seconds x time_scale = wall seconds (None for a real engine)
+            "time_scale": exp.engine.sim.time_scale if exp.engine.kind == "sim" else None,
+            "version_pinned": exp.engine.version,
+            "image": exp.runtime.image,
+        },
+        "images": image_records(builds),
+        "pools": pools.to_dict()["pools"],
+        "servers": servers,
+        "config": exp.model_dump(mode="json"),
+    }

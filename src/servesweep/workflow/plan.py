@@ -1,0 +1,368 @@
+"""`servesweep plan`: what is missing, how many server starts, and an estimated wall time.
+
+Durations come from earlier runs' orchestrator.log where the same server config (fingerprint)
+and client config ran before, else from the simulator's cost model run offline (no sleeping).
+The same estimates balance server configs over node pools (servesweep.cluster.pools), which run at
+once: the wall time counts the longest pool's share.
+Nothing here touches a node.
+"""
+
+from __future__ import annotations
+
+import atexit
+import statistics
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from servesweep.cluster.pools import PoolPlan, assign, node_pools, pooled_cells, read_previous
+from servesweep.config.experiment import Experiment
+from servesweep.config.matrix import CellRepeat, cell_repeats, client_specs, server_specs
+from servesweep.config.paths import RunPaths
+from servesweep.config.schema import Workload
+from servesweep.core.events import read_events
+from servesweep.sim.estimate import closed_loop_seconds
+
+K = TypeVar("K")
+
+# A real SGLang start of a large MoE model across nodes (seed 000: "about ten minutes").
+SGLANG_START_S = 600.0
+# Per cell-repeat outside the client's measured window, without history: Snakemake's job and
+# the job's process start (1.0 s), the client's process start, GPU snapshots and sampler stop
+# (1.5 s). Measured on the default sim run: cell-done `seconds` minus the record's duration,
+# median 1.5 s; Snakemake's own gap between jobs about 0.8 s.
+JOB_OVERHEAD_S = 1.0
+CELL_FIXED_S = 1.5
+# The analysis rules after the cells (results.csv, log scan, summary, plots, manifest): about
+# 20 s on the default run.
+ANALYSIS_S = 20.0
+# One image check per node (docker pull or build, then the capability smoke): a guess.
+IMAGE_BUILD_S = 60.0
+
+
+@dataclass(frozen=True)
+class History:
+    """Median durations seen in earlier runs: server readiness and warm-ups per fingerprint;
+    cells (whole, and the client's measured window) per (fingerprint, client id)."""
+
+    ready_s: dict[str, float]
+    cell_s: dict[tuple[str, str], float]
+    warmup_s: dict[str, float] = field(default_factory=dict)
+    measured_s: dict[tuple[str, str], float] = field(default_factory=dict)
+
+
+def read_history(results_dir: Path) -> History:
+    """Collect durations from every results/*/orchestrator.log."""
+    ready: dict[str, list[float]] = defaultdict(list)
+    warmup: dict[str, list[float]] = defaultdict(list)
+    cells: dict[tuple[str, str], list[float]] = defaultdict(list)
+    measured: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for log in sorted(results_dir.glob("*/orchestrator.log")):
+        for _, event, f in read_events(log):
+            if event == "ready" and "seconds" in f:
+                ready[f["fp"]].append(float(f["seconds"]))
+            elif event == "warmup" and "seconds" in f:
+                warmup[f["fp"]].append(float(f["seconds"]))
+            elif event == "cell-done" and "seconds" in f:
+                key = (f["fp"], f["cell"].split("/")[1])
+                cells[key].append(float(f["seconds"]))
+                if "measured_seconds" in f:
+                    measured[key].append(float(f["measured_seconds"]))
+
+    def medians(table: Mapping[K, list[float]]) -> dict[K, float]:
+        return {k: statistics.median(v) for k, v in table.items()}
+
+    return History(
+        ready_s=medians(ready),
+        cell_s=medians(cells),
+        warmup_s=medians(warmup),
+        measured_s=medians(measured),
+    )
+
+
+def simulated_seconds(exp: Experiment, cell: CellRepeat, workload: Workload | None = None) -> float:
+    """Wall seconds of one client run (`workload`, default the cell's) from the simulator's
+    cost model (offline): the measured window, without the client's process start.
+
+    For a PD set the prefill role's topology models the whole request (transfer and decode on
+    the other role are not modelled here); for SGLang it is the simulator's default profile at
+    real time, a rough guide until a run of the same config exists.
+    """
+    role = cell.server.roles[0]
+    args = role.args
+    w = workload or cell.client.workload
+    seconds = closed_loop_seconds(
+        tp_size=args.tp_size,
+        ep_size=args.ep_size,
+        dp_size=args.dp_size,
+        pp_size=args.pp_size,
+        nnodes=len(role.nodes),
+        moe_runner_backend=args.moe_runner_backend or "auto",
+        chunked_prefill_size=args.chunked_prefill_size,
+        max_running_requests=args.max_running_requests,
+        page_size=args.page_size,
+        num_requests=w.num_requests,
+        concurrency=w.concurrency,
+        input_len=w.input_len,
+        output_len=w.output_len,
+    )
+    scale = exp.engine.sim.time_scale if exp.engine.kind == "sim" else 1.0
+    return seconds * scale
+
+
+def start_s(exp: Experiment) -> float:
+    """Estimated seconds from start to ready without history."""
+    if exp.engine.kind == "sim":
+        return exp.engine.sim.startup_s * exp.engine.sim.time_scale + 1.0
+    return SGLANG_START_S
+
+
+def config_estimates(exp: Experiment, history: History) -> dict[str, float]:
+    """Seconds of every server config: one start and all its cells (history, else the cost
+    model), the balance of the pool assignment."""
+    out: dict[str, float] = {}
+    simulated: dict[tuple[str, str], float] = {}
+    for cell in cell_repeats(exp):
+        fp, sid = cell.server.fingerprint, cell.server.id
+        if sid not in out:
+            out[sid] = history.ready_s.get(fp, start_s(exp))
+        key = (fp, cell.client.id)
+        if key in history.cell_s:
+            out[sid] += history.cell_s[key] + JOB_OVERHEAD_S
+            continue
+        if key not in simulated:
+            simulated[key] = simulated_seconds(exp, cell)
+        out[sid] += simulated[key] + CELL_FIXED_S + JOB_OVERHEAD_S
+    return out
+
+
+def pool_plan(
+    *, exp: Experiment, paths: RunPaths, results_dir: Path, history: History | None = None
+) -> PoolPlan:
+    """Each server config's pool: kept from the run's pools.json, new ones balanced by the
+    estimates (one pool: no estimate is computed)."""
+    pools = tuple(node_pools(exp))
+    ids = [spec.id for spec in server_specs(exp)]
+    if len(pools) == 1:
+        return PoolPlan(pools, dict.fromkeys(ids, 0), {})
+    estimates = config_estimates(exp, history or read_history(results_dir))
+    assignment = assign(
+        server_ids=ids, pools=pools, estimates=estimates, previous=read_previous(paths.pools)
+    )
+    return PoolPlan(pools, assignment, estimates)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a run still has to do and how long it should take, by part (seconds)."""
+
+    run_id: str
+    total_cells: int
+    missing: list[CellRepeat]
+    starts: list[str]
+    builds: int
+    starts_s: float
+    warmups_s: float
+    measuring_s: float
+    overhead_s: float  # per cell-repeat outside the measured window (Snakemake, client start)
+    other_s: float  # image builds and the analysis rules: no server holds the GPUs
+    from_history: int
+    unestimated: int = 0  # configs left to the cost model beyond make_plan's max_simulated
+    pools: PoolPlan | None = None
+    pool_held_s: dict[int, float] = field(default_factory=dict)  # servers up, per pool
+
+    @property
+    def estimate_s(self) -> float:
+        """Pools run at once: the longest pool's server time, then builds and analysis."""
+        held = self.starts_s + self.warmups_s + self.measuring_s + self.overhead_s
+        if len(self.pool_held_s) > 1:
+            held = max(self.pool_held_s.values())
+        return held + self.other_s
+
+    @property
+    def measuring_share(self) -> float:
+        """The share of the time servers hold the GPUs that is spent measuring."""
+        held = self.starts_s + self.warmups_s + self.measuring_s + self.overhead_s
+        return self.measuring_s / held if held else 0.0
+
+    def summary(self) -> str:
+        """One line: what runs and how long it takes (the end of `snakemake -n`)."""
+        head = (
+            f"servesweep plan: run {self.run_id}: {len(self.missing)} of {self.total_cells} "
+            f"cell-repeats to run, {len(self.starts)} server starts, {self.builds} image builds"
+        )
+        if self.unestimated:
+            return (
+                f"{head}; no estimate here ({self.unestimated} server x client configs for "
+                f"the cost model): `servesweep plan` gives it"
+            )
+        return (
+            f"{head}; estimated {_duration(self.estimate_s)}, measuring "
+            f"{self.measuring_share:.0%} of GPU time (`servesweep plan` splits it)"
+        )
+
+    def render(self) -> str:
+        lines = [
+            f"run {self.run_id}: {len(self.missing)} of {self.total_cells} cell-repeats missing",
+            f"server starts: {len(self.starts)} ({', '.join(self.starts) or 'none'})",
+            f"image builds: {self.builds}",
+            f"estimated wall time: {_duration(self.estimate_s)} "
+            f"({self.from_history} of {len(self.missing)} cells timed from earlier runs, "
+            f"the rest from the simulator's cost model)",
+            f"  server starts  {_duration(self.starts_s):>9}",
+            f"  warm-ups       {_duration(self.warmups_s):>9}",
+            f"  measuring      {_duration(self.measuring_s):>9}",
+            f"  between cells  {_duration(self.overhead_s):>9}  (Snakemake jobs, client starts, "
+            f"GPU snapshots)",
+            f"  builds+analysis{_duration(self.other_s):>9}  (no server up)",
+            f"measuring is {self.measuring_share:.0%} of the time servers hold the GPUs",
+        ]
+        if self.pools is not None:
+            lines.append(f"node pools: {len(self.pools.pools)} (one server set at a time each)")
+            for pool in self.pools.pools:
+                servers = self.pools.servers(pool.index)
+                lines.append(
+                    f"  pool {pool.index}: nodes {','.join(pool.nodes)}; {len(servers)} server "
+                    f"config(s), missing work "
+                    f"{_duration(self.pool_held_s.get(pool.index, 0.0))}: "
+                    f"{' '.join(servers) or 'none'}"
+                )
+        for cell in self.missing:
+            lines.append(f"  {cell.key} (pool {cell.server.pool})")
+        return "\n".join(lines) + "\n"
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+def make_plan(
+    *,
+    exp: Experiment,
+    paths: RunPaths,
+    results_dir: Path,
+    cells: Sequence[CellRepeat] | None = None,
+    max_simulated: int | None = None,
+) -> Plan:
+    """The missing cell-repeats (no raw file yet), their server starts and pools, missing
+    image checks and the time estimate by part. `cells`: the run's cell-repeats (each in its
+    pool) if already expanded. `max_simulated`: at most this many (server, client) configs are
+    run through the cost model (about 15 ms each); with more, the plan has no estimate
+    (`unestimated`)."""
+    history = read_history(results_dir)
+    pools = pool_plan(exp=exp, paths=paths, results_dir=results_dir, history=history)
+    cells = list(cells) if cells is not None else pooled_cells(exp, pools)
+    missing = [c for c in cells if not paths.raw(c).exists()]
+    builds = sum(not p.exists() for p in paths.builds(exp)) if missing else 0
+    to_simulate = {(c.server.fingerprint, c.client.id) for c in missing} - set(history.cell_s)
+    if max_simulated is not None and len(to_simulate) > max_simulated:
+        return Plan(
+            run_id=exp.run_id,
+            total_cells=len(cells),
+            missing=missing,
+            starts=list(dict.fromkeys(c.server.fingerprint for c in missing)),
+            builds=builds,
+            starts_s=0.0,
+            warmups_s=0.0,
+            measuring_s=0.0,
+            overhead_s=0.0,
+            other_s=0.0,
+            from_history=0,
+            unestimated=len(to_simulate),
+            pools=pools,
+        )
+    first: dict[str, CellRepeat] = {}
+    for cell in missing:
+        first.setdefault(cell.server.fingerprint, cell)
+    held: dict[int, float] = defaultdict(float)
+    for fp, cell in first.items():
+        held[cell.server.pool] += history.ready_s.get(fp, start_s(exp))
+    starts_s = sum(history.ready_s.get(fp, start_s(exp)) for fp in first)
+    warmups_s = 0.0
+    if exp.warmup_after_start:
+        shape = client_specs(exp)[0].workload.model_copy(
+            update={"num_requests": exp.warmup_after_start, "concurrency": 1}
+        )
+        for fp, cell in first.items():
+            seconds = history.warmup_s.get(fp) or (
+                simulated_seconds(exp, cell, shape) + CELL_FIXED_S
+            )
+            warmups_s += seconds
+            held[cell.server.pool] += seconds
+    measuring_s = overhead_s = 0.0
+    timed = 0
+    simulated: dict[tuple[str, str], float] = {}
+    for cell in missing:
+        key = (cell.server.fingerprint, cell.client.id)
+        if key in history.cell_s:
+            timed += 1
+            whole = history.cell_s[key]
+            measured = history.measured_s.get(key, max(whole - CELL_FIXED_S, 0.0))
+        else:
+            if key not in simulated:
+                simulated[key] = simulated_seconds(exp, cell)
+            measured = simulated[key]
+            whole = measured + CELL_FIXED_S
+        measuring_s += measured
+        overhead_s += whole - measured + JOB_OVERHEAD_S
+        held[cell.server.pool] += whole + JOB_OVERHEAD_S
+    other_s = builds * IMAGE_BUILD_S + (ANALYSIS_S if missing else 0.0)
+    return Plan(
+        run_id=exp.run_id,
+        total_cells=len(cells),
+        missing=missing,
+        starts=list(first),
+        builds=builds,
+        starts_s=starts_s,
+        warmups_s=warmups_s,
+        measuring_s=measuring_s,
+        overhead_s=overhead_s,
+        other_s=other_s,
+        from_history=timed,
+        pools=pools,
+        pool_held_s=dict(held),
+    )
+
+
+# Snakemake's short options that take no value (a cluster like `-np` may hold `-n`).
+_FLAG_LETTERS = frozenset("npqrkFftSD")
+
+
+def dry_run_requested(argv: Sequence[str]) -> bool:
+    """Whether a Snakemake command line asks for a dry-run (`-n`, `--dry-run`, `--dryrun`,
+    or `-n` in a cluster of valueless short flags such as `-np`)."""
+    for arg in argv[1:]:
+        if arg in ("--dry-run", "--dryrun"):
+            return True
+        short = arg.startswith("-") and not arg.startswith("--")
+        if short and "n" in arg[1:] and set(arg[1:]) <= _FLAG_LETTERS:
+            return True
+    return False
+
+
+# The dry-run line's budget for the cost model: about 0.75 s (`servesweep plan` has none).
+DRY_RUN_MAX_SIMULATED = 50
+
+
+def summary_at_exit(
+    *, exp: Experiment, paths: RunPaths, results_dir: Path, cells: Sequence[CellRepeat]
+) -> None:
+    """Print Plan.summary() on stdout when the process exits: after Snakemake's last dry-run
+    line, as the last line. Snakemake runs no handler on a dry-run (`onstart` and friends
+    are skipped), so the Snakefile registers this at parse time when `dry_run_requested`."""
+
+    def show() -> None:
+        plan = make_plan(
+            exp=exp,
+            paths=paths,
+            results_dir=results_dir,
+            cells=cells,
+            max_simulated=DRY_RUN_MAX_SIMULATED,
+        )
+        print(plan.summary(), flush=True)
+
+    atexit.register(show)
