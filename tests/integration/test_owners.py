@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from servesweep.cluster.access import Cluster
 from servesweep.cluster.runtime import DockerRuntime, host_python_mounts
 from servesweep.cluster.ssh import SshTransport
 from servesweep.config.load import load_experiment
@@ -49,7 +50,8 @@ def _manager(ssh: SshTransport, root: Path, run_id: str, port: int) -> ServerMan
         }
     )
     runtime = DockerRuntime(ssh, exp.runtime, sudo_password=None, gpus=None)
-    return ServerManager(exp, RunPaths(root / "results" / run_id), transport=ssh, runtime=runtime)
+    cluster = Cluster(ssh, runtime, local=False, containers=True)
+    return ServerManager(exp, RunPaths(root / "results" / run_id), cluster=cluster)
 
 
 def test_two_owners_share_a_docker_node(ssh: SshTransport, tmp_path: Path) -> None:

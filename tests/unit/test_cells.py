@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from servesweep.cluster.runtime import ProcessRuntime
+from servesweep.cluster.access import open_cluster
 from servesweep.cluster.telemetry import read_snapshot
-from servesweep.cluster.transport import LocalTransport
 from servesweep.config.load import load_experiment
 from servesweep.config.matrix import cell_repeats, image_key, workload_key
 from servesweep.config.paths import RunPaths
@@ -57,8 +56,7 @@ def _setup(tmp_path: Path, faults: dict | None = None):
     )
     exp = load_experiment(raw, {})
     paths = RunPaths(tmp_path / "results" / exp.run_id)
-    transport = LocalTransport()
-    manager = ServerManager(exp, paths, transport=transport, runtime=ProcessRuntime(transport))
+    manager = ServerManager(exp, paths, cluster=open_cluster(exp))
     return exp, paths, manager, cell_repeats(exp)[0]
 
 

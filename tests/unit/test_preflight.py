@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from servesweep.cluster.runtime import ProcessRuntime
-from servesweep.cluster.transport import LocalTransport
+from servesweep.cluster.access import open_cluster
 from servesweep.config.load import load_experiment, load_experiment_file
 from servesweep.config.matrix import server_specs
 from servesweep.config.paths import RunPaths
@@ -22,10 +21,7 @@ from tests.helpers import DEFAULT_CONFIG, REPO, deep_update, free_port
 def _manager(tmp_path: Path, **changes) -> ServerManager:
     raw = deep_update(yaml.safe_load(DEFAULT_CONFIG.read_text()), changes)
     exp = load_experiment(raw, {})
-    transport = LocalTransport()
-    return ServerManager(
-        exp, RunPaths(tmp_path / exp.run_id), transport=transport, runtime=ProcessRuntime(transport)
-    )
+    return ServerManager(exp, RunPaths(tmp_path / exp.run_id), cluster=open_cluster(exp))
 
 
 def test_free_ports_pass_and_are_recorded(tmp_path: Path) -> None:

@@ -7,9 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from servesweep.cluster.access import open_cluster
 from servesweep.cluster.pools import label_overlaps, node_overlaps
-from servesweep.cluster.runtime import ProcessRuntime
-from servesweep.cluster.transport import LocalTransport
 from servesweep.config.load import load_experiment
 from servesweep.config.matrix import server_specs
 from servesweep.config.paths import RunPaths
@@ -34,12 +33,8 @@ def _manager(tmp_path: Path, **changes) -> ServerManager:
         },
     )
     exp = load_experiment(deep_update(raw, changes), {})
-    transport = LocalTransport()
     return ServerManager(
-        exp,
-        RunPaths(tmp_path / "results" / exp.run_id),
-        transport=transport,
-        runtime=ProcessRuntime(transport),
+        exp, RunPaths(tmp_path / "results" / exp.run_id), cluster=open_cluster(exp)
     )
 
 
@@ -113,12 +108,10 @@ def _twin(first: ServerManager, tmp_path: Path, **changes) -> ServerManager:
     """A second checkout: same run_id and config, another results root (another owner)."""
     raw = first.exp.model_dump(mode="json")
     exp = load_experiment(deep_update(raw, changes), {})
-    transport = LocalTransport()
     return ServerManager(
         exp,
         RunPaths(tmp_path / "other-checkout" / "results" / exp.run_id),
-        transport=transport,
-        runtime=ProcessRuntime(transport),
+        cluster=open_cluster(exp),
     )
 
 
@@ -223,9 +216,7 @@ def test_a_service_outlives_runs_and_is_reused_whatever_the_run_id(tmp_path: Pat
 
 def test_a_start_refuses_a_node_that_another_pool_holds(tmp_path: Path) -> None:
     first = _manager(tmp_path)
-    second = ServerManager(
-        first.exp, first.paths, transport=first.transport, runtime=first.runtime, pool=1
-    )
+    second = ServerManager(first.exp, first.paths, cluster=first.cluster, pool=1)
     a, b = server_specs(first.exp)[:2]
     try:
         state, _ = first.ensure(a)

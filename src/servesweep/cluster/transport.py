@@ -78,7 +78,7 @@ def node_address(cluster: ClusterConfig, node: str) -> str:
     127.0.0.1 locally, else the HostName of its `~/.ssh/config` alias."""
     if node in cluster.addresses:
         return cluster.addresses[node]
-    if cluster.transport == "local":
+    if cluster.local:
         return "127.0.0.1"
     path = Path(cluster.ssh.config_file).expanduser()
     if not path.is_file():

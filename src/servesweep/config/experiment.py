@@ -108,7 +108,7 @@ class Experiment(Strict):
 
     def _check_roles(self) -> None:
         auto = "auto" in (self.engine.port, self.engine.dist_init_port)
-        if auto and self.cluster.transport != "local":
+        if auto and not self.cluster.local:
             raise ValueError("engine.port: 'auto' needs cluster.transport local (give a number)")
         if not self.roles:
             if self.router is not None:

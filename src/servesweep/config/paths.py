@@ -106,7 +106,7 @@ class RunPaths:
 
     def builds(self, exp: Experiment) -> list[Path]:
         """Image-check evidence per node (docker runtimes only): <images>/<node>.json."""
-        if exp.runtime.kind != "docker":
+        if not exp.runtime.containers:
             return []
         return [self.images(exp) / f"{n}.json" for n in exp.cluster.nodes]
 

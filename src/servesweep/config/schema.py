@@ -68,6 +68,11 @@ class ClusterConfig(Strict):
     # None: one pool. auto: as many disjoint sets as fit. Or the sets, each a list of nodes.
     pools: Literal["auto"] | list[list[str]] | None = None
 
+    @property
+    def local(self) -> bool:
+        """The nodes are this machine (no SSH): loopback addresses, auto ports allowed."""
+        return self.transport == "local"
+
     @model_validator(mode="after")
     def _check_nodes(self) -> ClusterConfig:
         dupes = sorted({n for n in self.nodes if self.nodes.count(n) > 1})
@@ -147,9 +152,14 @@ class RuntimeConfig(Strict):
     smoke: list[str] = Field(default_factory=list)  # commands that must exit 0 in the image
     checks: list[ImageCheck] = Field(default_factory=list)
 
+    @property
+    def containers(self) -> bool:
+        """Servers and clients run in docker containers of `image` (else plain processes)."""
+        return self.kind == "docker"
+
     @model_validator(mode="after")
     def _check_image(self) -> RuntimeConfig:
-        if self.kind == "docker" and not self.image:
+        if self.containers and not self.image:
             raise ValueError("image: required when runtime.kind is docker")
         names = [c.name for c in self.checks]
         dupes = sorted({n for n in names if names.count(n) > 1})

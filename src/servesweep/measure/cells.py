@@ -72,7 +72,7 @@ def run_client(
     remove_partial_client_files(bench_log, events=manager.events, cell=tag)
     # Locally without docker the client writes straight into the run folder; otherwise into
     # the node directory shared with one-shot containers, copied back afterwards.
-    direct = exp.cluster.transport == "local" and exp.runtime.kind == "process"
+    direct = manager.cluster.shares_run_folder
     digest = hashlib.sha256(tag.encode()).hexdigest()[:12]
     if direct:
         node_out, node_log = str(local_out.resolve()), str(bench_log.resolve())
@@ -343,7 +343,7 @@ def gpu_sampler(
     node."""
     interval_ms = exp.telemetry.gpu_interval_ms
     tag = cell.key
-    if exp.engine.kind == "sim" and exp.cluster.transport == "local":
+    if exp.engine.kind == "sim" and exp.cluster.local:
         urls = {r.role: r.url for r in state.ranks if r.url and r.role != ROUTER_ROLE}
         loads: dict[str, str | None] = dict.fromkeys(exp.cluster.nodes)
         for role in cell.server.roles:

@@ -123,7 +123,7 @@ DEFAULT_BOOTSTRAP_PORT = 8998
 
 def server_host(exp: Experiment) -> str:
     """Interface HTTP servers listen on: loopback locally, every interface on a cluster."""
-    return "127.0.0.1" if exp.cluster.transport == "local" else "0.0.0.0"
+    return "127.0.0.1" if exp.cluster.local else "0.0.0.0"
 
 
 def role_url(exp: Experiment, role: RoleSpec) -> str:

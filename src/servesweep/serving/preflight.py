@@ -115,7 +115,7 @@ def run_preflight(*, exp: Experiment, manager: ServerManager) -> dict[str, Any]:
                 )
             checks["ports"].append({"node": node, "port": port, "free": True})
     checks["gpus"] = gpus_idle(exp=exp, manager=manager)
-    if exp.runtime.kind == "docker":
+    if manager.cluster.containers:
         fmt = shlex.quote("{{.Id}}")
         for node in exp.cluster.nodes:
             res = manager.runtime.run_docker(  # type: ignore[attr-defined]

@@ -8,7 +8,6 @@ import dataclasses
 import datetime as dt
 import json
 import logging
-import os
 import socket
 import time
 import urllib.error
@@ -19,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servesweep.cluster.access import Cluster, connected
 from servesweep.cluster.owner import (
     KIND_LABEL,
     OWNER_LABEL,
@@ -31,9 +31,8 @@ from servesweep.cluster.owner import (
     current_owner,
 )
 from servesweep.cluster.pools import narrow, node_pools
-from servesweep.cluster.runtime import ONESHOT_DIR, Labelled, Launch, ProcessRuntime, Runtime
+from servesweep.cluster.runtime import ONESHOT_DIR, Labelled, Launch
 from servesweep.cluster.secrets import Secret, new_api_key, scrub
-from servesweep.cluster.transport import LocalTransport, Transport
 from servesweep.config.experiment import Experiment
 from servesweep.config.matrix import ServerSpec, server_specs
 from servesweep.config.paths import RunPaths
@@ -158,8 +157,7 @@ class ServerManager:
         exp: Experiment,
         paths: RunPaths,
         *,
-        transport: Transport,
-        runtime: Runtime,
+        cluster: Cluster,
         events: EventLog | None = None,
         owner: Owner | None = None,
         pool: int = 0,
@@ -167,8 +165,9 @@ class ServerManager:
         self.exp = exp  # narrowed to the pool's nodes (servesweep.cluster.pools.narrow)
         self.pool = pool
         self.paths = paths
-        self.transport = transport
-        self.runtime = runtime
+        self.cluster = cluster
+        self.transport = cluster.transport
+        self.runtime = cluster.runtime
         self.events = events or EventLog(paths.orchestrator_log)
         self.owner = owner or current_owner(paths.root.parent)
         # `servesweep up`: what starts is a service (labelled, recorded in paths.services).
@@ -198,7 +197,7 @@ class ServerManager:
 
     def node_log_path(self, server_id: str, role: str, node: str) -> str:
         """Where a process writes its log on its node."""
-        if self.exp.cluster.transport == "local":
+        if self.cluster.local:
             return str(self.local_log_path(server_id, role, node).resolve())
         return f"{self.node_dir()}/{server_id}/{log_name(role, node)}"
 
@@ -541,7 +540,7 @@ class ServerManager:
             return
         if not self.runtime.is_running(rank.node, rank.handle):
             return  # gone: nothing to signal
-        kind = "process" if self.exp.runtime.kind == "process" else "container"
+        kind = "container" if self.cluster.containers else "process"
         self.events.emit("not-ours", node=rank.node, handle=rank.handle, server=state.server_id)
         logger.warning(
             "node %s: %s %s is not server %s of run %s (labels or start time differ): left alone",
@@ -749,41 +748,12 @@ def describe_conflict(other: Labelled, *, spec_id: str) -> str:
     )
 
 
-def open_transport(exp: Experiment) -> Transport:
-    """The transport the experiment's cluster is reached with."""
-    if exp.cluster.transport == "local":
-        return LocalTransport()
-    from servesweep.cluster.ssh import SshTransport
-
-    return SshTransport(exp.cluster.ssh, nodes=exp.cluster.nodes)
-
-
-def open_runtime(exp: Experiment, transport: Transport, *, for_commands: bool = False) -> Runtime:
-    """The runtime servers live in on each node (`for_commands`: no password is read)."""
-    if exp.runtime.kind == "process":
-        return ProcessRuntime(transport)
-    from servesweep.cluster.runtime import DockerRuntime
-    from servesweep.cluster.secrets import sudo_password
-
-    password = (
-        sudo_password(os.environ, default_file=exp.secrets.sudo_password_file)
-        if exp.runtime.sudo and not for_commands
-        else None
-    )
-    return DockerRuntime(transport, exp.runtime, sudo_password=password, gpus=exp.runtime.gpus)
-
-
 @contextlib.contextmanager
 def connect(exp: Experiment, paths: RunPaths, *, pool: int = 0) -> Iterator[ServerManager]:
-    """A ServerManager (of pool `pool`, `exp` narrowed to it) over a fresh transport, closed on
-    exit."""
-    transport = open_transport(exp)
-    try:
-        yield ServerManager(
-            exp, paths, transport=transport, runtime=open_runtime(exp, transport), pool=pool
-        )
-    finally:
-        transport.close()
+    """A ServerManager (of pool `pool`, `exp` narrowed to it) over a freshly opened cluster,
+    closed on exit."""
+    with connected(exp) as cluster:
+        yield ServerManager(exp, paths, cluster=cluster, pool=pool)
 
 
 def shutdown(exp: Experiment, paths: RunPaths, *, reason: str, services: bool = False) -> None:

@@ -8,8 +8,9 @@ import os
 import sys
 from pathlib import Path
 
+from servesweep.cluster.access import open_cluster
 from servesweep.cluster.images import build_commands
-from servesweep.cluster.transport import LocalTransport, node_address
+from servesweep.cluster.transport import node_address
 from servesweep.config.experiment import Experiment
 from servesweep.config.load import load_experiment_file
 from servesweep.config.matrix import cell_repeats, server_specs
@@ -22,7 +23,6 @@ from servesweep.serving.servers import (
     ServerManager,
     connect,
     describe_server,
-    open_runtime,
     shutdown,
 )
 from servesweep.workflow.plan import make_plan
@@ -109,12 +109,9 @@ def _experiment(args: argparse.Namespace) -> Experiment:
 def cmd_commands(args: argparse.Namespace) -> None:
     exp = _experiment(args)
     paths = RunPaths.for_run(exp, args.results)
-    # Command lines only: a local transport is never used to reach a node here.
-    transport = LocalTransport()
-    manager = ServerManager(
-        exp, paths, transport=transport, runtime=open_runtime(exp, transport, for_commands=True)
-    )
-    if exp.runtime.kind == "docker":
+    # Command lines only: nothing is reached and no password is read.
+    manager = ServerManager(exp, paths, cluster=open_cluster(exp, for_commands=True))
+    if exp.runtime.containers:
         print("# image: build_images, on every node at once (NODE: each of them)")
         for line in build_commands(exp=exp, runtime=manager.runtime, owner=manager.owner):
             print(line)
@@ -152,7 +149,7 @@ def config_warnings(path: str, exp: Experiment) -> list[str]:
         f"from its guesses"
         for key, value, where in guessed_values(raw, site_dir_of(path))
     ]
-    if exp.cluster.transport == "ssh":
+    if not exp.cluster.local:
         for node in exp.cluster.nodes:
             address = node_address(exp.cluster, node)
             if node not in exp.cluster.addresses and address == node:

@@ -57,7 +57,7 @@ def check_model(exp: Experiment, manager: ServerManager, node: str) -> Check:
 
 
 def check_image(exp: Experiment, manager: ServerManager, node: str) -> Check:
-    if exp.runtime.kind != "docker":
+    if not exp.runtime.containers:
         return Check(node, "image", "skip", "runtime.kind process: no image")
     image = exp.runtime.image or ""
     fmt = shlex.quote("{{.Id}}")

@@ -1,0 +1,71 @@
+"""How a run reaches its nodes: one Cluster (a transport, the runtime on every node, and what
+their kinds mean for the rest of the package), built in one place."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from servesweep.cluster.runtime import DockerRuntime, ProcessRuntime, Runtime
+from servesweep.cluster.secrets import sudo_password
+from servesweep.cluster.transport import LocalTransport, Transport
+from servesweep.config.experiment import Experiment
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The nodes of a run as the code above this layer sees them: run commands through
+    `transport`, start processes through `runtime`, and ask the facts below rather than the
+    configured kinds."""
+
+    transport: Transport
+    runtime: Runtime
+    local: bool  # the nodes are this machine (cluster.transport local)
+    containers: bool  # servers and clients run in docker containers (runtime.kind docker)
+
+    @property
+    def shares_run_folder(self) -> bool:
+        """A process on a node can write straight into the run folder (local processes);
+        otherwise its files are written on the node and copied back."""
+        return self.local and not self.containers
+
+    def close(self) -> None:
+        self.transport.close()
+
+
+def open_cluster(exp: Experiment, *, for_commands: bool = False) -> Cluster:
+    """The experiment's cluster over a fresh transport. `for_commands`: only command lines are
+    made (`servesweep commands`): nothing is reached and no password is read."""
+    local = exp.cluster.local
+    transport: Transport
+    if local or for_commands:
+        transport = LocalTransport()
+    else:
+        from servesweep.cluster.ssh import SshTransport  # only SSH clusters need paramiko
+
+        transport = SshTransport(exp.cluster.ssh, nodes=exp.cluster.nodes)
+    runtime: Runtime
+    if not exp.runtime.containers:
+        runtime = ProcessRuntime(transport)
+    else:
+        password = (
+            sudo_password(os.environ, default_file=exp.secrets.sudo_password_file)
+            if exp.runtime.sudo and not for_commands
+            else None
+        )
+        runtime = DockerRuntime(
+            transport, exp.runtime, sudo_password=password, gpus=exp.runtime.gpus
+        )
+    return Cluster(transport, runtime, local=local, containers=exp.runtime.containers)
+
+
+@contextlib.contextmanager
+def connected(exp: Experiment) -> Iterator[Cluster]:
+    """`open_cluster(exp)`, its connections closed on exit."""
+    cluster = open_cluster(exp)
+    try:
+        yield cluster
+    finally:
+        cluster.close()
