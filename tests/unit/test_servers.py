@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from servesweep.cluster import http
 from servesweep.cluster.access import open_cluster
 from servesweep.cluster.pools import label_overlaps, node_overlaps
 from servesweep.config.load import load_experiment
@@ -14,7 +15,7 @@ from servesweep.config.matrix import server_specs
 from servesweep.config.paths import RunPaths
 from servesweep.core.errors import NodeShared, ServerConflict, ServerStartError
 from servesweep.core.events import read_events
-from servesweep.serving.servers import ServerManager, http_status
+from servesweep.serving.servers import ServerManager
 from tests.helpers import DEFAULT_CONFIG, deep_update, free_port
 
 
@@ -55,7 +56,7 @@ def test_ensure_starts_then_reuses_then_restarts_on_new_fingerprint(
     first, second = server_specs(manager.exp)[:2]
     state, fresh = manager.ensure(first)
     assert fresh
-    assert http_status(f"{state.base_url}/health") == 200
+    assert http.status(f"{state.base_url}/health") == 200
     again, fresh = manager.ensure(first)
     assert not fresh and again.ranks[0].handle == state.ranks[0].handle
     commands = (manager.paths.service(first.id) / "commands.sh").read_text()
@@ -177,7 +178,7 @@ def test_auto_ports_are_picked_at_start_and_recorded(tmp_path: Path) -> None:
         mine, _ = m.ensure(spec)
         theirs, _ = other.ensure(spec)
         assert mine.base_url != theirs.base_url and not mine.base_url.endswith(":0")
-        assert http_status(f"{mine.base_url}/health") == 200
+        assert http.status(f"{mine.base_url}/health") == 200
         again, fresh = m.ensure(spec)
         assert not fresh and again.base_url == mine.base_url
     finally:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from servesweep.cluster import gpusampling, telemetry
+from servesweep.cluster import gpusampling, http, telemetry
 from servesweep.cluster.owner import POOL_LABEL
 from servesweep.cluster.runtime import Launch
 from servesweep.cluster.secrets import scrub
@@ -40,7 +40,8 @@ from servesweep.measure.loadgen import selfcheck
 from servesweep.measure.records import BenchRecord, read_record, write_record
 from servesweep.serving import evidence
 from servesweep.serving.engines import ROUTER_ROLE
-from servesweep.serving.servers import ServerManager, ServerState, auth_headers
+from servesweep.serving.servers import ServerManager
+from servesweep.serving.state import ServerState
 from servesweep.serving.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
@@ -353,7 +354,7 @@ def gpu_sampler(
             loads=loads,
             gpus_per_node=exp.cluster.gpus_per_node,
             interval_s=interval_ms / 1000 * exp.engine.sim.time_scale,
-            headers=auth_headers(manager.api_key(state)),
+            headers=http.auth_headers(manager.api_key(state)),
         )
     digest = hashlib.sha256(tag.encode()).hexdigest()[:12]
     return gpusampling.NvidiaSmiSampler(

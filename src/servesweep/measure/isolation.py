@@ -6,11 +6,10 @@ import contextlib
 import json
 import re
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from servesweep.cluster import http
 from servesweep.cluster.runtime import Runtime
 from servesweep.cluster.secrets import Secret
 from servesweep.core.errors import ServerBusy
@@ -68,21 +67,11 @@ class RequestCount:
         return {**asdict(self), "difference": self.difference}
 
 
-def _get(url: str, timeout: float, *, key: Secret | None = None) -> str | None:
-    headers = {} if key is None else {"Authorization": f"Bearer {key.reveal()}"}
-    try:
-        request = urllib.request.Request(url, headers=headers)
-        with urllib.request.urlopen(request, timeout=timeout) as resp:
-            return resp.read().decode(errors="replace")
-    except (urllib.error.URLError, OSError, TimeoutError):
-        return None
-
-
 def request_counters(urls: list[str], *, key: Secret | None = None) -> dict[str, float]:
     """`sglang:num_requests_total` (summed over its labels) per endpoint that has it."""
     found = {}
     for url in urls:
-        text = _get(f"{url}/metrics", 5.0, key=key)
+        text = http.text(f"{url}/metrics", 5.0, key=key)
         values = _REQUESTS.findall(text or "")
         with contextlib.suppress(ValueError):
             if values:
@@ -108,7 +97,7 @@ def endpoint_load(
 ) -> tuple[int, int, str] | None:
     """(running, queued, source) from SGLang's `/v1/loads` (newer versions; behind the API key)
     or `/metrics` (with --enable-metrics); None when the server exposes neither."""
-    text = _get(f"{url}/v1/loads", timeout, key=key)
+    text = http.text(f"{url}/v1/loads", timeout, key=key)
     if text is not None:
         try:
             loads = json.loads(text)["loads"]
@@ -117,7 +106,7 @@ def endpoint_load(
             return running, queued, f"{url}/v1/loads"
         except (ValueError, KeyError, TypeError, AttributeError):
             pass
-    text = _get(f"{url}/metrics", timeout)
+    text = http.text(f"{url}/metrics", timeout)
     if text is not None:
         found: dict[str, float] = {}
         for name, value in _METRIC.findall(text):
@@ -198,15 +187,7 @@ def flush_cache(*, urls: list[str], server: str, cell: str, wait_s: float = IDLE
     for url in urls:
         deadline = time.monotonic() + wait_s
         while True:
-            req = urllib.request.Request(f"{url}/flush_cache", data=b"", method="POST")
-            status = None
-            try:
-                with urllib.request.urlopen(req, timeout=30.0) as resp:
-                    status = resp.status
-            except urllib.error.HTTPError as exc:
-                status = exc.code
-            except (urllib.error.URLError, OSError, TimeoutError):
-                pass
+            status, _ = http.request(f"{url}/flush_cache", timeout=30.0, method="POST")
             if status == 200:
                 break
             if time.monotonic() >= deadline:

@@ -15,7 +15,8 @@ from servesweep.config.paths import RunPaths
 from servesweep.config.schema import PD_ROLES
 from servesweep.core.errors import PreflightFailed
 from servesweep.serving.engines import listening_ports
-from servesweep.serving.servers import ServerManager, ServerState
+from servesweep.serving.servers import ServerManager
+from servesweep.serving.state import ServerState
 
 PROBE_TIMEOUT_S = 30.0
 

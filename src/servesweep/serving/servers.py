@@ -5,19 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime as dt
 import json
 import logging
 import socket
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
+from servesweep.cluster import http
 from servesweep.cluster.access import Cluster, connected
 from servesweep.cluster.owner import (
     KIND_LABEL,
@@ -50,103 +46,12 @@ from servesweep.serving.engines import (
     rank_commands,
     role_url,
 )
+from servesweep.serving.state import RankState, ServerState, log_name
 
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.2
 FATAL_SCAN_EVERY_S = 2.0
-
-
-@dataclass
-class RankState:
-    """One running process of a server set: where it runs and how to find it again."""
-
-    role: str
-    node: str
-    rank: int
-    handle: str
-    log_path: str
-    url: str | None = None  # the role's HTTP endpoint, on rank 0 and the router
-    identity: str = ""  # Runtime.identity at start: a reused pid or id is not ours
-
-
-@dataclass
-class ServerState:
-    """The server set currently running for a run (persisted in service/current.json)."""
-
-    fingerprint: str
-    server_id: str
-    base_url: str
-    ranks: list[RankState] = field(default_factory=list)
-    started_at: float = 0.0
-    ready_at: float | None = None
-    service: bool = False  # brought up by `servesweep up`: outlives runs
-    owner: str = ""
-    run_id: str = ""  # the run (or `up`) that started it
-
-    @classmethod
-    def load(cls, path: Path) -> ServerState | None:
-        if not path.exists():
-            return None
-        data = json.loads(path.read_text())
-        data["ranks"] = [RankState(**r) for r in data["ranks"]]
-        for key in TIME_FIELDS:
-            data[key] = _epoch(data.get(key))
-        return cls(**data)
-
-    def to_dict(self) -> dict[str, Any]:
-        """As written to current.json and server.json: times in ISO-8601 (UTC)."""
-        data = asdict(self)
-        for key in TIME_FIELDS:
-            data[key] = _iso(data[key])
-        return data
-
-
-TIME_FIELDS = ("started_at", "ready_at")
-
-
-def _iso(epoch: float | None) -> str | None:
-    if epoch is None:
-        return None
-    return dt.datetime.fromtimestamp(epoch, dt.UTC).isoformat(timespec="milliseconds")
-
-
-def _epoch(value: str | float | None) -> float | None:
-    """A time of a state file: ISO-8601, or the epoch float files before it held."""
-    if value is None or isinstance(value, int | float):
-        return value
-    return dt.datetime.fromisoformat(value).timestamp()
-
-
-def log_name(role: str, node: str) -> str:
-    """File name of one process's log in service/<server>/."""
-    return f"{node}.log" if role == SINGLE_ROLE else f"{role}-{node}.log"
-
-
-def http_status(url: str, timeout: float = 2.0) -> int | None:
-    """HTTP status of a GET, or None when nothing answers."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except (urllib.error.URLError, OSError, TimeoutError):
-        return None
-
-
-def auth_headers(key: Secret | None) -> dict[str, str]:
-    """The header SGLang's `--api-key` wants (none without a key)."""
-    return {} if key is None else {"Authorization": f"Bearer {key.reveal()}"}
-
-
-def http_json(url: str, timeout: float = 5.0, *, key: Secret | None = None) -> Any:
-    """GET a JSON document (None on any failure)."""
-    try:
-        request = urllib.request.Request(url, headers=auth_headers(key))
-        with urllib.request.urlopen(request, timeout=timeout) as resp:
-            return json.loads(resp.read())
-    except (urllib.error.URLError, OSError, TimeoutError, ValueError):
-        return None
 
 
 class ServerManager:
@@ -388,7 +293,7 @@ class ServerManager:
             self._note_use(spec.fingerprint)
         write_json_atomic(service / "server.json", state.to_dict())
         key = self.api_key(state)
-        info = http_json(f"{state.ranks[0].url}/server_info", key=key)
+        info = http.get_json(f"{state.ranks[0].url}/server_info", key=key)
         if info is not None:  # SGLang reports its api_key (and launch command): masked
             write_text_atomic(service / "server_info.json", scrub(json.dumps(info, indent=2), key))
         self.events.emit(
@@ -406,7 +311,7 @@ class ServerManager:
         deadline = time.monotonic() + self.exp.engine.ready_timeout_s
         next_scan = 0.0
         while True:
-            if http_status(f"{head.url}/health") == 200:
+            if http.status(f"{head.url}/health") == 200:
                 if role == ROUTER_ROLE:
                     break
                 log = self.runtime.logs(head.node, head.handle, head.log_path)
@@ -488,7 +393,7 @@ class ServerManager:
     def check_alive(self, state: ServerState) -> None:
         """After a cell: every process running, no fatal pattern, the entry point healthy."""
         self._check_ranks(state, starting=False)
-        if http_status(f"{state.base_url}/health", timeout=30.0) != 200:
+        if http.status(f"{state.base_url}/health", timeout=30.0) != 200:
             head = state.ranks[0]
             raise ServerDied(
                 f"server {state.server_id} (fp {state.fingerprint}) at {state.base_url} is "
@@ -689,7 +594,7 @@ class ServerManager:
             state, rank = known
             row["uptime_s"] = f"{time.time() - state.started_at:.0f}"
             if rank.url:
-                row["health"] = str(http_status(f"{rank.url}/health") or "no answer")
+                row["health"] = str(http.status(f"{rank.url}/health") or "no answer")
         else:
             row["uptime_s"] = "?"
         if service and labels.get(OWNER_LABEL) == self.owner.label:

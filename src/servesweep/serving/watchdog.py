@@ -6,10 +6,9 @@ import logging
 import re
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 
+from servesweep.cluster import http
 from servesweep.core.errors import ServerStalled
 
 logger = logging.getLogger(__name__)
@@ -26,22 +25,12 @@ _COUNTER = re.compile(
 )
 
 
-def _get(url: str, timeout: float) -> tuple[int | None, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.status, resp.read().decode(errors="replace")
-    except urllib.error.HTTPError as exc:
-        return exc.code, ""
-    except (urllib.error.URLError, OSError, TimeoutError):
-        return None, ""
-
-
 def progress(urls: list[str], timeout: float = 5.0) -> tuple[float, ...] | None:
     """The servers' token and request counters (`/metrics`, with --enable-metrics); None when
     no endpoint has them."""
     values: list[float] = []
     for url in urls:
-        status, text = _get(f"{url}/metrics", timeout)
+        status, text = http.request(f"{url}/metrics", timeout=timeout)
         if status == 200:
             values += [float(v) for _, v in _COUNTER.findall(text)]
     return tuple(values) or None
@@ -85,7 +74,7 @@ class Watchdog:
         health_at = time.monotonic() + health_every
         while not self._stop.wait(self.poll_s):
             if time.monotonic() >= health_at:
-                status, _ = _get(self.health_url, min(HEALTH_TIMEOUT_S, self.window_s))
+                status = http.status(self.health_url, min(HEALTH_TIMEOUT_S, self.window_s))
                 health_at = time.monotonic() + health_every
                 if self._stop.is_set():
                     return
