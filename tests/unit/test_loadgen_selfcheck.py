@@ -74,3 +74,12 @@ def test_cpu_bound_client_and_gc_pauses():
 def test_no_self_check_is_unknown_and_percentile():
     assert is_saturated({}, SaturationConfig()) is None
     assert _percentile([1.0, 2.0, 3.0, 4.0], 50) == pytest.approx(2.5)
+
+
+def test_without_a_self_check_the_whole_process_cpu_decides():
+    limits = SaturationConfig(cpu_pct=90)
+    assert is_saturated({"client_process_cpu_pct": 90.0}, limits) is True
+    assert is_saturated({"client_process_cpu_pct": 89.9}, limits) is False
+    # with a self-check, the window's figures decide
+    window = {"client_cpu_pct": 20.0, "client_loop_lag_p99_ms": 1.0}
+    assert is_saturated({**window, "client_process_cpu_pct": 99.0}, limits) is False

@@ -10,7 +10,9 @@ import pytest
 
 from servesweep.analysis import results
 from servesweep.config.matrix import cell_repeats
+from servesweep.config.schema import SaturationConfig
 from servesweep.core.errors import CellFailed
+from servesweep.measure.loadgen import usage
 from servesweep.measure.records import BenchRecord, read_record, write_record
 from tests.support.runs import (
     REC_0523,
@@ -74,6 +76,30 @@ def test_record_metrics_missing_and_bad_values():
         results.record_metrics({"median_ttft_ms": "fast"})
 
 
+PROCESS = {"wall_s": 10.0, "cpu_user_s": 8.0, "cpu_sys_s": 1.0, "max_rss_kb": 9e4, "returncode": 0}
+
+
+def test_client_process_columns_and_the_saturation_rule_without_a_self_check():
+    bench = template(REC_0523)  # bench_serving: no in-window self-check
+    m = results.record_metrics(bench)
+    assert all(math.isnan(m[c]) for c in usage.COLUMNS)  # no figures (an imported run)
+    assert math.isnan(results._saturated(m, SaturationConfig()))
+    m = results.record_metrics({**bench, usage.RECORD_KEY: PROCESS})
+    assert m["client_process_wall_s"] == 10.0
+    assert m["client_process_cpu_s"] == 9.0
+    assert m["client_process_cpu_pct"] == 90.0
+    assert results._saturated(m, SaturationConfig(cpu_pct=85)) is True
+    assert results._saturated(m, SaturationConfig(cpu_pct=90)) is True  # at the limit
+    assert results._saturated(m, SaturationConfig(cpu_pct=95)) is False
+
+
+def test_the_builtin_keeps_its_in_window_rule_beside_the_process_figures():
+    calm = {"client_cpu_pct": 40.0, "client_loop_lag_p99_ms": 1.0}
+    m = results.record_metrics({**template(REC_BUILTIN), **calm, usage.RECORD_KEY: PROCESS})
+    assert m["client_process_cpu_pct"] == 90.0  # start-up included
+    assert results._saturated(m, SaturationConfig(cpu_pct=90)) is False
+
+
 # ---------------------------------------------------------------- collect_results
 
 
@@ -108,6 +134,7 @@ def test_collect_results_default_matrix(tmp_path):
         *results.SIM_COLUMNS,
     ]
     assert set(df["run_id"]) == {"moe-prefill-sim"}
+    assert df[list(usage.COLUMNS)].isna().all().all()  # records without the wrapper's figures
     # One seed per client config and repeat, the same for every server config (docs/identity.md)
     assert list(df["seed"]) == [c.seed for c in cells]
     assert df.groupby(["client_id", "repeat"])["seed"].nunique().eq(1).all()

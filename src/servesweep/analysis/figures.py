@@ -45,7 +45,9 @@ GOODPUT_COLUMNS = (
 )
 
 
-CLIENT_COLUMNS = ("client_saturated",)  # loadgen.selfcheck.saturated against the config
+# loadgen.selfcheck.saturated against the config: the builtin's self-check, else the client
+# process's CPU% from outside (results.DERIVED's loadgen.usage columns)
+CLIENT_COLUMNS = ("client_saturated",)
 
 
 def tail_figures(details: RequestDetails | None) -> dict[str, float]:

@@ -19,7 +19,7 @@ from servesweep.config.schema import MIN_RETOKENIZED_RATIO, SaturationConfig, Sl
 from servesweep.core.errors import CellFailed
 from servesweep.core.files import atomic_open
 from servesweep.measure import isolation, provenance, validation
-from servesweep.measure.loadgen import selfcheck
+from servesweep.measure.loadgen import selfcheck, usage
 from servesweep.measure.records import BenchRecord, read_record
 from servesweep.serving import evidence
 
@@ -55,8 +55,10 @@ METRICS: dict[str, str] = {
     "client_loop_lag_max_ms": "client_loop_lag_max_ms",
     "client_gc_pause_ms": "client_gc_pause_ms",
 }
-# Figures derived from several record keys (docs/validation.md), after the METRICS columns.
-DERIVED = ("retokenized_ratio",)
+# Figures derived from several record keys, after the METRICS columns: the client process's
+# wall and CPU time measured from outside (loadgen.usage; either client), the re-tokenized
+# ratio (docs/validation.md).
+DERIVED = (*usage.COLUMNS, "retokenized_ratio")
 # Tail percentiles from the per-request details that the record does not hold already.
 TAIL_COLUMNS = tuple(c for c in figures.TAIL_COLUMNS if c not in METRICS)
 # Per-request, energy and SLO figures (servesweep.analysis.figures), after the GPU columns.
@@ -93,7 +95,9 @@ REQUIRED_KEYS = (
 )
 # The record keys collect_results reads (records are parsed with these only): the metrics, the
 # re-tokenized count and the per-request details (stats.REQUEST_KEYS).
-READ_KEYS = frozenset({*METRICS.values(), *REQUIRED_KEYS, "total_output_tokens_retokenized"})
+READ_KEYS = frozenset(
+    {*METRICS.values(), *REQUIRED_KEYS, "total_output_tokens_retokenized", usage.RECORD_KEY}
+)
 # GPU columns of results.csv: snapshot figures, then the sampled ones (cluster.gpusampling).
 GPU_COLUMNS = tuple(dict.fromkeys((*telemetry.GPU_FIGURES, *gpusampling.SAMPLE_FIGURES)))
 # Whether the server's radix cache was flushed before the cell (empty: not known, e.g. imported).
@@ -126,6 +130,7 @@ def record_metrics(record: BenchRecord | Mapping[str, Any]) -> dict[str, float |
         out.update(dict.fromkeys(ONE_TOKEN_BLANK, math.nan))
     retok = _number("total_output_tokens_retokenized", data.get("total_output_tokens_retokenized"))
     total = out["total_output_tokens"]
+    out.update(usage.columns(data.get(usage.RECORD_KEY)))
     out["retokenized_ratio"] = retok / total if total and not math.isnan(total) else math.nan
     return out
 
@@ -307,7 +312,8 @@ def role_gpus(cell: CellRepeat) -> tuple[int, int]:
 
 
 def _saturated(metrics: Mapping[str, Any], limits: SaturationConfig) -> float | bool:
-    """client_saturated of one cell-repeat: True/False, NaN without a self-check."""
+    """client_saturated of one cell-repeat (selfcheck.saturated: the builtin's in-window
+    self-check, else the whole-process CPU% from outside): True/False, NaN with neither."""
     flag = selfcheck.saturated(
         metrics, loop_lag_p99_ms=limits.loop_lag_p99_ms, cpu_pct=limits.cpu_pct
     )

@@ -36,7 +36,7 @@ from servesweep.core.errors import (
 )
 from servesweep.core.events import EventLog
 from servesweep.measure import isolation, loadgen, provenance, validation
-from servesweep.measure.loadgen import selfcheck
+from servesweep.measure.loadgen import selfcheck, usage
 from servesweep.measure.records import BenchRecord, read_record, write_record
 from servesweep.serving import evidence
 from servesweep.serving.engines import ROUTER_ROLE
@@ -136,9 +136,32 @@ def run_client(
     # SGLang reports its api_key in /server_info, which the record carries: masked.
     fields = json.loads(scrub(json.dumps(record.model_dump()), key))
     access = {"api_key": key is not None, **count.to_dict()}
+    process = client_usage(bench_log, cell=tag)
     return BenchRecord.model_validate(
-        {**fields, ISOLATION_KEY: alone.to_dict(), REQUESTS_KEY: access}
+        {
+            **fields,
+            ISOLATION_KEY: alone.to_dict(),
+            REQUESTS_KEY: access,
+            **({} if process is None else {usage.RECORD_KEY: process.to_dict()}),
+        }
     )
+
+
+def client_usage(bench_log: Path, *, cell: str) -> usage.ProcessUsage | None:
+    """The client process's figures the wrapper (loadgen.usage) printed into its bench log;
+    None, with a warning, when the line is missing or garbled (no figure is invented)."""
+    try:
+        text = bench_log.read_text(errors="replace")
+    except OSError as exc:
+        text, why = "", f"({exc.strerror or exc})"
+    else:
+        why = "(missing or garbled)"
+    found = usage.parse(text)
+    if found is None:
+        logger.warning(
+            "cell %s: no client process figures in bench log %s %s", cell, bench_log, why
+        )
+    return found
 
 
 def _entry_urls(state: ServerState) -> list[str]:
@@ -158,22 +181,25 @@ def client_launch(
     key: str | None = None,
 ) -> Launch:
     """The client of one cell (or warm-up) on the client node: the bench_serving or builtin
-    command line, its log and labels (`servesweep commands` prints it too); `key`: the
-    server's API key, given to the client in its environment (never in argv)."""
+    command line under the usage wrapper (loadgen.usage), its log and labels (`servesweep
+    commands` prints it too); `key`: the server's API key, given to the client in its
+    environment (never in argv)."""
     digest = hashlib.sha256(tag.encode()).hexdigest()[:12]
+    argv = loadgen.client_argv(
+        kind=exp.client.kind,
+        workload=workload,
+        base_url=base_url,
+        output_file=output_file,
+        tag=tag,
+        tokenizer=exp.client.tokenizer or exp.engine.model_path,
+        python=exp.engine.python,
+        sglang_version=exp.engine.version,
+    )
     return Launch(
         name=f"servesweep-{manager.owner.tag}-{exp.run_id}-client-{digest}",
         node=exp.cluster.nodes[0],
-        argv=loadgen.client_argv(
-            kind=exp.client.kind,
-            workload=workload,
-            base_url=base_url,
-            output_file=output_file,
-            tag=tag,
-            tokenizer=exp.client.tokenizer or exp.engine.model_path,
-            python=exp.engine.python,
-            sglang_version=exp.engine.version,
-        ),
+        # under the outside wrapper: wall and CPU time of either client, alike (loadgen.usage)
+        argv=usage.wrapped(argv, python=exp.engine.python),
         log_path=log_path,
         env=loadgen.client_env(exp.client.kind),
         labels=client_labels(exp=exp, manager=manager),
@@ -587,20 +613,28 @@ def run_cell(
 
 
 def _check_client(*, exp: Experiment, record: BenchRecord, cell: str, bench_log: Path) -> None:
-    """Warn when the builtin client's self-check says it was saturated (results.csv flags the
-    cell); with `client.saturation.invalid` the cell fails instead."""
+    """Warn when the client was saturated (selfcheck.saturated: the builtin's self-check, else
+    the whole-process CPU from outside; results.csv flags the cell); with
+    `client.saturation.invalid` the cell fails instead."""
     limits = exp.client.saturation
     extra = record.model_extra or {}
+    figures = {**extra, **usage.columns(extra.get(usage.RECORD_KEY))}
     if not selfcheck.saturated(
-        extra, loop_lag_p99_ms=limits.loop_lag_p99_ms, cpu_pct=limits.cpu_pct
+        figures, loop_lag_p99_ms=limits.loop_lag_p99_ms, cpu_pct=limits.cpu_pct
     ):
         return
-    text = (
-        f"cell {cell}: client saturated (event-loop lag p99 "
-        f"{extra.get('client_loop_lag_p99_ms', math.nan):.1f} ms, limit "
-        f"{limits.loop_lag_p99_ms:g}; CPU {extra.get('client_cpu_pct', math.nan):.0f}% of a "
-        f"core, limit {limits.cpu_pct:g}); bench log {bench_log}"
-    )
+    if selfcheck.has_selfcheck(figures):
+        why = (
+            f"event-loop lag p99 {extra.get('client_loop_lag_p99_ms', math.nan):.1f} ms, limit "
+            f"{limits.loop_lag_p99_ms:g}; CPU {extra.get('client_cpu_pct', math.nan):.0f}% of a "
+            f"core, limit {limits.cpu_pct:g}"
+        )
+    else:
+        why = (
+            f"whole-process CPU {figures[usage.CPU_PCT_COLUMN]:.0f}% of a core, limit "
+            f"{limits.cpu_pct:g}"
+        )
+    text = f"cell {cell}: client saturated ({why}); bench log {bench_log}"
     if limits.invalid:
         raise ClientError(text)
     logger.warning("%s", text)
