@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 from pathlib import Path
@@ -287,4 +288,11 @@ def test_bench_serving_client_runs_in_the_image(
     assert record["completed"] == 8 and record["total_input_tokens"] == 8 * 2048
     bench_log = run_dir / "bench" / raw.relative_to(run_dir / "raw").with_suffix(".log")
     assert "Serving Benchmark Result" in bench_log.read_text()
-    assert len(pd.read_csv(run_dir / "results.csv")) == 1
+    # the wrapper's figures of bench_serving's process, measured from outside (loadgen.usage)
+    assert bench_log.read_text().splitlines()[-1].startswith("servesweep-client-usage: ")
+    assert record["servesweep_client_process"]["returncode"] == 0
+    [row] = pd.read_csv(run_dir / "results.csv").to_dict("records")
+    assert row["client_process_wall_s"] > 0 and row["client_process_cpu_s"] > 0
+    assert 0 < row["client_process_cpu_pct"] <= 100 * os.cpu_count()
+    assert math.isnan(row["client_cpu_pct"])  # bench_serving has no in-window self-check
+    assert row["client_saturated"] == (row["client_process_cpu_pct"] >= 90)

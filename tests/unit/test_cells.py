@@ -16,19 +16,24 @@ from servesweep.cluster.telemetry import read_snapshot
 from servesweep.config.load import load_experiment
 from servesweep.config.matrix import cell_repeats, image_key, workload_key
 from servesweep.config.paths import RunPaths
-from servesweep.core.errors import CellFailed, ConfigError, PreflightFailed
+from servesweep.config.schema import SaturationConfig
+from servesweep.core.errors import CellFailed, ClientError, ConfigError, PreflightFailed
 from servesweep.core.events import read_events
 from servesweep.measure import provenance
 from servesweep.measure.cells import (
+    _check_client,
     check_prerequisites,
     client_timeout,
+    client_usage,
     run_cell,
     server_lock,
     warn_gpu_gaps,
 )
-from servesweep.measure.records import read_record
+from servesweep.measure.loadgen import usage
+from servesweep.measure.records import BenchRecord, read_record
 from servesweep.serving.servers import ServerManager
 from tests.helpers import DEFAULT_CONFIG, deep_update, free_port
+from tests.support.runs import REC_0523
 
 # Modules the cell job (servesweep.workflow.jobs, scripts/run_cell.py) must not import: every
 # cell-repeat's process pays them; paramiko loads only for SSH clusters (servesweep.cluster.ssh) and
@@ -74,6 +79,10 @@ def test_valid_cell_writes_record_and_gpu_snapshot(tmp_path: Path) -> None:
     assert set(phases[4:]) == {"sample"} and len(phases) > 4  # the sim's curve during the client
     assert {row["status"] for row in gpu[4:]} == {"simulated"}
     assert "nvidia-smi" in gpu[0]["detail"]
+    # the wrapper's figures of the client process, from the last line of its bench log
+    process = (record.model_extra or {})[usage.RECORD_KEY]
+    assert process["returncode"] == 0 and process["wall_s"] > 0 and process["cpu_user_s"] > 0
+    assert paths.bench_log(cell).read_text().splitlines()[-1].startswith(usage.MARK)
     done = [f for _, e, f in read_events(paths.orchestrator_log) if e == "cell-done"]
     assert done[0]["cell"] == cell.key and float(done[0]["client_seconds"]) > 0
     assert not list(paths.raw(cell).parent.glob(".*")), "no temp file left"
@@ -91,6 +100,45 @@ def test_invalid_record_leaves_no_raw_file(tmp_path: Path) -> None:
     assert not paths.raw(cell).exists() and not paths.gpu(cell).exists()
     assert paths.bench_log(cell).exists()
     assert [e for _, e, _ in read_events(paths.orchestrator_log)].count("cell-failed") == 1
+
+
+def test_a_missing_or_garbled_usage_line_is_one_warning_and_no_figures(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    log = tmp_path / "r1.log"
+    line = {"wall_s": 2, "cpu_user_s": 1, "cpu_sys_s": 0, "max_rss_kb": 1, "returncode": 0}
+    log.write_text(f"output\n{usage.MARK}{json.dumps(line)}\n")
+    with caplog.at_level("WARNING"):
+        assert client_usage(log, cell="c") == usage.ProcessUsage(**line)
+        assert not caplog.records
+        for text in ("output\n", f"{usage.MARK}{{garbled\n"):
+            log.write_text(text)
+            assert client_usage(log, cell="c") is None
+        assert client_usage(tmp_path / "absent.log", cell="c") is None
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 3 and all("no client process figures" in w for w in warned)
+
+
+def test_a_bench_serving_cell_is_saturated_by_its_whole_process_cpu(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    exp = _setup(tmp_path)[0]
+    bench = json.loads(REC_0523.read_text())  # no self-check
+    hot = {"wall_s": 10, "cpu_user_s": 9, "cpu_sys_s": 0.5, "max_rss_kb": 1, "returncode": 0}
+    record = BenchRecord.model_validate({**bench, usage.RECORD_KEY: hot})
+    log = tmp_path / "r1.log"
+    with caplog.at_level("WARNING"):
+        _check_client(exp=exp, record=record, cell="c", bench_log=log)
+    assert "whole-process CPU 95% of a core, limit 90" in caplog.text
+    strict = exp.model_copy(
+        update={
+            "client": exp.client.model_copy(update={"saturation": SaturationConfig(invalid=True)})
+        }
+    )
+    with pytest.raises(ClientError, match="cell c: client saturated"):
+        _check_client(exp=strict, record=record, cell="c", bench_log=log)
+    cool = BenchRecord.model_validate({**bench, usage.RECORD_KEY: {**hot, "cpu_user_s": 5}})
+    _check_client(exp=strict, record=cool, cell="c", bench_log=log)  # 55%: passes
 
 
 def test_client_timeout_scales_with_waves(tmp_path: Path) -> None:

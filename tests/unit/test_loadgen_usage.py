@@ -68,6 +68,7 @@ def test_child_gets_the_environment_and_the_client_argv_unchanged():
     argv = usage.wrapped(["py", "-m", "x", "--flag"], python="python3")
     assert argv[:2] == ["python3", "-c"] and argv[3:] == ["py", "-m", "x", "--flag"]
     assert "servesweep" not in argv[2].replace(usage.MARK, "")  # SGLang's image lacks it
+    assert "'" not in argv[2] and "\n" not in argv[2]  # one plainly quoted line in commands.sh
 
 
 def _start_child_reporting_pid(tmp_path: Path) -> tuple[subprocess.Popen[str], int]:

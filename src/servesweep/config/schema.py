@@ -300,8 +300,9 @@ class Workload(Strict):
 
 
 class SaturationConfig(Strict):
-    """When the builtin client's self-check calls its cell client-saturated (not the server's
-    figures): event-loop lag p99 or CPU above these; `invalid` fails such a cell."""
+    """When a cell's client counts as saturated (not the server's figures): the builtin's
+    self-check with event-loop lag p99 or CPU above these; bench_serving (no self-check) with
+    its whole-process CPU at or above `cpu_pct`; `invalid` fails such a cell."""
 
     loop_lag_p99_ms: float = Field(default=5.0, gt=0)
     cpu_pct: float = Field(default=90.0, gt=0)

@@ -98,10 +98,10 @@ def saturated(figures: Mapping[str, Any], *, loop_lag_p99_ms: float, cpu_pct: fl
     """Whether a client was saturated (config client.saturation): with the builtin's self-check,
     its in-window lag p99 or CPU above a limit; without one (bench_serving), the whole-process
     CPU measured from outside (CPU_PCT_COLUMN) at or above `cpu_pct`. That figure also
-    covers the start-up (imports, tokenizer load, prompt generation), which runs near one core
-    too, so it is not below the window's own CPU% unless the start-up idled: a saturated window
-    is flagged; a long start-up may flag a window just under the limit (docs/energy.md). None
-    without either figure."""
+    covers the start-up (imports, tokenizer load, prompt generation), which is mostly CPU-bound
+    too: a process that busy on average was CPU-bound while measuring as well, and a saturated
+    window is not averaged away unless the start-up idled; a long start-up may flag a window
+    just under the limit (docs/energy.md). None without either figure."""
     if has_selfcheck(figures):
         lag = float(figures.get("client_loop_lag_p99_ms", math.nan))
         cpu = float(figures.get("client_cpu_pct", math.nan))

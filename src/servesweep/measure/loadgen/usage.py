@@ -21,12 +21,12 @@ COLUMNS = ("client_process_wall_s", "client_process_cpu_s", CPU_PCT_COLUMN)
 # SIGTERM and SIGINT to it (a stopped job leaves no client behind: isolation.stop_clients
 # signals the top labelled process, the docker runtime removes the whole container), waits
 # (os.wait4: the child's rusage, its waited-for children included), prints MARK and the
-# figures, and exits with the child's code (128 + N for signal N). One line: commands.sh keeps
-# one line per command.
+# figures, and exits with the child's code (128 + N for signal N). One line without single
+# quotes: commands.sh keeps one line per command, quoted plainly.
 WRAPPER = ";".join(
     [
         "import json,os,signal,subprocess,sys,time",
-        "d=getattr(__import__('ctypes').CDLL(None),'prctl',None)",
+        'd=getattr(__import__("ctypes").CDLL(None),"prctl",None)',
         "t=time.monotonic()",
         "p=subprocess.Popen(sys.argv[1:],preexec_fn=d and (lambda:d(1,9)))",
         "r=[]",
@@ -36,8 +36,8 @@ WRAPPER = ";".join(
         "r.append(1)",
         "w=os.waitstatus_to_exitcode(w)",
         "p.returncode=c=128-w if w<0 else w",
-        f"sys.stderr.write({MARK!r}+json.dumps(dict(wall_s=time.monotonic()-t,"
-        "cpu_user_s=u.ru_utime,cpu_sys_s=u.ru_stime,max_rss_kb=u.ru_maxrss,returncode=c))+'\\n')",
+        f"sys.stderr.write({json.dumps(MARK)}+json.dumps(dict(wall_s=time.monotonic()-t,"
+        'cpu_user_s=u.ru_utime,cpu_sys_s=u.ru_stime,max_rss_kb=u.ru_maxrss,returncode=c))+"\\n")',
         "sys.exit(c)",
     ]
 )
