@@ -75,7 +75,7 @@ def test_real_records_import_with_a_record_field_axis(tmp_path, capsys):
     lines = (REAL / "datacrunch-llama-405b-online.jsonl").read_text().splitlines()
     assert sorted(df["request_rate"]) == sorted(json.loads(x)["request_rate"] for x in lines)
     assert df.groupby("client_id")["repeat"].max().max() == 2  # same rate twice: repeats 1, 2
-    derived = list(df.columns).index(DERIVED[0])
+    derived = list(df.columns).index(DERIVED[-1])
     assert list(df.columns[derived + 1 :]) == [
         *GPU_COLUMNS,
         *FIGURE_COLUMNS,
@@ -87,6 +87,7 @@ def test_real_records_import_with_a_record_field_axis(tmp_path, capsys):
         json.loads(raw.read_text(), parse_constant=pytest.fail)
     assert df["retokenized_ratio"].between(0.98, 1).all() and (df["retokenized_ratio"] < 1).all()
     assert all(c in df.columns for c in METRICS)
+    assert df[["client_process_cpu_pct", "client_saturated"]].isna().all().all()  # no figures
     summary = json.loads((tmp_path / "results" / "real" / "summary.json").read_text())
     assert summary["imported"]["records"] == 6 and len(summary["imported"]["rejected"]) == 1
 

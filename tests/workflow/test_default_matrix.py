@@ -84,6 +84,9 @@ def test_results_and_summary(run_dir: Path) -> None:
     # energy from the sim's simulated power curve, marked so, never passed off as measured
     assert set(df["gpu_source"]) == {"simulated"}
     assert (df["gpu_energy_j"] > 0).all() and (df["gpu_power_mean_w"] > 0).all()
+    # the builtin's process measured from outside too (loadgen.usage), start-up included
+    assert (df["client_process_cpu_s"] > 0).all()
+    assert (df["client_process_wall_s"] > df["duration_s"]).all()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert len(summary["cells"]) == 8
     assert summary["deltas"], "flashinfer_mxfp4 vs marlin deltas"
