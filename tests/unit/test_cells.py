@@ -23,12 +23,11 @@ from servesweep.measure import provenance
 from servesweep.measure.cells import (
     _check_client,
     check_prerequisites,
-    client_timeout,
-    client_usage,
     run_cell,
     server_lock,
     warn_gpu_gaps,
 )
+from servesweep.measure.client import client_timeout, client_usage
 from servesweep.measure.loadgen import usage
 from servesweep.measure.records import BenchRecord, read_record
 from servesweep.serving.servers import ServerManager
@@ -245,7 +244,7 @@ def test_cell_job_imports_no_heavy_modules() -> None:
 
 
 def test_a_client_enospc_is_named_not_just_its_exit_status(tmp_path: Path) -> None:
-    from servesweep.measure.cells import _client_cause
+    from servesweep.measure.client import _client_cause
 
     log = tmp_path / "r1.log"
     log.write_text("start\nOSError: [Errno 28] No space left on device: '/tmp/x.jsonl'\n")

@@ -17,7 +17,8 @@ from servesweep.config.matrix import cell_repeats, server_specs
 from servesweep.config.paths import RunPaths
 from servesweep.config.schema import MIN_RETOKENIZED_RATIO
 from servesweep.core.errors import ConfigError, ServesweepError
-from servesweep.measure.cells import client_launch, run_warmup
+from servesweep.measure.cells import run_warmup
+from servesweep.measure.client import client_launch
 from servesweep.serving.engines import base_url, check_experiment
 from servesweep.serving.servers import (
     ServerManager,
