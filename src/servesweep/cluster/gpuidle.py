@@ -87,3 +87,11 @@ def split_probe(output: str) -> tuple[str, str]:
     """(GPU csv, apps csv) of `probe_command`'s output."""
     gpu, _, apps = output.partition(SEPARATOR)
     return gpu, apps
+
+
+def judge_probe(
+    node: str, output: str, *, expected: int, max_used_mib: float
+) -> tuple[int, str | None]:
+    """(GPUs seen, busy_reason) of `probe_command`'s output on `node`."""
+    states = parse(*split_probe(output))
+    return len(states), busy_reason(node, states, expected=expected, max_used_mib=max_used_mib)

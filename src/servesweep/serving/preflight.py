@@ -54,16 +54,15 @@ def gpus_idle(*, exp: Experiment, manager: ServerManager) -> list[dict[str, Any]
         res = manager.transport.run(node, gpuidle.probe_command(), timeout=PROBE_TIMEOUT_S)
         if not res.ok:
             raise PreflightFailed(f"node {node}: nvidia-smi failed: {res.stderr.strip()[:200]}")
-        states = gpuidle.parse(*gpuidle.split_probe(res.stdout))
-        reason = gpuidle.busy_reason(
+        count, reason = gpuidle.judge_probe(
             node,
-            states,
+            res.stdout,
             expected=exp.cluster.gpus_per_node,
             max_used_mib=exp.preflight.gpu_idle_max_memory_mib,
         )
         if reason is not None:
             raise PreflightFailed(reason)
-        out.append({"node": node, "gpus": len(states), "idle": True})
+        out.append({"node": node, "gpus": count, "idle": True})
     return out
 
 

@@ -95,16 +95,15 @@ def check_gpus(exp: Experiment, manager: ServerManager, node: str) -> Check:
     ok, out = _run(manager, node, gpuidle.probe_command())
     if not ok:
         return Check(node, "gpus", "fail", f"nvidia-smi failed: {out[:120]}")
-    states = gpuidle.parse(*gpuidle.split_probe(out))
-    reason = gpuidle.busy_reason(
+    count, reason = gpuidle.judge_probe(
         node,
-        states,
+        out,
         expected=exp.cluster.gpus_per_node,
         max_used_mib=exp.preflight.gpu_idle_max_memory_mib,
     )
     if reason is not None:
         return Check(node, "gpus", "fail", reason.removeprefix(f"node {node}: "))
-    return Check(node, "gpus", "ok", f"{len(states)} idle")
+    return Check(node, "gpus", "ok", f"{count} idle")
 
 
 def check_ib(exp: Experiment, manager: ServerManager, node: str) -> Check:
