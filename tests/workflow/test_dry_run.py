@@ -22,3 +22,15 @@ def test_dry_run_ends_with_the_plan_line(tmp_path: Path) -> None:
     # A real run parses the same Snakefile: no plan line there (checked without running one).
     proc = run_snakemake(tmp_path, "--cores", "1", "--unlock", env=env)
     assert proc.returncode == 0 and "servesweep plan:" not in proc.stdout + proc.stderr
+
+
+def test_lint_finds_only_the_documented_software_lint(tmp_path: Path) -> None:
+    """`snakemake --lint` names nothing but the per-rule conda/container lint, which is
+    intended (docs/architecture.md, "snakemake --lint")."""
+    proc = run_snakemake(tmp_path, "--lint", env={"RUN_ID": "lint"})
+    lints = {
+        line.strip()
+        for line in (proc.stdout + proc.stderr).splitlines()
+        if line.strip().startswith("* ")
+    }
+    assert lints == {"* Specify a conda environment or container for each rule.:"}, lints
