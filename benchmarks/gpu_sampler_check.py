@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from servesweep.analysis import gpufigures
 from servesweep.cluster import gpusampling
 from servesweep.cluster.transport import LocalTransport
 from servesweep.core.files import write_text_atomic
@@ -48,7 +49,7 @@ def matmul_load(seconds: float, *, size: int = 8192) -> int:
 
 def phase_figures(rows: list[dict], start: float, end: float) -> dict:
     """The sampler's figures over one phase."""
-    figures = gpusampling.sample_figures(rows + gpusampling.window_rows(start, end))
+    figures = gpufigures.sample_figures(rows + gpusampling.window_rows(start, end))
     keep = ("gpu_energy_j", "gpu_power_mean_w", "gpu_power_peak_w", "gpu_util_mean_pct")
     return {k: figures[k] for k in (*keep, "gpu_samples", "gpu_mem_used_peak_mib")}
 

@@ -1,4 +1,5 @@
-"""Tests of cluster.gpusampling: loop parsing, trapezoid energy over a recorded H200 series,
+"""Tests of cluster.gpusampling and analysis.gpufigures: loop parsing, trapezoid energy over a
+recorded H200 series,
 the sampler over a fake looping nvidia-smi, the simulated curve, and a real-GPU capture."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from servesweep.analysis import gpufigures
 from servesweep.cluster import gpusampling, telemetry
 from servesweep.cluster.transport import CommandResult, LocalTransport
 
@@ -45,7 +47,7 @@ def test_energy_is_the_hand_computed_trapezoid_over_the_recorded_capture():
     # 0.500*(691.33+691.69)/2 + 0.501*(691.69+692.36)/2 + 0.501*(692.36+692.40)/2
     hand = 0.500 * 691.51 + 0.501 * 692.025 + 0.501 * 692.38
     rows = series_rows() + window("2026/12/01 14:13:56.016", "2026/12/01 14:13:57.518")
-    figures = gpusampling.sample_figures(rows)
+    figures = gpufigures.sample_figures(rows)
     assert figures["gpu_energy_j"] == pytest.approx(hand, abs=1e-3)  # epoch floats: ~1e-7 s
     assert figures["gpu_energy_j"] == pytest.approx(1039.341905, abs=1e-3)
     assert figures["gpu_power_mean_w"] == pytest.approx(hand / 1.502, rel=1e-6)
@@ -59,7 +61,7 @@ def test_energy_is_the_hand_computed_trapezoid_over_the_recorded_capture():
 def test_window_edges_between_samples_are_interpolated():
     # half-way between 56.016 (691.33 W) and 56.516 (691.69 W), to 56.516: 0.25 s
     rows = series_rows() + window("2026/12/01 14:13:56.266", "2026/12/01 14:13:56.516")
-    figures = gpusampling.sample_figures(rows)
+    figures = gpufigures.sample_figures(rows)
     assert figures["gpu_energy_j"] == pytest.approx(0.25 * (691.51 + 691.69) / 2, rel=1e-6)
 
 
@@ -71,14 +73,14 @@ def test_a_window_between_two_samples_has_a_peak_at_least_its_mean():
         loaded | {"timestamp": "2026/12/01 14:14:01.000", "power_draw_w": 700.0},
         *window("2026/12/01 14:14:00.400", "2026/12/01 14:14:00.600"),
     ]
-    figures = gpusampling.sample_figures(rows)
+    figures = gpufigures.sample_figures(rows)
     assert figures["gpu_power_mean_w"] == pytest.approx(400.0, rel=1e-6)
     assert figures["gpu_power_peak_w"] == pytest.approx(460.0, rel=1e-6)  # the 0.6 s edge
     assert figures["gpu_samples"] == 0
 
 
 def test_whole_series_idle_load_idle():
-    figures = gpusampling.sample_figures(series_rows())
+    figures = gpufigures.sample_figures(series_rows())
     assert 79 < figures["gpu_power_mean_w"] < 692
     assert figures["gpu_power_peak_w"] > 690
     assert figures["gpu_samples"] == 94
@@ -89,9 +91,9 @@ def test_per_node_power_sums_gpus_and_nodes():
     two_gpus = [r | {"index": 1.0} for r in a]
     interleaved = [r for pair in zip(a, two_gpus, strict=True) for r in pair]
     rows = interleaved + b + window("2026/12/01 14:13:56.016", "2026/12/01 14:13:57.518")
-    one = gpusampling.sample_figures(series_rows() + window(
+    one = gpufigures.sample_figures(series_rows() + window(
         "2026/12/01 14:13:56.016", "2026/12/01 14:13:57.518"))  # fmt: skip
-    figures = gpusampling.sample_figures(rows)
+    figures = gpufigures.sample_figures(rows)
     assert figures["gpu_energy_j"] == pytest.approx(3 * one["gpu_energy_j"])
     assert figures["gpu_power_peak_w"] == pytest.approx(3 * 692.40)
     assert figures["gpu_node_power_w"].startswith("a=1383.")
@@ -103,10 +105,10 @@ def test_node_without_nvidia_smi_gives_no_number():
         {"node": "n1", "phase": "sample", "status": "unavailable", "detail": "not found"},
         *window("2026/12/01 14:13:56.016", "2026/12/01 14:13:57.518"),
     ]
-    figures = gpusampling.sample_figures(rows)
+    figures = gpufigures.sample_figures(rows)
     assert figures["gpu_source"] == "unavailable"
     assert math.isnan(figures["gpu_energy_j"]) and math.isnan(figures["gpu_power_mean_w"])
-    partial = gpusampling.sample_figures(rows + series_rows("n2"))
+    partial = gpufigures.sample_figures(rows + series_rows("n2"))
     assert partial["gpu_source"] == "partial"
     assert partial["gpu_energy_j"] == pytest.approx(1039.341905, abs=1e-3)
 
@@ -242,7 +244,7 @@ def test_simulated_curve_follows_the_load(monkeypatch):
     assert power[0] == pytest.approx(gpusampling.SIM_IDLE_W)
     assert power[1] > 600 and power[2] == power[0]
     assert {r["status"] for r in sampler.rows} == {"simulated"}
-    assert gpusampling.sample_figures(sampler.rows)["gpu_source"] == "simulated"
+    assert gpufigures.sample_figures(sampler.rows)["gpu_source"] == "simulated"
 
 
 def test_real_gpu_capture_rises_and_falls_with_the_load():

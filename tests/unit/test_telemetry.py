@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from servesweep.analysis import gpufigures
 from servesweep.cluster import telemetry
 from servesweep.cluster.transport import CommandResult, LocalTransport
 
@@ -237,7 +238,7 @@ def test_mixed_nodes_and_round_trip(tmp_path):
         telemetry.snapshot_frame(telemetry.read_snapshot(again)), telemetry.snapshot_frame(both)
     )
 
-    figures = telemetry.gpu_figures(back)
+    figures = gpufigures.snapshot_figures(back)
     assert figures["gpu_status"] == "partial"
     assert figures["gpu_count"] == 8
 
@@ -246,7 +247,7 @@ def test_gpu_figures_over_before_and_after():
     meta = {"node": "a", "status": "ok"}
     idle = [{**r, **meta, "phase": "before"} for r in telemetry.parse_noheader(IDLE_8.read_text())]
     load = [{**r, **meta, "phase": "after"} for r in telemetry.parse_noheader(LOAD_8.read_text())]
-    figures = telemetry.gpu_figures(idle + load)
+    figures = gpufigures.snapshot_figures(idle + load)
     assert figures == {
         "gpu_count": 8,
         "gpu_mem_used_peak_mib": 21491.0,
@@ -255,10 +256,10 @@ def test_gpu_figures_over_before_and_after():
         "gpu_status": "ok",
     }
     # The utilisation figure is of the after phase only.
-    idle_only = telemetry.gpu_figures(idle)
+    idle_only = gpufigures.snapshot_figures(idle)
     assert idle_only["gpu_mem_used_peak_mib"] == 0
     assert math.isnan(idle_only["gpu_util_mean_pct"])
-    assert list(figures) == list(telemetry.GPU_FIGURES)
+    assert list(figures) == list(gpufigures.GPU_FIGURES)
 
 
 def test_gpu_figures_unavailable_are_nan():
@@ -266,10 +267,10 @@ def test_gpu_figures_unavailable_are_nan():
         CommandResult("local", "nvidia-smi", 127, "", "sh: 1: nvidia-smi: not found"),
         phase="before",
     )
-    figures = telemetry.gpu_figures(rows)
+    figures = gpufigures.snapshot_figures(rows)
     assert figures["gpu_status"] == "unavailable"
-    assert all(math.isnan(figures[k]) for k in telemetry.GPU_FIGURES if k != "gpu_status")
-    assert telemetry.gpu_figures([])["gpu_status"] == "unavailable"
+    assert all(math.isnan(figures[k]) for k in gpufigures.GPU_FIGURES if k != "gpu_status")
+    assert gpufigures.snapshot_figures([])["gpu_status"] == "unavailable"
 
 
 def test_node_rows_empty_or_unparsable_output():
@@ -319,7 +320,7 @@ def test_parse_snapshot_types_ok_unavailable_and_na_values():
     assert gone["detail"] == "nvidia-smi not found on node b"
     assert gone["uuid"] is None and gone["pstate"] is None
     assert all(math.isnan(gone[c]) for c in ("index", "memory_used_mib", "power_draw_w"))
-    figures = telemetry.gpu_figures(rows)
+    figures = gpufigures.snapshot_figures(rows)
     assert figures["gpu_status"] == "partial" and figures["gpu_count"] == 1
     assert figures["gpu_power_peak_w"] == ok["power_draw_w"]  # the NaN one left out
 
@@ -366,5 +367,5 @@ def test_gpu_figures_of_frame_records_with_missing_values():
     rows = telemetry.node_rows(CommandResult("n", "c", 0, IDLE_8.read_text(), ""), phase="after")
     rows += telemetry.node_rows(CommandResult("m", "c", 127, "", "not found"), phase="after")
     records = telemetry.snapshot_frame(rows).to_dict("records")  # pd.NA where missing
-    assert telemetry.gpu_figures(records) == telemetry.gpu_figures(rows)
-    assert telemetry.gpu_figures(records)["gpu_count"] == 8
+    assert gpufigures.snapshot_figures(records) == gpufigures.snapshot_figures(rows)
+    assert gpufigures.snapshot_figures(records)["gpu_count"] == 8

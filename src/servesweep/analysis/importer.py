@@ -14,11 +14,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from servesweep.analysis import figures, stats
+from servesweep.analysis.gpufigures import gpu_figures
 from servesweep.analysis.results import (
     INTEGER_METRICS,
     TAIL_COLUMNS,
     engine_figures,
-    gpu_figures,
     record_metrics,
     request_table,
     result_columns,

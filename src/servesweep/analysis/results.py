@@ -13,7 +13,8 @@ import pandas as pd
 from pydantic import ValidationError
 
 from servesweep.analysis import figures, stats
-from servesweep.cluster import gpusampling, telemetry
+from servesweep.analysis.gpufigures import GPU_COLUMNS, gpu_figures
+from servesweep.cluster import telemetry
 from servesweep.config.matrix import CellRepeat
 from servesweep.config.schema import MIN_RETOKENIZED_RATIO, SaturationConfig, SloConfig
 from servesweep.core.errors import CellFailed
@@ -98,8 +99,6 @@ REQUIRED_KEYS = (
 READ_KEYS = frozenset(
     {*METRICS.values(), *REQUIRED_KEYS, "total_output_tokens_retokenized", usage.RECORD_KEY}
 )
-# GPU columns of results.csv: snapshot figures, then the sampled ones (cluster.gpusampling).
-GPU_COLUMNS = tuple(dict.fromkeys((*telemetry.GPU_FIGURES, *gpusampling.SAMPLE_FIGURES)))
 # Whether the server's radix cache was flushed before the cell (empty: not known, e.g. imported).
 HYGIENE_COLUMNS = ("cache_flushed",)
 ID_COLUMNS = ("run_id", "server_id", "client_id", "repeat", "seed", "fingerprint", "pool")
@@ -261,20 +260,6 @@ def cell_gpu(path: Path, *, cell: CellRepeat) -> dict[str, Any]:
     if found["gpu_status"] == telemetry.STATUS_INCOMPLETE:
         log.warning("cell %s: GPU snapshot %s lacks before or after rows", cell.key, path)
     return found
-
-
-def gpu_figures(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """GPU_COLUMNS of one GPU file: count and status from the snapshots (`incomplete` when a
-    node's before and after rows do not pair up); power, memory and utilisation from the loop
-    samples over the measured window (the snapshots' where a file has no samples, e.g. one
-    written before sampling existed)."""
-    snapshot = telemetry.cell_figures(rows)
-    samples = gpusampling.sample_figures(rows)
-    # a file written before sampling existed: its snapshots give these figures
-    if not any(r.get("phase") == telemetry.PHASE_SAMPLE for r in rows):
-        kept = ("gpu_power_peak_w", "gpu_mem_used_peak_mib", "gpu_util_mean_pct")
-        samples.update({k: snapshot[k] for k in kept})
-    return {col: samples.get(col, snapshot.get(col)) for col in GPU_COLUMNS}
 
 
 def _axis_names(axes: Iterable[Mapping[str, Any]]) -> list[str]:

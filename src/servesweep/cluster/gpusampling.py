@@ -1,16 +1,15 @@
-"""GPU samples during a cell: nvidia-smi loops on every node, the sim's curve, energy figures."""
+"""GPU samples during a cell: nvidia-smi loops on every node and the sim's power curve."""
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import shlex
 import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -46,11 +45,6 @@ SAMPLE_FIELDS: tuple[str, ...] = (
 )
 # nvidia-smi's timestamp; the loop runs with TZ=UTC, so it is UTC.
 TIMESTAMP_FORMAT = "%Y/%m/%d %H:%M:%S.%f"
-# gpu_source values in results.csv.
-SOURCE_MEASURED = "measured"
-SOURCE_SIMULATED = "simulated"
-SOURCE_PARTIAL = "partial"
-SOURCE_UNAVAILABLE = "unavailable"
 # The simulated curve: idle and loaded power of the recorded H200 series (79 W, 692 W, limit
 # 700 W); busy = 1 - 0.5**requests held (a monotone curve of the load, not a power model).
 SIM_IDLE_W = 79.3
@@ -58,17 +52,6 @@ SIM_LOADED_W = 691.9
 SIM_LIMIT_W = 700.0
 SIM_MIN_INTERVAL_S = 0.02
 STOP_TIMEOUT_S = 60.0
-# Figures from the samples over the measured window (results.csv columns).
-SAMPLE_FIGURES = (
-    "gpu_energy_j",
-    "gpu_power_mean_w",
-    "gpu_power_peak_w",
-    "gpu_mem_used_peak_mib",
-    "gpu_util_mean_pct",
-    "gpu_samples",
-    "gpu_node_power_w",
-    "gpu_source",
-)
 
 
 def format_timestamp(epoch_s: float) -> str:
@@ -121,7 +104,7 @@ def parse_loop_output(text: str, *, node: str) -> list[dict[str, Any]]:
     meta = {"node": node, "phase": PHASE_SAMPLE, "status": telemetry.STATUS_OK, "detail": ""}
     gpus = telemetry.parse_noheader("".join(lines), fields=SAMPLE_FIELDS)
     for gpu in gpus:
-        parse_timestamp(_text(gpu.get("timestamp")))
+        parse_timestamp(telemetry.text_of(gpu.get("timestamp")))
     return [{**meta, **gpu} for gpu in gpus]
 
 
@@ -285,142 +268,3 @@ def window_rows(start_s: float, end_s: float) -> list[dict[str, Any]]:
         {"phase": PHASE_WINDOW_START, "timestamp": format_timestamp(start_s), "detail": ""},
         {"phase": PHASE_WINDOW_END, "timestamp": format_timestamp(end_s), "detail": ""},
     ]
-
-
-# ---------------------------------------------------------------- figures
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else ""
-
-
-def _num(value: Any) -> float:
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return math.nan
-    return out
-
-
-def measured_window(rows: Iterable[Mapping[str, Any]]) -> tuple[float, float] | None:
-    """The client's measured window recorded in a GPU file, or None."""
-    found = {_text(r.get("phase")): _text(r.get("timestamp")) for r in rows}
-    if not found.get(PHASE_WINDOW_START) or not found.get(PHASE_WINDOW_END):
-        return None
-    return parse_timestamp(found[PHASE_WINDOW_START]), parse_timestamp(found[PHASE_WINDOW_END])
-
-
-def _interp(a: tuple[float, float], b: tuple[float, float], t: float) -> float:
-    (ta, va), (tb, vb) = a, b
-    return va if tb == ta else va + (vb - va) * (t - ta) / (tb - ta)
-
-
-def clip_series(
-    points: Sequence[tuple[float, float]], window: tuple[float, float] | None
-) -> list[tuple[float, float]]:
-    """(time, value) points inside the window, with values linearly interpolated at each
-    window edge that lies between two samples (an edge outside the samples is not invented)."""
-    pts = sorted((t, v) for t, v in points if not math.isnan(v))
-    if window is None:
-        return pts
-    t0, t1 = window
-    inside = [(t, v) for t, v in pts if t0 <= t <= t1]
-    before = [p for p in pts if p[0] < t0]
-    after = [p for p in pts if p[0] > t1]
-    if before and (inside or after) and not (inside and inside[0][0] == t0):
-        nxt = inside[0] if inside else after[0]
-        inside.insert(0, (t0, _interp(before[-1], nxt, t0)))
-    if after and (inside or before) and not (inside and inside[-1][0] == t1):
-        prev = inside[-1] if inside else before[-1]
-        inside.append((t1, _interp(prev, after[0], t1)))
-    return inside
-
-
-def trapezoid(points: Sequence[tuple[float, float]]) -> float:
-    """The integral of sorted (time, value) points by the trapezoid rule (0 for one point)."""
-    return math.fsum(
-        (tb - ta) * (va + vb) / 2 for (ta, va), (tb, vb) in zip(points, points[1:], strict=False)
-    )
-
-
-def _source(statuses: set[str]) -> str:
-    good = statuses & {telemetry.STATUS_OK, STATUS_SIMULATED}
-    if not good:
-        return SOURCE_UNAVAILABLE
-    if telemetry.STATUS_UNAVAILABLE in statuses:
-        return SOURCE_PARTIAL
-    return SOURCE_SIMULATED if STATUS_SIMULATED in statuses else SOURCE_MEASURED
-
-
-def sample_figures(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """Figures of the samples in a GPU file over its measured window (all samples without one).
-
-    Per GPU: energy = trapezoid of power over the window, mean power = energy / span. Per
-    node: mean = sum of its GPUs' means, peak = highest sum over one loop tick or window edge
-    (interpolated, as the mean uses them). Total: sums over nodes (the peak is the sum of node
-    peaks: nodes are not sampled in lockstep). Peak memory and mean SM utilisation over the
-    samples in the window. NaN where no sample."""
-    rows = list(rows)
-    window = measured_window(rows)
-    samples = [r for r in rows if _text(r.get("phase")) == PHASE_SAMPLE]
-    out: dict[str, Any] = dict.fromkeys(SAMPLE_FIGURES, math.nan)
-    out["gpu_samples"] = 0
-    out["gpu_source"] = _source({_text(r.get("status")) for r in samples})
-    good = [r for r in samples if _text(r.get("status")) in (telemetry.STATUS_OK, STATUS_SIMULATED)]
-    if not good:
-        return out
-    series: dict[tuple[str, float], list[tuple[float, Mapping[str, Any]]]] = {}
-    for r in good:
-        series.setdefault((_text(r.get("node")), _num(r.get("index"))), []).append(
-            (parse_timestamp(_text(r.get("timestamp"))), r)
-        )
-    t0, t1 = window if window else (-math.inf, math.inf)
-    energy, node_mean, node_peak = 0.0, {}, {}
-    # Each node's summed power at the window's edges (interpolated): the mean counts them,
-    # so the peak does too (else a short window's mean could exceed its peak).
-    edges: dict[str, dict[float, float]] = {}
-    spans_ok = True
-    for (node, _), points in series.items():
-        power = clip_series([(t, _num(r.get("power_draw_w"))) for t, r in points], window)
-        for t, watts in power:
-            if t in (t0, t1):
-                edges.setdefault(node, {}).setdefault(t, 0.0)
-                edges[node][t] += watts
-        if len(power) < 2 or power[-1][0] <= power[0][0]:
-            spans_ok = False
-            continue
-        joules = trapezoid(power)
-        energy += joules
-        node_mean[node] = node_mean.get(node, 0.0) + joules / (power[-1][0] - power[0][0])
-    in_window = [(t, r) for pts in series.values() for t, r in pts if t0 <= t <= t1]
-    for node in {n for n, _ in series}:
-        ticks: list[float] = []
-        seen: set[float] = set()
-        for r in good:  # file order: one loop tick prints every GPU once
-            if _text(r.get("node")) != node:
-                continue
-            index = _num(r.get("index"))
-            if index in seen or not ticks:
-                ticks.append(0.0)
-                seen = set()
-            seen.add(index)
-            if t0 <= parse_timestamp(_text(r.get("timestamp"))) <= t1:
-                ticks[-1] += _num(r.get("power_draw_w"))
-        ticks += edges.get(node, {}).values()
-        node_peak[node] = max(ticks) if ticks else math.nan
-    memory = [_num(r.get("memory_used_mib")) for _, r in in_window]
-    util = [_num(r.get("utilization_gpu_pct")) for _, r in in_window]
-    memory = [m for m in memory if not math.isnan(m)]
-    util = [u for u in util if not math.isnan(u)]
-    out.update(
-        gpu_energy_j=energy if spans_ok and node_mean else math.nan,
-        gpu_power_mean_w=math.fsum(node_mean.values()) if spans_ok and node_mean else math.nan,
-        gpu_power_peak_w=math.fsum(node_peak.values()) if in_window or edges else math.nan,
-        gpu_mem_used_peak_mib=max(memory) if memory else math.nan,
-        gpu_util_mean_pct=math.fsum(util) / len(util) if util else math.nan,
-        gpu_samples=len(in_window),
-        gpu_node_power_w=";".join(
-            f"{n}={node_mean.get(n, math.nan):.1f}/{node_peak[n]:.1f}" for n in sorted(node_peak)
-        ),
-    )
-    return out

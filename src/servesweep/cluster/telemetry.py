@@ -1,4 +1,4 @@
-"""GPU snapshots per node: nvidia-smi query, parsers, snapshot files and per-cell figures."""
+"""GPU snapshots per node: the nvidia-smi query, its parsers, snapshot files and row values."""
 
 from __future__ import annotations
 
@@ -89,13 +89,6 @@ PHASE_WINDOW_START = "window-start"
 PHASE_WINDOW_END = "window-end"
 WINDOW_PHASES = (PHASE_WINDOW_START, PHASE_WINDOW_END)
 ROW_PHASES = (*PHASES, PHASE_SAMPLE, *WINDOW_PHASES)
-GPU_FIGURES = (
-    "gpu_count",
-    "gpu_mem_used_peak_mib",
-    "gpu_power_peak_w",
-    "gpu_util_mean_pct",
-    "gpu_status",
-)
 # Exit codes of `sh -c` when the command is missing (127) or not executable (126).
 NOT_FOUND_CODES = (126, 127)
 
@@ -247,7 +240,7 @@ def take_snapshot(
     return [row for res in results.values() for row in node_rows(res, phase=phase)]
 
 
-def _missing(value: Any) -> bool:
+def missing(value: Any) -> bool:
     """Whether a row value is missing: None, NaN, or pandas' NA (a typed frame's records)."""
     if isinstance(value, float):
         return math.isnan(value)
@@ -258,7 +251,7 @@ def _missing(value: Any) -> bool:
 def _csv_value(value: Any) -> str:
     """One value as write_snapshot writes it: missing is empty; str() of a float reads back
     equal (shortest repr), also for numpy floats, whose repr the csv module would write."""
-    return "" if _missing(value) else str(value)
+    return "" if missing(value) else str(value)
 
 
 def write_snapshot(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> None:
@@ -335,70 +328,16 @@ def read_snapshot(path: str | Path) -> list[dict[str, Any]]:
         raise ValueError(f"GPU snapshot {path}: {exc}") from None
 
 
-# ---------------------------------------------------------------- figures
-
-
-def _text(value: Any) -> str:
+def text_of(value: Any) -> str:
     """A text value of a row; missing (None, NA) is ""."""
     return value if isinstance(value, str) else ""
 
 
-def _present(value: Any) -> float | None:
-    """A numeric value of a row as a float; None where missing (None, NA, NaN)."""
-    return None if _missing(value) else float(value)
-
-
-def _values(rows: Iterable[Mapping[str, Any]], column: str) -> list[float]:
-    """The values of a numeric column that are present (missing ones left out)."""
-    values = (_present(r.get(column)) for r in rows)
-    return [v for v in values if v is not None]
-
-
-def cell_figures(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """gpu_figures of a cell's whole snapshot (before + after rows); `incomplete` (never `ok`)
-    when a node's before and after rows do not pair up (a file cut short)."""
-    figures = gpu_figures(rows)
-    if not _paired(rows):
-        figures["gpu_status"] = STATUS_INCOMPLETE
-    return figures
-
-
-def _paired(rows: Sequence[Mapping[str, Any]]) -> bool:
-    """Whether every node has as many rows after the client as before it (and some)."""
-    counts: dict[tuple[str, str], int] = {}
-    for r in rows:
-        if _text(r.get("phase")) not in PHASES:
-            continue  # loop samples and the measured window
-        key = (_text(r.get("node")), _text(r.get("phase")))
-        counts[key] = counts.get(key, 0) + 1
-    nodes = {node for node, _ in counts}
-    return all(counts.get((n, "before"), 0) == counts.get((n, "after"), 0) > 0 for n in nodes)
-
-
-def gpu_figures(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """Per-cell GPU figures for results.csv; NaN (never guessed) where no GPU was read.
-
-    `rows` are snapshot rows (read_snapshot, node_rows; a frame's `.to_dict("records")`).
-    `gpu_status` is `ok` when every node answered, `unavailable` when none did, and `partial`
-    when some did (figures then cover the GPUs that answered).
-    """
-    snapshot = [r for r in rows if _text(r.get("phase")) in PHASES]  # not loop samples
-    ok = [r for r in snapshot if _text(r.get("status")) == STATUS_OK]
-    if not ok:
-        return {
-            "gpu_count": math.nan,
-            "gpu_mem_used_peak_mib": math.nan,
-            "gpu_power_peak_w": math.nan,
-            "gpu_util_mean_pct": math.nan,
-            "gpu_status": STATUS_UNAVAILABLE,
-        }
-    memory = _values(ok, "memory_used_mib")
-    power = _values(ok, "power_draw_w")
-    util = _values((r for r in ok if _text(r.get("phase")) == "after"), "utilization_gpu_pct")
-    return {
-        "gpu_count": len({(_text(r.get("node")), _present(r.get("index"))) for r in ok}),
-        "gpu_mem_used_peak_mib": max(memory) if memory else math.nan,
-        "gpu_power_peak_w": max(power) if power else math.nan,
-        "gpu_util_mean_pct": math.fsum(util) / len(util) if util else math.nan,
-        "gpu_status": STATUS_OK if len(ok) == len(snapshot) else STATUS_PARTIAL,
-    }
+def number_of(value: Any) -> float:
+    """A numeric value of a row as a float; NaN where missing (None, NA, NaN) or not a number."""
+    if missing(value):
+        return math.nan
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
