@@ -1,6 +1,6 @@
 """Tests of cluster.gpusampling and analysis.gpufigures: loop parsing, trapezoid energy over a
-recorded H200 series,
-the sampler over a fake looping nvidia-smi, the simulated curve, and a real-GPU capture."""
+recorded H200 series, the sampler over a fake looping nvidia-smi, the simulated curve, and a
+real-GPU capture."""
 
 from __future__ import annotations
 
