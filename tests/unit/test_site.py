@@ -63,3 +63,10 @@ def test_commands_warns_on_guesses_and_unresolved_aliases(
     assert sum("is a guess" in line for line in err) == 8  # runtime.build.base too
     aliases = [line for line in err if "no ssh alias resolves" in line]
     assert len(aliases) == 8 and "601:20000 would be used" in aliases[0]
+
+
+def test_the_default_site_folder_is_the_checkouts() -> None:
+    from servesweep.config.site import DEFAULT_SITE_DIR
+
+    assert DEFAULT_SITE_DIR == Path(__file__).resolve().parents[2] / "config" / "site"
+    assert DEFAULT_SITE_DIR.is_dir()

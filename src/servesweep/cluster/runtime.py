@@ -512,7 +512,7 @@ def host_python_mounts() -> list[str]:
     .ci/setup_nodes.sh); add `-e PATH=<sys.prefix>/bin:/usr/bin:/bin` so `python3` resolves.
     """
     paths = ["/lib", "/lib64", "/usr/lib", sys.base_prefix, sys.prefix, *site.getsitepackages()]
-    package = Path(__file__).resolve().parent.parent  # the dir holding servesweep/
+    package = Path(__file__).resolve().parents[2]  # the dir holding servesweep/
     paths.append(str(package))
     kept: list[str] = []
     for path in sorted({os.path.normpath(p) for p in paths if os.path.exists(p)}, key=len):

@@ -14,7 +14,7 @@ from servesweep.core.errors import ConfigError
 SITE_KEY = "site"
 GUESSES_KEY = "guesses"  # dotted keys whose values nobody has confirmed on the cluster yet
 # The site folder of this checkout (config/site next to config/experiments).
-DEFAULT_SITE_DIR = Path(__file__).resolve().parents[2] / "config" / "site"
+DEFAULT_SITE_DIR = Path(__file__).resolve().parents[3] / "config" / "site"
 
 
 def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
