@@ -6,7 +6,6 @@ import copy
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -75,12 +74,3 @@ def wait_until(predicate: Callable[[], bool], limit_s: float = 30.0) -> bool:
             return True
         time.sleep(0.1)
     return predicate()
-
-
-def container_env() -> dict[str, str]:
-    """The environment of containers that run this machine's Python (host_python_mounts): its
-    PATH, and the host's PYTHONPATH when set (a checkout other than the pip-installed one)."""
-    env = {"PATH": f"{sys.prefix}/bin:/usr/bin:/bin", "PYTHONUNBUFFERED": "1"}
-    if os.environ.get("PYTHONPATH"):
-        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-    return env

@@ -11,12 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from servesweep.cluster.runtime import host_python_mounts
 from servesweep.cluster.ssh import SshTransport
 from servesweep.config.schema import RuntimeConfig, SshOptions
 from servesweep.core.errors import TransportError
-from tests.helpers import container_env
-from tests.integration.nodes import DEFAULT_DIR, IMAGE, NODES, unavailable
+from tests.helpers import REPO
+from tests.integration.nodes import DEFAULT_DIR, IMAGE, NODES, sim_in_docker, unavailable
 
 
 @pytest.fixture(scope="session")
@@ -67,13 +66,7 @@ def sweeper_password(nodes_dir: Path) -> str:
 @pytest.fixture(scope="session")
 def sim_runtime() -> RuntimeConfig:
     """Docker settings that run this machine's Python in the empty imported image."""
-    return RuntimeConfig(
-        kind="docker",
-        image=IMAGE,
-        shm_size="64m",
-        mounts=host_python_mounts(),
-        env=container_env(),
-    )
+    return RuntimeConfig(**sim_in_docker(REPO))
 
 
 @pytest.fixture

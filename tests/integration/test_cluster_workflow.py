@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
 import threading
 from pathlib import Path
 
@@ -12,11 +13,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from servesweep.cluster.runtime import host_python_mounts
 from servesweep.cluster.ssh import SshTransport
 from servesweep.core.events import read_events
-from tests.helpers import container_env, experiment_file, run_snakemake
-from tests.integration.nodes import ADDRESSES, IMAGE, NODES
+from tests.helpers import REPO, experiment_file, run_snakemake
+from tests.integration.nodes import NODES, sim_in_docker, ssh_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -24,33 +24,22 @@ SWEEPERS = [f"{n}-sweeper" for n in NODES]
 
 
 def _config(nodes_dir: Path, run_id: str, **extra: object) -> dict:
-    runtime = {
-        "kind": "docker",
-        "image": IMAGE,
-        "sudo": True,
-        "gpus": None,
-        "shm_size": "64m",
-        "mounts": [*host_python_mounts(), "/usr/bin:/usr/bin:ro", "/bin:/bin:ro"],
-        "env": container_env(),
-        "smoke": ["python3 -m servesweep.sim --help > /dev/null && echo sim importable"],
-        "checks": [
+    runtime = sim_in_docker(
+        REPO,
+        sudo=True,
+        smoke=["python3 -m servesweep.sim --help > /dev/null && echo sim importable"],
+        checks=[
             {
                 "name": "python-version",
                 "command": "python3 -c 'import sys; print(sys.version_info[0])'",
                 "expect": "^3$",
             }
         ],
-    }
+    )
     runtime.update(extra.pop("runtime", {}))
     return {
         "run_id": run_id,
-        "cluster": {
-            "transport": "ssh",
-            "nodes": SWEEPERS,
-            "addresses": {f"{n}-sweeper": a for n, a in ADDRESSES.items()},
-            "gpus_per_node": 8,
-            "ssh": {"config_file": str(nodes_dir / "ssh_config")},
-        },
+        "cluster": ssh_cluster(nodes_dir, SWEEPERS, gpus_per_node=8),
         "runtime": runtime,
         "engine": {
             "python": "python3",
@@ -70,6 +59,21 @@ def _config(nodes_dir: Path, run_id: str, **extra: object) -> dict:
         "repeats": 1,
         **extra,
     }
+
+
+def _run_as_sweeper(
+    workdir: Path, cfg: Path, password_file: Path
+) -> subprocess.CompletedProcess[str]:
+    """`snakemake --cores 1 all` with the sweeper's sudo password in a file."""
+    return run_snakemake(
+        workdir,
+        "--cores",
+        "1",
+        "all",
+        "--configfile",
+        str(cfg),
+        env={"SUDO_PASSWORD_FILE": str(password_file)},
+    )
 
 
 @pytest.fixture()
@@ -122,15 +126,7 @@ def test_matrix_over_ssh_docker_with_sudo(
     watch = ProcessWatch(sweeper_password)
     watch.start()
     try:
-        proc = run_snakemake(
-            tmp_path,
-            "--cores",
-            "1",
-            "all",
-            "--configfile",
-            str(cfg),
-            env={"SUDO_PASSWORD_FILE": str(password_file)},
-        )
+        proc = _run_as_sweeper(tmp_path, cfg, password_file)
     finally:
         watch.done.set()
         watch.join()
@@ -220,15 +216,7 @@ def test_failed_smoke_aborts_before_any_server_starts(
     cfg = experiment_file(
         tmp_path, _config(nodes_dir, run_id, runtime={"smoke": ["echo broken kernel; exit 3"]})
     )
-    proc = run_snakemake(
-        tmp_path,
-        "--cores",
-        "1",
-        "all",
-        "--configfile",
-        str(cfg),
-        env={"SUDO_PASSWORD_FILE": str(password_file)},
-    )
+    proc = _run_as_sweeper(tmp_path, cfg, password_file)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "SmokeFailed" in out and "exit 3" in out
@@ -246,15 +234,7 @@ def test_unsafe_password_file_is_refused_before_anything_starts(
 ) -> None:
     password_file.chmod(0o644)
     cfg = experiment_file(tmp_path, _config(nodes_dir, "it-badfile"))
-    proc = run_snakemake(
-        tmp_path,
-        "--cores",
-        "1",
-        "all",
-        "--configfile",
-        str(cfg),
-        env={"SUDO_PASSWORD_FILE": str(password_file)},
-    )
+    proc = _run_as_sweeper(tmp_path, cfg, password_file)
     assert proc.returncode != 0
     assert "SecretError" in proc.stdout + proc.stderr
     assert not (tmp_path / "results" / "it-badfile" / "orchestrator.log").exists()
@@ -267,14 +247,11 @@ def test_bench_serving_client_runs_in_the_image(
     back and validated like the builtin client's."""
     run_id = "it-bench"
     config = _config(nodes_dir, run_id)
-    config["cluster"] |= {"nodes": ["node1"], "addresses": {"node1": ADDRESSES["node1"]}}
-    config["runtime"]["sudo"] = False
-    config["runtime"]["mounts"] += [
-        f"{staged_bench}:{staged_bench}:ro",
-        f"{tokenizer_dir}:{tokenizer_dir}:ro",
-    ]
-    env = config["runtime"]["env"]
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(staged_bench), env.get("PYTHONPATH")) if p)
+    config["cluster"] = ssh_cluster(nodes_dir, ["node1"], gpus_per_node=8)
+    runtime = config["runtime"]
+    runtime["sudo"] = False
+    runtime["mounts"] += [f"{p}:{p}:ro" for p in (staged_bench, tokenizer_dir)]
+    runtime["env"]["PYTHONPATH"] = f"{staged_bench}:{runtime['env']['PYTHONPATH']}"
     config["server"] = {"tp_size": 8, "ep_size": 8}
     config["matrix"]["server"]["moe_runner_backend"] = ["marlin"]
     config["client"] = {"kind": "bench_serving", "tokenizer": str(tokenizer_dir)}

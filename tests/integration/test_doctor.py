@@ -7,33 +7,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from servesweep.cluster.runtime import host_python_mounts
 from servesweep.workflow.cli import main as cli
-from tests.helpers import container_env
-from tests.integration.nodes import ADDRESSES, IMAGE, free_port
+from tests.helpers import REPO
+from tests.integration.nodes import free_port, sim_in_docker, ssh_cluster
 
 pytestmark = pytest.mark.integration
 CHECK_NAMES = ("model_path", "image", "gpus", "ib_devices", "ports", "clock", "disk")
 
 
 def doctor_config(nodes_dir: Path, path: Path, model_path: str) -> Path:
-    nodes = ["node1", "node2"]
     raw = {
         "run_id": "it-doctor",
-        "cluster": {
-            "transport": "ssh",
-            "nodes": nodes,
-            "addresses": {n: ADDRESSES[n] for n in nodes},
-            "ssh": {"config_file": str(nodes_dir / "ssh_config")},
-        },
-        "runtime": {
-            "kind": "docker",
-            "image": IMAGE,
-            "gpus": None,
-            "shm_size": "64m",
-            "mounts": [*host_python_mounts(), "/usr/bin:/usr/bin:ro", "/bin:/bin:ro"],
-            "env": container_env(),
-        },
+        "cluster": ssh_cluster(nodes_dir, ["node1", "node2"]),
+        "runtime": sim_in_docker(REPO),
         "engine": {"model_path": model_path, "port": free_port(), "dist_init_port": free_port()},
         "server": {"tp_size": 16, "ep_size": 16},
         "workload": {"input_len": 64, "output_len": 4, "num_requests": 2},

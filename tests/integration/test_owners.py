@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 
 from servesweep.cluster.access import Cluster
-from servesweep.cluster.runtime import DockerRuntime, host_python_mounts
+from servesweep.cluster.runtime import DockerRuntime
 from servesweep.cluster.ssh import SshTransport
 from servesweep.config.load import load_experiment
 from servesweep.config.matrix import server_specs
 from servesweep.config.paths import RunPaths
 from servesweep.core.errors import ServerConflict
 from servesweep.serving.servers import ServerManager
-from tests.helpers import container_env
-from tests.integration.nodes import ADDRESSES, IMAGE, free_port
+from tests.helpers import REPO
+from tests.integration.nodes import ADDRESSES, free_port, sim_in_docker
 
 pytestmark = pytest.mark.integration
 
@@ -30,14 +30,7 @@ def _manager(ssh: SshTransport, root: Path, run_id: str, port: int) -> ServerMan
                 "nodes": ["node1"],
                 "addresses": {"node1": ADDRESSES["node1"]},
             },
-            "runtime": {
-                "kind": "docker",
-                "image": IMAGE,
-                "gpus": None,
-                "shm_size": "64m",
-                "mounts": host_python_mounts(),
-                "env": container_env(),
-            },
+            "runtime": sim_in_docker(REPO),
             "engine": {
                 "model_path": "sim/owners",
                 "port": port,

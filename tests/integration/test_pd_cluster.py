@@ -9,11 +9,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from servesweep.cluster.runtime import host_python_mounts
 from servesweep.cluster.ssh import SshTransport
 from servesweep.core.events import read_events
-from tests.helpers import REPO, container_env, deep_update, free_port, run_snakemake
-from tests.integration.nodes import ADDRESSES, IMAGE, NODES
+from tests.helpers import REPO, deep_update, free_port, run_snakemake
+from tests.integration.nodes import NODES, sim_in_docker, ssh_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -27,21 +26,8 @@ def test_pd_standard_suite_over_ssh_and_docker(
     changes = {
         "run_id": run_id,
         "suite": "standard",
-        "cluster": {
-            "transport": "ssh",
-            "nodes": list(NODES),
-            "addresses": dict(ADDRESSES),
-            "gpus_per_node": 16,
-            "ssh": {"config_file": str(nodes_dir / "ssh_config")},
-        },
-        "runtime": {
-            "kind": "docker",
-            "image": IMAGE,
-            "gpus": None,
-            "shm_size": "64m",
-            "mounts": [*host_python_mounts(), "/usr/bin:/usr/bin:ro", "/bin:/bin:ro"],
-            "env": container_env(),
-        },
+        "cluster": ssh_cluster(nodes_dir, NODES, gpus_per_node=16),
+        "runtime": sim_in_docker(REPO),
         "engine": {"python": "python3", "sim": {"time_scale": 0.01, "startup_s": 20}},
         "roles": {
             # every "node" is this machine with host networking: each listener its own port

@@ -11,11 +11,10 @@ import pytest
 import yaml
 
 from servesweep.cluster.pools import node_overlaps
-from servesweep.cluster.runtime import host_python_mounts
 from servesweep.cluster.ssh import SshTransport
 from servesweep.core.events import read_events
-from tests.helpers import container_env, experiment_file, free_port, run_snakemake
-from tests.integration.nodes import ADDRESSES, IMAGE, NODES
+from tests.helpers import REPO, experiment_file, free_port, run_snakemake
+from tests.integration.nodes import NODES, sim_in_docker, ssh_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -48,23 +47,8 @@ def test_two_pools_over_ssh_and_docker(
     run_id = "it-pools"
     changes = {
         "run_id": run_id,
-        "cluster": {
-            "transport": "ssh",
-            "nodes": list(NODES),
-            "addresses": dict(ADDRESSES),
-            "gpus_per_node": 8,
-            "nodes_per_server": 2,
-            "pools": "auto",
-            "ssh": {"config_file": str(nodes_dir / "ssh_config")},
-        },
-        "runtime": {
-            "kind": "docker",
-            "image": IMAGE,
-            "gpus": None,
-            "shm_size": "64m",
-            "mounts": [*host_python_mounts(), "/usr/bin:/usr/bin:ro", "/bin:/bin:ro"],
-            "env": container_env(),
-        },
+        "cluster": ssh_cluster(nodes_dir, NODES, gpus_per_node=8, nodes_per_server=2, pools="auto"),
+        "runtime": sim_in_docker(REPO),
         # every "node" is this machine with host networking: pool 1 listens 100 ports higher
         "engine": {
             "python": "python3",

@@ -25,6 +25,7 @@ import yaml
 
 from servesweep.core.events import read_events
 from tests.helpers import REPO, experiment_file
+from tests.integration.nodes import sim_in_docker, ssh_cluster
 
 # The suite's matrix: MoE runner marlin | flashinfer_mxfp4 x concurrency 2 | 4, one repeat, tiny
 # requests. A scenario runs one of two slices of it: ACROSS (marlin then flashinfer_mxfp4 at
@@ -152,6 +153,16 @@ class FaultShim:
 # ---------------------------------------------------------------- configs
 
 
+def workload(request_timeout_s: float = REQUEST_TIMEOUT_S) -> dict[str, Any]:
+    """The suite's tiny requests (`workload:`), each given up after `request_timeout_s`."""
+    return {
+        "input_len": 512,
+        "output_len": 4,
+        "num_requests": REQUESTS,
+        "request_timeout_s": request_timeout_s,
+    }
+
+
 def local_config(
     run_id: str,
     shim: FaultShim,
@@ -172,12 +183,7 @@ def local_config(
             "server": {"moe_runner_backend": list(backends), "chunked_prefill_size": [8192]},
             "client": {"concurrency": list(concurrencies)},
         },
-        "workload": {
-            "input_len": 512,
-            "output_len": 4,
-            "num_requests": REQUESTS,
-            "request_timeout_s": REQUEST_TIMEOUT_S,
-        },
+        "workload": workload(),
         "repeats": 1,
         "baseline": {"moe_runner_backend": TARGET},
         **extra,
@@ -262,6 +268,10 @@ class Run:
 
     def events(self) -> list[tuple[str, str, dict[str, str]]]:
         return read_events(self.run_dir / "orchestrator.log")
+
+    def started(self, since: int = 0) -> list[str]:
+        """Cells in the order their `cell-start` was logged, from event number `since` on."""
+        return [f["cell"] for _, e, f in self.events()[since:] if e == "cell-start"]
 
     def raw(self, cell: str) -> Path:
         return self.run_dir / "raw" / f"{cell}.jsonl"
@@ -396,10 +406,8 @@ class Checks:
 
 def failed_cells(run: Run) -> list[str]:
     """Cells that started and never finished, in the order they started."""
-    events = run.events()
-    started = [f["cell"] for _, e, f in events if e == "cell-start"]
-    done = {f["cell"] for _, e, f in events if e == "cell-done"}
-    return [c for c in dict.fromkeys(started) if c not in done]
+    done = {f["cell"] for _, e, f in run.events() if e == "cell-done"}
+    return [c for c in dict.fromkeys(run.started()) if c not in done]
 
 
 def log_paths(line: str) -> list[str]:
@@ -463,6 +471,12 @@ def check_stopped_cleanly(
     return line
 
 
+def stable(results: pd.DataFrame) -> pd.DataFrame:
+    """The columns of results.csv a fault may not change, rows in a fixed order."""
+    keys = ["server_id", "client_id"]
+    return results[STABLE_COLUMNS].sort_values(keys).reset_index(drop=True)
+
+
 def check_rerun(
     checks: Checks,
     run: Run,
@@ -479,7 +493,7 @@ def check_rerun(
     only_missing = checks.gap if reruns_finished else checks.check
     checks.check("the rerun succeeds", proc.returncode == 0, output(proc)[-4000:])
     events = run.events()[events_before:]
-    rerun_cells = [f["cell"] for _, e, f in events if e == "cell-start"]
+    rerun_cells = run.started(events_before)
     missing = [c for c in run.cells if c not in before]
     only_missing(
         f"the rerun runs only the {len(missing)} missing cell(s)",
@@ -500,11 +514,10 @@ def check_rerun(
         f"changed: {[c for c, d in before.items() if after.get(c) != d]}",
     )
     df = pd.read_csv(run.run_dir / "results.csv")
-    keys = ["server_id", "client_id"]
-    got = df[STABLE_COLUMNS].sort_values(keys).reset_index(drop=True)
+    got = stable(df)
     cells = {tuple(c.split("/")[:2]) for c in run.cells}
-    ref = reference[[tuple(k) in cells for k in reference[keys].itertuples(index=False)]]
-    want = ref[STABLE_COLUMNS].sort_values(keys).reset_index(drop=True)
+    keys = reference[["server_id", "client_id"]].itertuples(index=False)
+    want = stable(reference[[tuple(k) in cells for k in keys]])
     checks.check(
         "results.csv equals an uninterrupted run's (cells, counts, token totals)",
         len(want) == len(run.cells) and got.equals(want),
@@ -585,37 +598,19 @@ def cluster_config(
     smoke: list[str] | None = None,
     request_timeout_s: float = REQUEST_TIMEOUT_S,
 ) -> dict[str, Any]:
-    """A slice of the suite's matrix on the loopback SSH nodes, one container per rank."""
-    from servesweep.cluster.runtime import host_python_mounts
-    from tests.integration.nodes import ADDRESSES, IMAGE
-
+    """A slice of the suite's matrix on the loopback SSH nodes, one container per rank, running
+    this checkout's code (`REPO`)."""
     config = local_config(run_id, shim, backends=backends, concurrencies=concurrencies)
     config["engine"]["ready_timeout_s"] = CLUSTER_READY_TIMEOUT_S
-    config["workload"]["request_timeout_s"] = request_timeout_s
+    config["workload"] = workload(request_timeout_s)
+    cluster = ssh_cluster(nodes_dir, nodes, gpus_per_node=8)
+    cluster["ssh"]["connect_timeout_s"] = 10
     return {
         **config,
-        "cluster": {
-            "transport": "ssh",
-            "nodes": nodes,
-            "addresses": {n: ADDRESSES[n] for n in nodes},
-            "gpus_per_node": 8,
-            "ssh": {"config_file": str(nodes_dir / "ssh_config"), "connect_timeout_s": 10},
-        },
-        "runtime": {
-            "kind": "docker",
-            "image": IMAGE,
-            "sudo": False,
-            "gpus": None,
-            "shm_size": "64m",
-            "mounts": [
-                *host_python_mounts(),
-                "/usr/bin:/usr/bin:ro",
-                "/bin:/bin:ro",
-                f"{shim.directory}:{shim.directory}:ro",
-            ],
-            "env": {"PATH": f"{sys.prefix}/bin:/usr/bin:/bin", "PYTHONUNBUFFERED": "1"},
-            "smoke": smoke or [],
-        },
+        "cluster": cluster,
+        "runtime": sim_in_docker(
+            REPO, mounts=[f"{shim.directory}:{shim.directory}:ro"], sudo=False, smoke=smoke or []
+        ),
         "server": {"tp_size": 8 * len(nodes), "ep_size": 8 * len(nodes)},
     }
 

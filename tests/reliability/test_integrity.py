@@ -26,9 +26,6 @@ from servesweep.serving.engines import API_KEY_ENV
 from tests.reliability.harness import (
     ACROSS,
     REQUESTS,
-    SECOND_CELL_INDEX,
-    SNAKEMAKE_TIMEOUT_S,
-    STABLE_COLUMNS,
     TARGET,
     WITHIN,
     Checks,
@@ -39,14 +36,15 @@ from tests.reliability.harness import (
     descendants,
     error_lines,
     fill,
-    hang_started,
     kill_group,
     output,
     rerun_and_check,
     rerun_unlocked,
     run_during_hang,
     small_filesystem,
+    stable,
     wait_for,
+    workload,
 )
 
 pytestmark = [pytest.mark.reliability, pytest.mark.workflow]
@@ -78,31 +76,19 @@ def test_double_load_after_sigkill_stale_client_removed(
         "snakemake and the cell's job are SIGKILLed (the OOM killer), the load client keeps "
         "running; `--unlock` and rerun: the cell is measured alone"
     )
-    workload = {
-        "input_len": 512,
-        "output_len": 4,
-        "num_requests": REQUESTS,
-        "request_timeout_s": LONG_REQUEST_TIMEOUT_S,
-    }
-    run = make_run(WITHIN, workload=workload)
-    shim.inject(TARGET, f"--sim-hang-at {SECOND_CELL_INDEX}")
-    proc = run.start()
+    run = make_run(WITHIN, workload=workload(LONG_REQUEST_TIMEOUT_S))
     clients: list[int] = []
-    try:
-        wait_for(hang_started(run), limit_s=120, what=f"request #{SECOND_CELL_INDEX} to hang")
+
+    def kill_snakemake_and_job(proc: subprocess.Popen[str]) -> None:
         tree = descendants(proc.pid)
         jobs = [p for p in tree if "run_cell" in _cmdline(p) and "loadgen" not in _cmdline(p)]
-        clients = [p for p in tree if "servesweep.measure.loadgen" in _cmdline(p)]
+        clients.extend(p for p in tree if "servesweep.measure.loadgen" in _cmdline(p))
         checks.check("the cell's job and its client run", bool(jobs and clients), str(tree))
         for pid in [proc.pid, *jobs]:  # snakemake and the job alone, not their group
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        proc.communicate(timeout=SNAKEMAKE_TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            kill_group(proc, signal.SIGKILL)
-            proc.communicate()
-    shim.clear()
+
+    run_during_hang(run, shim, kill_snakemake_and_job)
     checks.check(
         "the killed cell's client keeps running", any(_alive(p) for p in clients), str(clients)
     )
@@ -136,19 +122,39 @@ def test_double_load_after_sigkill_stale_client_removed(
     check_rerun(checks, run, before, n_events, rerun, reference)
 
 
-def _finished(checks: Checks, run: Run) -> None:
+def _finished(checks: Checks, make_run: Callable[..., Run]) -> Run:
+    """A run of the ACROSS slice that went through once."""
+    run = make_run(ACROSS)
     first = run.snakemake()
     checks.check("the first run succeeds", first.returncode == 0, output(first)[-3000:])
+    return run
+
+
+def _one_line_error(
+    checks: Checks, proc: subprocess.CompletedProcess[str], what: str = "re-aggregation"
+) -> str:
+    """`what` failed with a one-line `servesweep: <Kind>: ...` error; returns it (recorded)."""
+    checks.check(f"{what} exits non-zero", proc.returncode != 0, output(proc)[-3000:])
+    lines = error_lines(output(proc))
+    checks.check("a one-line `servesweep: <Kind>: ...` error", bool(lines), output(proc)[-3000:])
+    checks.message(lines[0])
+    return lines[0]
+
+
+def _reruns_alone(
+    checks: Checks, run: Run, cell: str, succeeds: str = "the rerun succeeds"
+) -> None:
+    """A rerun succeeds and runs `cell` alone."""
+    n_events = len(run.events())
+    proc = run.snakemake()
+    checks.check(succeeds, proc.returncode == 0, output(proc)[-3000:])
+    ran = run.started(n_events)
+    checks.check("the rerun runs that cell alone", ran == [cell], str(ran))
 
 
 def _rejected(checks: Checks, run: Run, path: Path) -> str:
     """Re-aggregation fails with one line naming the file and saying to delete it."""
-    proc = run.snakemake()
-    checks.check("re-aggregation exits non-zero", proc.returncode != 0, output(proc)[-3000:])
-    lines = error_lines(output(proc))
-    checks.check("a one-line `servesweep: <Kind>: ...` error", bool(lines), output(proc)[-3000:])
-    line = lines[0]
-    checks.message(line)
+    line = _one_line_error(checks, run.snakemake())
     rel = str(path.relative_to(run.workdir))
     checks.check(
         "the error names the file and says to delete it",
@@ -159,12 +165,8 @@ def _rejected(checks: Checks, run: Run, path: Path) -> str:
 
 
 def _deleted_reruns_its_cell(checks: Checks, run: Run, path: Path, cell: str) -> None:
-    n_events = len(run.events())
     path.unlink()
-    proc = run.snakemake()
-    checks.check("the rerun after deleting it succeeds", proc.returncode == 0, output(proc)[-3000:])
-    ran = [f["cell"] for _, e, f in run.events()[n_events:] if e == "cell-start"]
-    checks.check("the rerun runs that cell alone", ran == [cell], str(ran))
+    _reruns_alone(checks, run, cell, "the rerun after deleting it succeeds")
     df = pd.read_csv(run.run_dir / "results.csv")
     checks.check("results.csv has every cell", len(df) == len(run.cells), str(df))
 
@@ -185,8 +187,7 @@ def test_edited_record_rejected_by_aggregation(
 ) -> None:
     what = "`completed` lowered by one" if "completed" in edit else "an error string added"
     checks.scenario(f"a finished raw record edited ({what}), then re-aggregated")
-    run = make_run(ACROSS)
-    _finished(checks, run)
+    run = _finished(checks, make_run)
     cell = run.cells[0]
     raw = run.raw(cell)
     record = json.loads(raw.read_text())
@@ -198,8 +199,7 @@ def test_edited_record_rejected_by_aggregation(
 
 def test_gpu_snapshot_cut_corrupted_deleted(checks: Checks, make_run: Callable[..., Run]) -> None:
     checks.scenario("a finished GPU snapshot cut before its after rows, corrupted, then deleted")
-    run = make_run(ACROSS)
-    _finished(checks, run)
+    run = _finished(checks, make_run)
     cell = run.cells[0]
     gpu = run.gpu(cell)
     original = gpu.read_bytes()
@@ -245,6 +245,26 @@ def _stale_handle(run: Run, pid: int) -> None:
     current.write_text(json.dumps(state))
 
 
+def _servesweep(run: Run, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from servesweep.workflow.cli import main; sys.exit(main(sys.argv[1:]))",  # noqa: E501
+            *args,
+            "--configfile",
+            str(run.config),
+            "--results",
+            str(run.workdir / "results"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=run.workdir,
+        env=run.full_env(),
+        timeout=300,
+    )
+
+
 def test_stale_pid_of_an_unrelated_process_is_left_alone(
     checks: Checks, make_run: Callable[..., Run]
 ) -> None:
@@ -252,8 +272,7 @@ def test_stale_pid_of_an_unrelated_process_is_left_alone(
         "current.json names a PID now owned by an unrelated process group (`setsid sleep`): "
         "the rerun and `servesweep down` leave it alone"
     )
-    run = make_run(ACROSS)
-    _finished(checks, run)
+    run = _finished(checks, make_run)
     sleeper = subprocess.Popen(["setsid", "sleep", "600"])  # its own group, as from a shell
     try:
         wait_for(lambda: _alive(sleeper.pid), what="sleep to start")
@@ -274,23 +293,7 @@ def test_stale_pid_of_an_unrelated_process_is_left_alone(
             if " not-ours " in f" {line} ":
                 checks.message(line)
         _stale_handle(run, sleeper.pid)
-        down = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                "import sys; from servesweep.workflow.cli import main; sys.exit(main(sys.argv[1:]))",  # noqa: E501
-                "down",
-                "--configfile",
-                str(run.config),
-                "--results",
-                str(run.workdir / "results"),
-            ],
-            capture_output=True,
-            text=True,
-            cwd=run.workdir,
-            env=run.full_env(),
-            timeout=120,
-        )
+        down = _servesweep(run, "down")
         checks.check("`servesweep down` succeeds", down.returncode == 0, output(down))
         checks.check("the unrelated process survives `servesweep down`", _alive(sleeper.pid))
         said = [ln for ln in output(down).splitlines() if "left alone" in ln]
@@ -301,17 +304,24 @@ def test_stale_pid_of_an_unrelated_process_is_left_alone(
         sleeper.wait()
 
 
-def test_snakemake_gets_sighup(
-    checks: Checks, make_run: Callable[..., Run], shim: FaultShim, reference: pd.DataFrame
+def _terminated_mid_cell(
+    checks: Checks, run: Run, shim: FaultShim, reference: pd.DataFrame, sig: signal.Signals
 ) -> None:
-    checks.scenario("snakemake's process group gets SIGHUP (the SSH session drops) mid-cell")
-    run = make_run(WITHIN)
-    proc = run_during_hang(run, shim, lambda p: kill_group(p, signal.SIGHUP))
-    check_stopped_cleanly(checks, run, proc, cause=r"Terminated: .*SIGHUP", finished=1)
+    """snakemake's process group gets `sig` mid-cell: the stop checks, the cell's job wrote
+    `cell-failed`, onerror stopped the server; then the rerun checks."""
+    proc = run_during_hang(run, shim, lambda p: kill_group(p, sig))
+    check_stopped_cleanly(checks, run, proc, cause=rf"Terminated: .*{sig.name}", finished=1)
     events = [e for _, e, _ in run.events()]
     checks.check("the cell job wrote `cell-failed`", "cell-failed" in events, events)
     checks.check("onerror stopped the server (last event `stop`)", events[-1] == "stop", events)
     rerun_and_check(checks, run, reference)
+
+
+def test_snakemake_gets_sighup(
+    checks: Checks, make_run: Callable[..., Run], shim: FaultShim, reference: pd.DataFrame
+) -> None:
+    checks.scenario("snakemake's process group gets SIGHUP (the SSH session drops) mid-cell")
+    _terminated_mid_cell(checks, make_run(WITHIN), shim, reference, signal.SIGHUP)
 
 
 def _edit_config(run: Run, change: Callable[[dict[str, object]], None]) -> None:
@@ -344,7 +354,7 @@ def test_config_changed_after_a_run(checks: Checks, make_run: Callable[..., Run]
     _edit_config(run, lambda c: c.update(warmup_after_start=1))
     again = run.snakemake("--cores", "1", *targets)
     checks.check("the run after the warm-up change succeeds", again.returncode == 0, output(again))
-    ran = [f["cell"] for _, e, f in run.events()[n_events:] if e == "cell-start"]
+    ran = run.started(n_events)
     checks.check("a warm-up change reruns every cell", sorted(ran) == sorted(run.cells), str(ran))
 
     summary = run.run_dir / "summary.json"
@@ -364,11 +374,7 @@ def test_config_changed_after_a_run(checks: Checks, make_run: Callable[..., Run]
     proc = run.snakemake(
         "--cores", "1", "--forcerun", "collect_results", "--allowed-rules", "collect_results", table
     )
-    checks.check("re-aggregation exits non-zero", proc.returncode != 0, output(proc)[-3000:])
-    lines = error_lines(output(proc))
-    checks.check("a one-line `servesweep: <Kind>: ...` error", bool(lines), output(proc)[-3000:])
-    line = lines[0]
-    checks.message(line)
+    line = _one_line_error(checks, proc)
     checks.check(
         "the error names the cells and the differing key, never relabels",
         all(c in line for c in run.cells) and "client.tokenizer" in line,
@@ -383,13 +389,9 @@ def test_watchdog_stops_a_frozen_server(
         "the server freezes mid-cell (SIGSTOP, as a GPU or NCCL hang): the watchdog aborts the "
         "cell (validation.stall_timeout_s 3, request_timeout_s 300)"
     )
-    workload = {
-        "input_len": 512,
-        "output_len": 4,
-        "num_requests": REQUESTS,
-        "request_timeout_s": LONG_REQUEST_TIMEOUT_S,
-    }
-    run = make_run(WITHIN, workload=workload, validation={"stall_timeout_s": 3})
+    run = make_run(
+        WITHIN, workload=workload(LONG_REQUEST_TIMEOUT_S), validation={"stall_timeout_s": 3}
+    )
 
     def freeze(_: subprocess.Popen[str]) -> None:
         state = json.loads((run.run_dir / "service" / "current.json").read_text())
@@ -511,6 +513,16 @@ def _files_holding(root: Path, text: str) -> list[str]:
     return [str(p) for p in root.rglob("*") if p.is_file() and text.encode() in p.read_bytes()]
 
 
+def _run_beside_foreign_client(
+    make_run: Callable[..., Run], *, with_key: bool
+) -> tuple[Run, subprocess.CompletedProcess[str], ForeignClient]:
+    """A WITHIN run (validation.foreign_requests_invalid) while a ForeignClient sends requests."""
+    run = make_run(WITHIN, validation={"foreign_requests_invalid": True})
+    with ForeignClient(run, with_key=with_key) as foreign:
+        proc = run.snakemake()
+    return run, proc, foreign
+
+
 def test_foreign_requests_without_the_key(
     checks: Checks, make_run: Callable[..., Run], reference: pd.DataFrame
 ) -> None:
@@ -518,9 +530,7 @@ def test_foreign_requests_without_the_key(
         "another client on the network sends requests to the server during a cell, without "
         "the service's API key"
     )
-    run = make_run(WITHIN, validation={"foreign_requests_invalid": True})
-    with ForeignClient(run, with_key=False) as foreign:
-        proc = run.snakemake()
+    run, proc, foreign = _run_beside_foreign_client(make_run, with_key=False)
     checks.check("the run succeeds", proc.returncode == 0, output(proc)[-3000:])
     checks.check(
         "every foreign request is refused with 401 (SGLang's --api-key; the sim enforces it)",
@@ -547,16 +557,12 @@ def test_foreign_requests_without_the_key(
         bool(foreign.key) and not _files_holding(run.workdir, foreign.key),
         str(_files_holding(run.workdir, foreign.key)),
     )
-    df = pd.read_csv(run.run_dir / "results.csv")
-    keys = ["server_id", "client_id"]
-    ref = reference[reference["server_id"].isin(df["server_id"])]
+    got = stable(pd.read_csv(run.run_dir / "results.csv"))
+    want = stable(reference[reference["server_id"].isin(got["server_id"])])
     checks.check(
         "results.csv equals an undisturbed run's (cells, counts, token totals)",
-        df[STABLE_COLUMNS]
-        .sort_values(keys)
-        .reset_index(drop=True)
-        .equals(ref[STABLE_COLUMNS].sort_values(keys).reset_index(drop=True)),
-        f"{df[STABLE_COLUMNS]}\nvs\n{ref[STABLE_COLUMNS]}",
+        got.equals(want),
+        f"{got}\nvs\n{want}",
     )
 
 
@@ -567,9 +573,7 @@ def test_foreign_requests_with_the_key_counted(
         "someone holding the key (same uid: the server's environment) sends requests during a "
         "cell; validation.foreign_requests_invalid is true"
     )
-    run = make_run(WITHIN, validation={"foreign_requests_invalid": True})
-    with ForeignClient(run, with_key=True) as foreign:
-        proc = run.snakemake()
+    run, proc, foreign = _run_beside_foreign_client(make_run, with_key=True)
     checks.check("foreign requests were answered", 200 in foreign.statuses, str(foreign.statuses))
     line = check_stopped_cleanly(
         checks,
@@ -583,26 +587,6 @@ def test_foreign_requests_with_the_key_counted(
         "a `foreign-requests` event names the cell", bool(events) and cell_named(events, line), ""
     )
     rerun_and_check(checks, run, reference)
-
-
-def _servesweep(run: Run, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from servesweep.workflow.cli import main; sys.exit(main(sys.argv[1:]))",  # noqa: E501
-            *args,
-            "--configfile",
-            str(run.config),
-            "--results",
-            str(run.workdir / "results"),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=run.workdir,
-        env=run.full_env(),
-        timeout=300,
-    )
 
 
 def test_service_key_found_by_a_later_run(checks: Checks, make_run: Callable[..., Run]) -> None:
@@ -656,13 +640,7 @@ def test_snakemake_gets_sigterm(
         "snakemake's process group gets SIGTERM mid-cell (a batch system ending the job): the "
         "cell's own line, not 'job process N ended without a status'"
     )
-    run = make_run(WITHIN)
-    proc = run_during_hang(run, shim, lambda p: kill_group(p, signal.SIGTERM))
-    check_stopped_cleanly(checks, run, proc, cause=r"Terminated: .*SIGTERM", finished=1)
-    events = [e for _, e, _ in run.events()]
-    checks.check("the cell job wrote `cell-failed`", "cell-failed" in events, events)
-    checks.check("onerror stopped the server (last event `stop`)", events[-1] == "stop", events)
-    rerun_and_check(checks, run, reference)
+    _terminated_mid_cell(checks, make_run(WITHIN), shim, reference, signal.SIGTERM)
 
 
 @pytest.mark.parametrize(
@@ -675,8 +653,7 @@ def test_corrupt_record_rejected_by_aggregation(
 ) -> None:
     what = "cut in the middle of its line" if damage == "cut" else "with bytes overwritten"
     checks.scenario(f"a finished raw record {what}, then re-aggregated")
-    run = make_run(ACROSS)
-    _finished(checks, run)
+    run = _finished(checks, make_run)
     cell = run.cells[0]
     raw = run.raw(cell)
     data = raw.read_bytes()
@@ -713,8 +690,7 @@ def test_event_log_disk_full(checks: Checks, make_run: Callable[..., Run]) -> No
     checks.scenario(
         "orchestrator.log is on a full disk when a cell starts (ENOSPC while logging an event)"
     )
-    run = make_run(ACROSS)
-    _finished(checks, run)
+    run = _finished(checks, make_run)
     cell = run.cells[-1]
     run.raw(cell).unlink()
     log = run.run_dir / "orchestrator.log"
@@ -724,12 +700,7 @@ def test_event_log_disk_full(checks: Checks, make_run: Callable[..., Run]) -> No
         target = mount / "orchestrator.log"
         log.unlink()
         log.symlink_to(target)
-        proc = run.snakemake()
-        checks.check("the run exits non-zero", proc.returncode != 0, output(proc)[-2000:])
-        lines = error_lines(output(proc))
-        checks.check("a one-line `servesweep: <Kind>: ...` error", bool(lines), output(proc))
-        line = lines[0]
-        checks.message(line)
+        line = _one_line_error(checks, run.snakemake(), "the run")
         checks.check(
             "the error names the cell, the file and the cause",
             f"cell {cell}" in line and "orchestrator.log" in line and "No space left" in line,
@@ -740,8 +711,4 @@ def test_event_log_disk_full(checks: Checks, make_run: Callable[..., Run]) -> No
         log.unlink()
         log.write_bytes(kept)
         filler.unlink()
-    n_events = len(run.events())
-    rerun = run.snakemake()
-    checks.check("the rerun succeeds", rerun.returncode == 0, output(rerun)[-3000:])
-    ran = [f["cell"] for _, e, f in run.events()[n_events:] if e == "cell-start"]
-    checks.check("the rerun runs that cell alone", ran == [cell], str(ran))
+    _reruns_alone(checks, run, cell)

@@ -68,5 +68,5 @@ def test_commands_warns_on_guesses_and_unresolved_aliases(
 def test_the_default_site_folder_is_the_checkouts() -> None:
     from servesweep.config.site import DEFAULT_SITE_DIR
 
-    assert DEFAULT_SITE_DIR == Path(__file__).resolve().parents[2] / "config" / "site"
+    assert Path(__file__).resolve().parents[2] / "config" / "site" == DEFAULT_SITE_DIR
     assert DEFAULT_SITE_DIR.is_dir()
