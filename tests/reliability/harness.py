@@ -313,8 +313,12 @@ def output(proc: subprocess.CompletedProcess[str]) -> str:
 
 
 def error_lines(text: str) -> list[str]:
-    """The one-line errors servesweep printed (`servesweep: <Kind>: ...`)."""
-    return [line for line in text.splitlines() if re.match(r"^servesweep: [A-Za-z]+: ", line)]
+    """The one-line errors servesweep printed (`servesweep: <Kind>: ...`), each from its marker
+    on. A signal to the whole process group (SIGHUP, SIGTERM) makes Snakemake and the job write
+    to the shared stderr at once, so the job's line can start after Snakemake's text on the
+    same line ("...currently running jobs (scheduler).servesweep: Terminated: ...")."""
+    found = (re.search(r"servesweep: [A-Za-z]+: .*", line) for line in text.splitlines())
+    return [m.group(0) for m in found if m]
 
 
 def wait_for(predicate: Callable[[], bool], limit_s: float = 60.0, what: str = "") -> None:
