@@ -27,6 +27,7 @@ from servesweep.analysis.results import (
     write_results_csv,
 )
 from servesweep.analysis.summary import load_requests, summarize, write_summary
+from servesweep.config.matrix import segment
 from servesweep.config.schema import MIN_RETOKENIZED_RATIO, NAME_PATTERN
 from servesweep.core.files import strict_json, write_json_atomic, write_text_atomic
 from servesweep.measure.checks import CheckInputError
@@ -148,17 +149,6 @@ def _axes(rules: dict[str, str | RecordField], *, rel: str, data: dict[str, Any]
     return out
 
 
-def _segment(axes: dict[str, Any], empty: str) -> str:
-    """A cell id as the workflow writes it (config: `name~value,...`)."""
-    if not axes:
-        return empty
-    parts = []
-    for k, v in axes.items():
-        v = int(v) if isinstance(v, float) and v.is_integer() else v
-        parts.append(f"{k}~{str(v).lower() if isinstance(v, bool) else v}")
-    return ",".join(parts)
-
-
 def _records(path: Path) -> list[tuple[int, str]]:
     return [(n, line) for n, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
 
@@ -211,7 +201,7 @@ def import_run(
                 continue
             if verdict.warnings:
                 report.warnings.append(f"{where}: {verdict.line()}")
-            key = (_segment(server, "default"), _segment(client, "default"))
+            key = (segment(server, "default"), segment(client, "default"))
             entry = {"where": where, "line": line, "data": data, "record": record, "repeat": repeat}
             cells.setdefault(key, []).append({**entry, "server": server, "client": client})
     rows, request_keys, request_figures = [], [], []

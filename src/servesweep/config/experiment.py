@@ -6,10 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import (
-    Field,
-    model_validator,
-)
+from pydantic import Field, model_validator
 
 from servesweep.config.schema import (
     NAME_PATTERN,

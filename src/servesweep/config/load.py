@@ -8,10 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import (
-    TypeAdapter,
-    ValidationError,
-)
+from pydantic import TypeAdapter, ValidationError
 
 from servesweep.config.experiment import Experiment
 from servesweep.config.schema import ServerArgs, Workload, error_key

@@ -8,17 +8,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import (
-    BaseModel,
-)
+from pydantic import BaseModel
 
 from servesweep.config.experiment import Experiment, role_layouts
 from servesweep.config.schema import RouterConfig, ServerArgs, Workload, combinations
 
-# ---------------------------------------------------------------- matrix expansion
-
 
 def segment(axes: Mapping[str, Any], empty: str) -> str:
+    """A server or client id as the workflow writes it: `name~value,...` (`empty` without
+    axes); also the ids an imported run gets (analysis.importer)."""
     if not axes:
         return empty
     return ",".join(f"{k}~{_fmt(v)}" for k, v in axes.items())

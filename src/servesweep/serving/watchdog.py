@@ -30,8 +30,8 @@ def progress(urls: list[str], timeout: float = 5.0) -> tuple[float, ...] | None:
     no endpoint has them."""
     values: list[float] = []
     for url in urls:
-        status, text = http.request(f"{url}/metrics", timeout=timeout)
-        if status == 200:
+        text = http.text(f"{url}/metrics", timeout)
+        if text is not None:
             values += [float(v) for _, v in _COUNTER.findall(text)]
     return tuple(values) or None
 
