@@ -19,6 +19,21 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / "config" / "config.yaml"
 
 
+def two_configs_one_cell() -> dict[str, Any]:
+    """The smallest matrix that starts two server configs: the MoE runners marlin and
+    flashinfer_mxfp4, one client cell of 8 requests at concurrency 4 (a fresh dict per call)."""
+    return {
+        "matrix": {
+            "server": {
+                "moe_runner_backend": ["marlin", "flashinfer_mxfp4"],
+                "chunked_prefill_size": [8192],
+            },
+            "client": {"concurrency": [4]},
+        },
+        "workload": {"input_len": 2048, "num_requests": 8},
+    }
+
+
 def deep_update(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     """Recursively merge `changes` into a copy of `base` (lists are replaced)."""
     out = copy.deepcopy(base)

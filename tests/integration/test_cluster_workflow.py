@@ -15,7 +15,7 @@ import yaml
 
 from servesweep.cluster.ssh import SshTransport
 from servesweep.core.events import read_events
-from tests.helpers import REPO, experiment_file, run_snakemake
+from tests.helpers import REPO, experiment_file, run_snakemake, two_configs_one_cell
 from tests.integration.nodes import NODES, sim_in_docker, ssh_cluster
 
 pytestmark = pytest.mark.integration
@@ -48,14 +48,7 @@ def _config(nodes_dir: Path, run_id: str, **extra: object) -> dict:
         },
         "server": {"tp_size": 32, "ep_size": 32},
         "telemetry": {"gpu_interval_ms": 200},
-        "matrix": {
-            "server": {
-                "moe_runner_backend": ["marlin", "flashinfer_mxfp4"],
-                "chunked_prefill_size": [8192],
-            },
-            "client": {"concurrency": [4]},
-        },
-        "workload": {"input_len": 2048, "num_requests": 8},
+        **two_configs_one_cell(),
         "repeats": 1,
         **extra,
     }

@@ -13,7 +13,7 @@ import yaml
 from servesweep.cluster.pools import node_overlaps
 from servesweep.cluster.ssh import SshTransport
 from servesweep.core.events import read_events
-from tests.helpers import REPO, experiment_file, free_port, run_snakemake
+from tests.helpers import REPO, experiment_file, free_port, run_snakemake, two_configs_one_cell
 from tests.integration.nodes import NODES, sim_in_docker, ssh_cluster
 
 pytestmark = pytest.mark.integration
@@ -59,14 +59,7 @@ def test_two_pools_over_ssh_and_docker(
         },
         "server": {"tp_size": 16, "ep_size": 16},
         "telemetry": {"gpu_interval_ms": 200},
-        "matrix": {
-            "server": {
-                "moe_runner_backend": ["marlin", "flashinfer_mxfp4"],
-                "chunked_prefill_size": [8192],
-            },
-            "client": {"concurrency": [4]},
-        },
-        "workload": {"input_len": 2048, "num_requests": 8},
+        **two_configs_one_cell(),
         "repeats": 2,
     }
     cfg = experiment_file(tmp_path, changes)

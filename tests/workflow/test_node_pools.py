@@ -10,7 +10,7 @@ import yaml
 
 from servesweep.cluster.pools import node_overlaps
 from servesweep.core.events import read_events
-from tests.helpers import REPO, deep_update, run_snakemake
+from tests.helpers import REPO, deep_update, run_snakemake, two_configs_one_cell
 
 pytestmark = pytest.mark.workflow
 
@@ -24,14 +24,7 @@ def _config(tmp_path: Path, faults: dict) -> Path:
         {
             "run_id": RUN_ID,
             "engine": {"sim": {"time_scale": 0.001, "startup_s": 5, "faults": faults}},
-            "matrix": {
-                "server": {
-                    "moe_runner_backend": ["marlin", "flashinfer_mxfp4"],
-                    "chunked_prefill_size": [8192],
-                },
-                "client": {"concurrency": [4]},
-            },
-            "workload": {"input_len": 2048, "num_requests": 8},
+            **two_configs_one_cell(),
             "repeats": 2,
         },
     )
