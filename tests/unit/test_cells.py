@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,7 +29,7 @@ from servesweep.measure.cells import (
     server_lock,
     warn_gpu_gaps,
 )
-from servesweep.measure.client import client_timeout, client_usage
+from servesweep.measure.client import client_labels, client_timeout, client_usage
 from servesweep.measure.loadgen import usage
 from servesweep.measure.records import BenchRecord, read_record
 from servesweep.serving.servers import ServerManager
@@ -99,6 +101,35 @@ def test_invalid_record_leaves_no_raw_file(tmp_path: Path) -> None:
     assert not paths.raw(cell).exists() and not paths.gpu(cell).exists()
     assert paths.bench_log(cell).exists()
     assert [e for _, e, _ in read_events(paths.orchestrator_log)].count("cell-failed") == 1
+
+
+def test_an_interrupted_cell_job_stops_the_client_it_started(tmp_path: Path) -> None:
+    """Ctrl-C or SIGTERM that reaches the cell job but not its client (an SSH node's container,
+    a client that half-handles it) leaves no client behind: the job stops it on the way out."""
+    exp, paths, manager, cell = _setup(tmp_path, {"hang_at": [1, 2, 3, 4]})
+    node = exp.cluster.nodes[0]
+    labels = client_labels(exp=exp, manager=manager)
+    interrupted: list[str] = []
+
+    def interrupt_once_the_client_runs() -> None:
+        deadline = time.monotonic() + 120
+        while not manager.runtime.find(node, labels) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        interrupted.extend(manager.runtime.find(node, labels))
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # this process only
+
+    thread = threading.Thread(target=interrupt_once_the_client_runs, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(KeyboardInterrupt, match=f"cell {cell.key} interrupted"):
+            run_cell(exp=exp, cell=cell, manager=manager, **_files(paths, cell))
+        left = manager.runtime.find(node, labels)  # before the server stops (the client would end)
+    finally:
+        thread.join()
+        manager.stop_all(reason="test")
+    assert interrupted, "the client never started"
+    assert left == [], "the interrupted job left its client"
+    assert not paths.raw(cell).exists() and not paths.gpu(cell).exists()
 
 
 def test_a_missing_or_garbled_usage_line_is_one_warning_and_no_figures(

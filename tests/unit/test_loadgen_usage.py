@@ -108,9 +108,35 @@ def test_a_signal_to_the_wrapper_reaches_the_child(tmp_path, sig):
     finally:
         wrapper.kill()
     assert _gone(child), "the child outlived its wrapper"
-    # SIGTERM kills the child; an uncaught KeyboardInterrupt ends Python by SIGINT as well
-    expected = 128 + sig
+    expected = 128 + signal.SIGTERM  # either signal ends the child by SIGTERM
     assert wrapper.returncode == expected and figures(err).returncode == expected
+
+
+def test_ctrl_c_to_the_group_ends_a_child_that_half_handles_sigint(tmp_path):
+    """A Ctrl-C reaches the wrapper and its child alike; a child that takes SIGINT as a request
+    to wind down and then never does (asyncio after a second SIGINT can) still ends."""
+    pid_file = tmp_path / "child.pid"
+    code = (
+        "import os, signal, time; signal.signal(signal.SIGINT, lambda n, f: None); "
+        f"open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    )
+    wrapper = subprocess.Popen(
+        usage.wrapped([PY, "-c", code], python=PY),
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a group of its own: the test's Ctrl-C
+    )
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline, "the child never started"
+            time.sleep(0.02)
+        os.killpg(wrapper.pid, signal.SIGINT)
+        _, err = wrapper.communicate(timeout=WAIT_S)
+    finally:
+        wrapper.kill()
+    assert _gone(int(pid_file.read_text())), "the child outlived the Ctrl-C"
+    assert wrapper.returncode == 128 + signal.SIGTERM == figures(err).returncode
 
 
 def test_a_killed_wrapper_takes_its_child_along(tmp_path):

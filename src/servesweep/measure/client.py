@@ -79,6 +79,7 @@ def run_client(
     bench_log.parent.mkdir(parents=True, exist_ok=True)
     alone = measured_alone(exp=exp, manager=manager, state=state, tag=tag)
     counters = isolation.request_counters(_entry_urls(state), key=key)
+    labels = client_labels(exp=exp, manager=manager)
     watchdog = Watchdog(
         health_url=f"{state.base_url}/health",
         metric_urls=[r.url for r in state.ranks if r.url] or [state.base_url],
@@ -86,14 +87,16 @@ def run_client(
         node=state.ranks[0].node if state.ranks else node,
         cell=tag,
         window_s=exp.validation.stall_timeout_s,
-        abort=lambda: isolation.stop_clients(
-            runtime=manager.runtime, node=node, labels=client_labels(exp=exp, manager=manager)
-        ),
+        abort=lambda: isolation.stop_clients(runtime=manager.runtime, node=node, labels=labels),
     )
     try:
         try:
             with watchdog:
-                result = manager.runtime.run_oneshot(launch, timeout=client_timeout(workload))
+                try:
+                    result = manager.runtime.run_oneshot(launch, timeout=client_timeout(workload))
+                except BaseException:
+                    _stop_left_client(manager, node=node, labels=labels, cell=tag)
+                    raise
         finally:
             if not direct:
                 _fetch_log(manager, node=node, remote=node_log, local=bench_log)
@@ -130,6 +133,19 @@ def run_client(
             **({} if process is None else {usage.RECORD_KEY: process.to_dict()}),
         }
     )
+
+
+def _stop_left_client(
+    manager: ServerManager, *, node: str, labels: dict[str, str], cell: str
+) -> None:
+    """After the client's command did not return (Ctrl-C, SIGTERM, a timeout, a dropped SSH
+    session): stop the client it left, if any (an SSH client's container outlives its
+    session; a local one, its shell), so no process of this cell goes on loading the server
+    or outlives the job. Best effort: the cell's own error is what the job reports."""
+    try:
+        isolation.stop_clients(runtime=manager.runtime, node=node, labels=labels)
+    except Exception as exc:  # noqa: BLE001 - never hides the cell's own error
+        logger.warning("cell %s: could not stop its client on node %s: %s", cell, node, exc)
 
 
 def client_usage(bench_log: Path, *, cell: str) -> usage.ProcessUsage | None:

@@ -17,9 +17,12 @@ CPU_PCT_COLUMN = "client_process_cpu_pct"  # % of one core: selfcheck.saturated'
 COLUMNS = ("client_process_wall_s", "client_process_cpu_s", CPU_PCT_COLUMN)
 
 # `python -c WRAPPER CLIENT_ARGV...`: it must not import servesweep (SGLang's image lacks it).
-# It starts the client as its child (which dies with it: PR_SET_PDEATHSIG, SIGKILL), forwards
-# SIGTERM and SIGINT to it (a stopped job leaves no client behind: isolation.stop_clients
-# signals the top labelled process, the docker runtime removes the whole container), waits
+# It starts the client as its child (which dies with it: PR_SET_PDEATHSIG, SIGKILL), ends it
+# by SIGTERM on SIGTERM or SIGINT (a stopped job leaves no client behind: isolation.stop_clients
+# signals the top labelled process, the docker runtime removes the whole container). SIGINT is
+# not passed on as such: a Ctrl-C to the process group reaches the child too, and asyncio (both
+# clients) takes a second SIGINT as a KeyboardInterrupt raised wherever the loop happens to be,
+# which can leave its shutdown waiting forever; neither client handles SIGTERM. It waits
 # (os.wait4: the child's rusage, its waited-for children included), prints MARK and the
 # figures, and exits with the child's code (128 + N for signal N). One line without single
 # quotes: commands.sh keeps one line per command, quoted plainly.
@@ -30,7 +33,7 @@ WRAPPER = ";".join(
         "t=time.monotonic()",
         "p=subprocess.Popen(sys.argv[1:],preexec_fn=d and (lambda:d(1,9)))",
         "r=[]",
-        "[signal.signal(s,lambda n,f:r or os.kill(p.pid,n)) for s in (signal.SIGTERM,"
+        "[signal.signal(s,lambda n,f:r or os.kill(p.pid,signal.SIGTERM)) for s in (signal.SIGTERM,"
         "signal.SIGINT)]",
         "_,w,u=os.wait4(p.pid,0)",
         "r.append(1)",
