@@ -71,12 +71,21 @@ def test_child_gets_the_environment_and_the_client_argv_unchanged():
     assert "'" not in argv[2] and "\n" not in argv[2]  # one plainly quoted line in commands.sh
 
 
-def _start_child_reporting_pid(tmp_path: Path) -> tuple[subprocess.Popen[str], int]:
-    """The wrapper around a child that writes its pid and then sleeps; both pids."""
+def _start_child_reporting_pid(
+    tmp_path: Path, *, prelude: str = "", own_group: bool = False
+) -> tuple[subprocess.Popen[str], int]:
+    """The wrapper around a child that runs `prelude`, writes its pid and then sleeps; both
+    pids. `own_group`: the wrapper leads a process group of its own (for a Ctrl-C to it)."""
     pid_file = tmp_path / "child.pid"
-    code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    code = (
+        f"import os, signal, time; {prelude}"
+        f"open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    )
     wrapper = subprocess.Popen(
-        usage.wrapped([PY, "-c", code], python=PY), stderr=subprocess.PIPE, text=True
+        usage.wrapped([PY, "-c", code], python=PY),
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=own_group,
     )
     deadline = time.monotonic() + WAIT_S
     while not pid_file.exists() or not pid_file.read_text():
@@ -115,27 +124,15 @@ def test_a_signal_to_the_wrapper_reaches_the_child(tmp_path, sig):
 def test_ctrl_c_to_the_group_ends_a_child_that_half_handles_sigint(tmp_path):
     """A Ctrl-C reaches the wrapper and its child alike; a child that takes SIGINT as a request
     to wind down and then never does (asyncio after a second SIGINT can) still ends."""
-    pid_file = tmp_path / "child.pid"
-    code = (
-        "import os, signal, time; signal.signal(signal.SIGINT, lambda n, f: None); "
-        f"open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
-    )
-    wrapper = subprocess.Popen(
-        usage.wrapped([PY, "-c", code], python=PY),
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # a group of its own: the test's Ctrl-C
+    wrapper, child = _start_child_reporting_pid(
+        tmp_path, prelude="signal.signal(signal.SIGINT, lambda n, f: None); ", own_group=True
     )
     try:
-        deadline = time.monotonic() + WAIT_S
-        while not pid_file.exists() or not pid_file.read_text():
-            assert time.monotonic() < deadline, "the child never started"
-            time.sleep(0.02)
         os.killpg(wrapper.pid, signal.SIGINT)
         _, err = wrapper.communicate(timeout=WAIT_S)
     finally:
         wrapper.kill()
-    assert _gone(int(pid_file.read_text())), "the child outlived the Ctrl-C"
+    assert _gone(child), "the child outlived the Ctrl-C"
     assert wrapper.returncode == 128 + signal.SIGTERM == figures(err).returncode
 
 
