@@ -79,7 +79,7 @@ def stage_bench(*, wheel: Path, dest: Path) -> Path:
     with zipfile.ZipFile(wheel) as zf:
         members = [n for n in zf.namelist() if n.startswith(BENCH_PREFIX)]
         if not any(n.endswith("benchmark/serving.py") for n in members):
-            raise WheelNotFound(f"{wheel} has no {BENCH_PREFIX}serving.py (sglang < 0.5.18?)")
+            raise WheelNotFound(f"{wheel} has no {BENCH_PREFIX}serving.py (sglang < 0.5.17?)")
         zf.extractall(dest, members=members)
     for rel, text in STUBS.items():
         path = dest / rel

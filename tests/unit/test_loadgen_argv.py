@@ -93,7 +93,8 @@ def test_bench_serving_needs_a_tokenizer():
         ("0.5.23", "sglang.benchmark.serving"),
         ("0.5.18", "sglang.benchmark.serving"),
         ("v0.5.20-cu129-amd64", "sglang.benchmark.serving"),
-        ("0.5.17", "sglang.bench_serving"),
+        ("0.5.17", "sglang.benchmark.serving"),  # seen in the 0.5.17 wheel (H200 rehearsal)
+        ("0.5.16", "sglang.bench_serving"),
         ("0.5.10.post1", "sglang.bench_serving"),
         ("0.4.10.post2", "sglang.bench_serving"),
         ("latest", "sglang.benchmark.serving"),

@@ -23,6 +23,8 @@ SERVER_AXIS_ENV = {
 CLIENT_AXIS_ENV = {"CONCURRENCIES_CSV": "concurrency"}
 # Env variables that set one shared server argument.
 SERVER_ARG_ENV = {"EP_SIZE": "ep_size"}
+# Env variable that picks the load generator (client.kind: builtin | bench_serving).
+CLIENT_KIND_ENV = "CLIENT_KIND"
 # Env variables that only select what runs: aggregates still cover every finished cell-repeat
 # of the run's configured matrix (config.unnarrowed_env).
 NARROWING_ENV = frozenset({*SERVER_AXIS_ENV, *CLIENT_AXIS_ENV, "SUITE"})
@@ -52,12 +54,20 @@ def _csv(value: str, name: str) -> list[str]:
 
 
 def apply_env(raw: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
-    """Return a copy of the raw config with RUN_ID, EP_SIZE and the *_CSV axes applied."""
+    """Return a copy of the raw config with RUN_ID, SUITE, CLIENT_KIND, EP_SIZE and the *_CSV
+    axes applied."""
     data = json.loads(json.dumps(dict(raw), default=str))
     if env.get("RUN_ID"):
         data["run_id"] = env["RUN_ID"]
     if env.get("SUITE"):
         data["suite"] = env["SUITE"]
+    if CLIENT_KIND_ENV in env:
+        if not env[CLIENT_KIND_ENV].strip():
+            raise ConfigError(
+                f"env {CLIENT_KIND_ENV}={env[CLIENT_KIND_ENV]!r}: empty (unset it to keep the "
+                "config's client.kind)"
+            )
+        data.setdefault("client", {})["kind"] = env[CLIENT_KIND_ENV].strip()
     for var, arg in SERVER_ARG_ENV.items():
         if var in env:
             if not env[var].strip():

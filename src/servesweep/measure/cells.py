@@ -75,7 +75,9 @@ def flush_radix_cache(*, cell: CellRepeat, manager: ServerManager, state: Server
     urls = [r.url for r in state.ranks if r.url and r.role in cached and r.role != ROUTER_ROLE]
     if not urls:
         return False
-    isolation.flush_cache(urls=urls, server=state.server_id, cell=cell.key)
+    isolation.flush_cache(
+        urls=urls, server=state.server_id, cell=cell.key, key=manager.api_key(state)
+    )
     manager.events.emit("flush-cache", cell=cell.key, roles=",".join(sorted(cached)))
     return True
 

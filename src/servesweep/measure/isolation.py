@@ -181,13 +181,21 @@ def wait_idle(
         time.sleep(POLL_S)
 
 
-def flush_cache(*, urls: list[str], server: str, cell: str, wait_s: float = IDLE_WAIT_S) -> None:
+def flush_cache(
+    *,
+    urls: list[str],
+    server: str,
+    cell: str,
+    key: Secret | None = None,
+    wait_s: float = IDLE_WAIT_S,
+) -> None:
     """POST SGLang's `/flush_cache` on each engine endpoint (http_server.py: GET or POST; 200
-    when flushed, 400 while requests run or wait), retrying until `wait_s`; ServerBusy after."""
+    when flushed, 400 while requests run or wait; 401 without the server's `--api-key`),
+    retrying until `wait_s`; ServerBusy after."""
     for url in urls:
         deadline = time.monotonic() + wait_s
         while True:
-            status, _ = http.request(f"{url}/flush_cache", timeout=30.0, method="POST")
+            status, _ = http.request(f"{url}/flush_cache", timeout=30.0, method="POST", key=key)
             if status == 200:
                 break
             if time.monotonic() >= deadline:

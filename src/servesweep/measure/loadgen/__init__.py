@@ -15,9 +15,11 @@ if TYPE_CHECKING:  # the client process imports this package: keep pydantic mode
 ClientKind = Literal["builtin", "bench_serving"]
 
 BUILTIN_MODULE = "servesweep.measure.loadgen.builtin"
-BENCH_MODULE = "sglang.benchmark.serving"  # sglang >= 0.5.18
-OLD_BENCH_MODULE = "sglang.bench_serving"  # sglang < 0.5.18 (later a deprecated shim)
-BENCH_MODULE_SINCE = (0, 5, 18)
+# The 0.5.17 wheel (the H200 rehearsal's) already has sglang.benchmark.serving, with
+# sglang.bench_serving a deprecated shim; when it moved before that is not checked.
+BENCH_MODULE = "sglang.benchmark.serving"  # sglang >= 0.5.17
+OLD_BENCH_MODULE = "sglang.bench_serving"  # sglang < 0.5.17 (later a deprecated shim)
+BENCH_MODULE_SINCE = (0, 5, 17)
 
 
 def _version_tuple(version: str) -> tuple[int, ...] | None:

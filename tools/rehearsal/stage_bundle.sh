@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Stage the offline bundle for the H200 rehearsal (docs/rehearsal.md): SGLang 0.5.17 and
+# servesweep's workflow dependencies, for a GPU machine that has no package index and whose
+# python3 3.12 already holds torch 2.11.0+cu130, triton, numpy, pandas, matplotlib, aiohttp, ...
+#
+# Usage (on a machine with a package index, from the checkout):
+#   bash tools/rehearsal/stage_bundle.sh .bundle
+# Writes .bundle/site.tar.xz (unpack it on the GPU machine and put it first on PYTHONPATH;
+# tools/rehearsal/run.sh does both). .bundle/wheels keeps the downloads, so a rerun fetches
+# nothing. Any python3 with pip works here: cp312/manylinux wheels are chosen by flags.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=${1:?usage: stage_bundle.sh OUTDIR}
+mkdir -p "$out/wheels"
+out=$(cd "$out" && pwd)
+py=${PY:-python3}
+req="$here/bundle-requirements.txt"
+
+plat=(--only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 --abi abi3
+  --abi none --platform any --platform manylinux1_x86_64 --platform manylinux2014_x86_64)
+for n in 5 17 24 26 27 28 31 34 35; do plat+=(--platform "manylinux_2_${n}_x86_64"); done
+
+echo "== download (no deps: the file lists every package)"
+grep -v '^#' "$req" | while read -r pin; do
+  "$py" -m pip download -q --no-deps "${plat[@]}" -d "$out/wheels" "$pin" 2>/dev/null && continue
+  # No wheel on the index (e.g. connection-pool 0.0.3): build one, which must be pure Python.
+  "$py" -m pip wheel -q --no-deps -w "$out/wheels" "$pin"
+  ls "$out/wheels" | grep -qi "^${pin%%==*}-${pin##*==}-py3-none-any.whl$" \
+    || ls "$out/wheels" | grep -qi "^$(tr - _ <<<"${pin%%==*}")-${pin##*==}-py3-none-any.whl$" \
+    || { echo "stage_bundle: $pin has no cp312 wheel and is not pure Python" >&2; exit 1; }
+done
+
+echo "== install into $out/site"
+rm -rf "$out/site"
+"$py" -m pip install -q --no-deps --no-compile --no-index --find-links "$out/wheels" \
+  "${plat[@]}" --target "$out/site" -r "$req"
+
+echo "== slim (what the rehearsal never loads)"
+s=$out/site
+# sgl-kernel: Hopper's common ops stay; FA3 (1.1 GB), Blackwell, InfLLM and FlashMLA ops go.
+rm -f "$s"/sgl_kernel/flash_ops.*.so "$s"/sgl_kernel/infllm_ops*.so "$s"/sgl_kernel/flashmla_ops*.so
+rm -rf "$s"/sgl_kernel/sm100
+rm -f "$s"/xgrammar/lib/libxgrammar.a # for building against xgrammar, not for running it
+# sglang: the diffusion runtime and the Rust front ends (SGLANG_RUST_SERVER, --grpc-port).
+rm -rf "$s"/sglang/multimodal_gen
+rm -f "$s"/sglang/srt/server/_core*.so "$s"/sglang/srt/grpc/_core*.so \
+  "$s"/sglang/srt/multimodal/_core*.so
+# pulp's bundled CBC binaries: the workflow runs with --scheduler greedy (no ILP solver).
+rm -rf "$s"/pulp/solverdir
+# console scripts carry this machine's interpreter in their shebang; run modules with -m.
+rm -rf "$s"/bin
+du -sh "$s"
+
+echo "== compress"
+tar -C "$s" -cf - . | xz -9 -T0 >"$out/site.tar.xz.tmp"
+mv "$out/site.tar.xz.tmp" "$out/site.tar.xz"
+ls -la "$out/site.tar.xz"
