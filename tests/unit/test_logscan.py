@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from servesweep.serving import logscan
@@ -282,3 +284,33 @@ def test_scan_run_counts_warnings(tmp_path):
     assert scan["warnings"] == {"task_exception": 2, "client_disconnected": 2, "traceback": 2}
     assert scan["warning_findings"] == 6
     assert scan["per_log"]["srv/local.log"]["warnings"]["traceback"] == 2
+
+
+REHEARSAL_LOG = (
+    Path(__file__).parents[1]
+    / "fixtures"
+    / "real"
+    / "logs"
+    / "h200-rehearsal-0517-cold-start-builtin.log"
+)
+
+
+def test_real_readiness_probe_503s_before_the_ready_line_are_no_finding():
+    # SGLang 0.5.17 on the H200 rehearsal: /health answered 503 until its warm-up ran; the
+    # scan counted each as http_5xx (50 warnings on a healthy start).
+    text = REHEARSAL_LOG.read_text(errors="replace")
+    assert text.count('"GET /health HTTP/1.1" 503') > 10
+    findings = logscan.scan_text(text)
+    assert [f for f in findings if f.severity == logscan.FATAL] == []
+    assert "http_5xx" not in logscan.warning_counts(findings)
+
+
+def test_a_health_503_after_the_ready_line_still_counts():
+    probe = 'INFO:     127.0.0.1:1 - "GET /health HTTP/1.1" 503 Service Unavailable'
+    text = (
+        f"[2026-12-02 05:42:20] {probe}\n"
+        f"[2026-12-02 05:42:28] {logscan.READY_LINE}\n"
+        f"[2026-12-02 05:50:00] {probe}\n"
+        '[2026-12-02 05:50:01] INFO:     127.0.0.1:3 - "POST /generate HTTP/1.1" 500 Internal\n'
+    )
+    assert [f.line_no for f in logscan.scan_text(text) if f.name == "http_5xx"] == [3, 4]

@@ -115,6 +115,12 @@ WARNING_PATTERNS: tuple[Pattern, ...] = (
 )
 PATTERNS: tuple[Pattern, ...] = FATAL_PATTERNS + WARNING_PATTERNS
 
+# SGLang answers its readiness probe with 503 until its own warm-up has run (0.5.17 on the H200
+# rehearsal: 50 `"GET /health HTTP/1.1" 503` access lines before the ready line, while our
+# start-up poll waited). Such a line before the ready line is the probe's answer, not a fault;
+# after it, a 5xx on /health counts (the watchdog stops the cell on it).
+READINESS_PROBE = re.compile(r'"(?:GET|HEAD) /health(?:_generate)?(?:\?\S*)? HTTP/[\d.]+" 5\d\d')
+
 # Prefixes put before a log line by whatever carried it, stripped (repeatedly) to read the
 # line's own start: Kubernetes CRI, bracketed ISO collectors, cloud logging, Python logging
 # wrappers, docker compose, and SGLang's own `[date time TPn]` / `[TPn]`.
@@ -179,14 +185,18 @@ def _closing_exception(lines: list[str], start: int) -> str:
 
 def scan_text(text: str) -> list[Finding]:
     """Every (pattern, line) match in a log text, fatal and warning, in line order then
-    pattern order.
+    pattern order (readiness-probe 503s before the ready line are no finding).
 
     Lines are split on newlines only, so line numbers agree with `grep -n` even when progress
     bars wrote carriage returns.
     """
     findings = []
     lines = text.split("\n")
+    ready = False
     for index, line in enumerate(lines):
+        ready = ready or READY_LINE in line
+        if not ready and READINESS_PROBE.search(line):
+            continue
         for pattern in PATTERNS:
             if pattern.regex.search(line):
                 detail = _closing_exception(lines, index) if pattern.name == "traceback" else ""

@@ -151,6 +151,9 @@ class SimServer:
 
     async def health(self, request: web.Request) -> web.Response:
         if not self.ready or self.stopping:
+            # uvicorn's access line, as real SGLang logs each probe before its ready line
+            peer = request.remote or "127.0.0.1"
+            logger.info(f'INFO:     {peer} - "GET {request.path} HTTP/1.1" 503 Service Unavailable')
             return web.Response(status=503)
         ok = await self.engine.probe(timeout_s=self._health_timeout_s)
         return web.Response(status=200 if ok and not self.stopping else 503)
