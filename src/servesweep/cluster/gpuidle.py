@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 # Both with a header (`--format=csv`), so recorded captures parse as they are.
@@ -25,6 +26,7 @@ class GpuState:
     bus_id: str
     used_mib: float
     processes: tuple[str, ...]  # "pid 420 python3 21482 MiB"
+    pids: tuple[int, ...] = ()
 
 
 def _table(text: str) -> list[dict[str, str]]:
@@ -62,18 +64,36 @@ def parse(gpu_csv: str, apps_csv: str) -> list[GpuState]:
                     f"{_mib(a.get('used_gpu_memory', a.get('used_memory', '0'))):.0f} MiB"
                     for a in mine
                 ),
+                pids=tuple(int(a["pid"]) for a in mine if a.get("pid", "").isdigit()),
             )
         )
     return states
 
 
+def held_by_ours(gpu: GpuState, ours: Mapping[int, str]) -> str | None:
+    """What of ours holds `gpu` (the server a run will reuse) when every compute process on it
+    is in `ours` (pid -> server), else None."""
+    if not gpu.pids or len(gpu.pids) != len(gpu.processes):
+        return None
+    holders = [ours.get(pid) for pid in gpu.pids]
+    return None if None in holders else ", ".join(dict.fromkeys(h for h in holders if h))
+
+
 def busy_reason(
-    node: str, states: list[GpuState], *, expected: int, max_used_mib: float
+    node: str,
+    states: list[GpuState],
+    *,
+    expected: int,
+    max_used_mib: float,
+    ours: Mapping[int, str] | None = None,
 ) -> str | None:
-    """None when `expected` GPUs are idle, else one line naming node, GPU, pid and memory."""
+    """None when `expected` GPUs are idle or held only by `ours` (pid -> the server of ours a
+    run reuses), else one line naming node, GPU, pid and memory."""
     if len(states) != expected:
         return f"node {node}: {len(states)} GPUs, cluster.gpus_per_node says {expected}"
     for gpu in states:
+        if held_by_ours(gpu, ours or {}):
+            continue
         if gpu.processes or gpu.used_mib > max_used_mib:
             who = "; ".join(gpu.processes) or "no process listed"
             return (
@@ -90,8 +110,14 @@ def split_probe(output: str) -> tuple[str, str]:
 
 
 def judge_probe(
-    node: str, output: str, *, expected: int, max_used_mib: float
+    node: str,
+    output: str,
+    *,
+    expected: int,
+    max_used_mib: float,
+    ours: Mapping[int, str] | None = None,
 ) -> tuple[int, str | None]:
     """(GPUs seen, busy_reason) of `probe_command`'s output on `node`."""
     states = parse(*split_probe(output))
-    return len(states), busy_reason(node, states, expected=expected, max_used_mib=max_used_mib)
+    reason = busy_reason(node, states, expected=expected, max_used_mib=max_used_mib, ours=ours)
+    return len(states), reason

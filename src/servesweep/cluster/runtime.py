@@ -89,6 +89,10 @@ class Runtime(Protocol):
         "" when it is gone."""
         ...
 
+    def host_pids(self, node: str, handle: str) -> set[int]:
+        """The node's pids of every process of server `handle` (as nvidia-smi lists them)."""
+        ...
+
     def owns(self, node: str, handle: str, labels: dict[str, str], identity: str) -> bool:
         """Whether `handle` is still the process we started: it carries all `labels` and (when
         `identity` is known) the same identity. Checked before any signal."""
@@ -201,6 +205,13 @@ class ProcessRuntime:
         cmd = f"sed 's/.*) //' /proc/{int(handle)}/stat 2>/dev/null | cut -d' ' -f20"
         res = self.transport.run(node, cmd, timeout=COMMAND_TIMEOUT_S)
         return res.stdout.strip() if res.ok else ""
+
+    def host_pids(self, node: str, handle: str) -> set[int]:
+        # Every process of the session `setsid` began (SGLang's scheduler and detokenizer
+        # subprocesses, which hold the GPU, stay in it).
+        cmd = f"ps -e -o pid=,sid= | awk '$2 == {int(handle)} {{print $1}}'"
+        res = self.transport.run(node, cmd, timeout=COMMAND_TIMEOUT_S)
+        return {int(p) for p in res.stdout.split() if p.isdigit()} if res.ok else set()
 
     def owns(self, node: str, handle: str, labels: dict[str, str], identity: str) -> bool:
         pid = int(handle)
@@ -439,6 +450,10 @@ class DockerRuntime:
                 f"docker logs {handle[:12]} failed on node {node} (exit {res.returncode}): {tail}"
             )
         return res.stdout
+
+    def host_pids(self, node: str, handle: str) -> set[int]:
+        res = self.run_docker(node, f"top {shlex.quote(handle)} -eo pid")
+        return {int(p) for p in res.stdout.split() if p.isdigit()} if res.ok else set()
 
     def stop(self, node: str, handle: str) -> None:
         res = self.run_docker(node, f"rm -f {shlex.quote(handle)}")

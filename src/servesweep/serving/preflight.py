@@ -44,25 +44,59 @@ def _ib_devices(spec: ServerSpec) -> list[tuple[str, str]]:
     return list(dict.fromkeys(pairs))
 
 
+def reused_servers(exp: Experiment, manager: ServerManager) -> list[ServerState]:
+    """Server sets of ours that this run measures on without a new start: the `servesweep up`
+    service of a server config, and a server set this run left up (either is reused or, on
+    another config, stopped before the next start)."""
+    states = [manager.service(spec.fingerprint) for spec in server_specs(exp)]
+    states += [up_in(manager.paths, p.index) for p in node_pools(exp)]
+    return list({s.fingerprint + s.run_id: s for s in states if s is not None}.values())
+
+
+def our_gpu_pids(node: str, states: list[ServerState], manager: ServerManager) -> dict[int, str]:
+    """pid -> "server <id> (service <fp>|run <run>)" for the processes of `states` on `node`."""
+    ours: dict[int, str] = {}
+    for state in states:
+        what = f"service {state.fingerprint}" if state.service else f"run {state.run_id}"
+        for rank in state.ranks:
+            if rank.node == node:
+                for pid in manager.runtime.host_pids(node, rank.handle):
+                    ours[pid] = f"server {state.server_id} ({what})"
+    return ours
+
+
 def gpus_idle(*, exp: Experiment, manager: ServerManager) -> list[dict[str, Any]]:
-    """Every node's GPUs idle (no compute process, memory below the threshold) and as many as
-    the config says; PreflightFailed names node, GPU, pid and memory. Sim nodes are idle."""
+    """Every node's GPUs idle (no compute process, memory below the threshold) or held only by
+    a server of ours that this run reuses (`servesweep up`'s service, seed 003's flow), and as
+    many as the config says; PreflightFailed names node, GPU, pid and memory. Sim nodes are
+    idle."""
     if exp.engine.kind == "sim":
         return [{"node": n, "simulated": True, "idle": True} for n in exp.cluster.nodes]
+    reused = reused_servers(exp, manager)
     out = []
     for node in exp.cluster.nodes:
         res = manager.transport.run(node, gpuidle.probe_command(), timeout=PROBE_TIMEOUT_S)
         if not res.ok:
             raise PreflightFailed(f"node {node}: nvidia-smi failed: {res.stderr.strip()[:200]}")
+        ours = our_gpu_pids(node, reused, manager) if reused else {}
         count, reason = gpuidle.judge_probe(
             node,
             res.stdout,
             expected=exp.cluster.gpus_per_node,
             max_used_mib=exp.preflight.gpu_idle_max_memory_mib,
+            ours=ours,
         )
         if reason is not None:
             raise PreflightFailed(reason)
-        out.append({"node": node, "gpus": count, "idle": True})
+        held = {
+            gpu.index: holder
+            for gpu in gpuidle.parse(*gpuidle.split_probe(res.stdout))
+            if (holder := gpuidle.held_by_ours(gpu, ours))
+        }
+        entry: dict[str, Any] = {"node": node, "gpus": count, "idle": not held}
+        if held:
+            entry["held_by_ours"] = held
+        out.append(entry)
     return out
 
 

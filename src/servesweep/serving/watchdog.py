@@ -7,6 +7,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from servesweep.cluster import http
 from servesweep.core.errors import ServerStalled
@@ -18,22 +19,53 @@ HEALTH_TIMEOUT_S = 20.0  # SGLang's /health runs a 1-token generate (SGLANG_HEAL
 HEALTH_FAILURES = 2  # consecutive failed /health polls that abort
 # SGLang's /health sends a probe request into the measured batch: poll it rarely.
 HEALTH_EVERY_MAX_S = 30.0
-_COUNTER = re.compile(
-    r"^sglang:(generation_tokens_total|prompt_tokens_total|num_requests_total)"
-    r"(?:\{[^}]*\})?\s+(\S+)",
-    re.M,
+# What moves while a server works, as SGLang 0.5.17 reports it (H200 rehearsal, /metrics read
+# every 0.5 s): the per-request counters (prompt_tokens_total, generation_tokens_total,
+# num_requests_total) move only when a request FINISHES, so a long prefill or decode shows
+# none; the per-step counters (realtime_tokens_total by mode, cuda_graph_passes_total) and the
+# KV gauges move every forward pass; num_running_reqs and num_queue_reqs say whether requests
+# are in flight.
+_FINISHED = ("generation_tokens_total", "prompt_tokens_total", "num_requests_total")
+_STEPS = ("realtime_tokens_total", "cuda_graph_passes_total", "token_usage", "num_used_tokens")
+_IN_FLIGHT = ("num_running_reqs", "num_queue_reqs")
+_SAMPLE = re.compile(
+    rf"^sglang:({'|'.join(_FINISHED + _STEPS + _IN_FLIGHT)})(\{{[^}}]*\}})?\s+(\S+)", re.M
 )
 
 
-def progress(urls: list[str], timeout: float = 5.0) -> tuple[float, ...] | None:
-    """The servers' token and request counters (`/metrics`, with --enable-metrics); None when
-    no endpoint has them."""
-    values: list[float] = []
+@dataclass(frozen=True)
+class Progress:
+    """One reading of the servers' progress signals."""
+
+    finished: tuple[tuple[str, str], ...]  # per-request counters: move when a request ends
+    steps: tuple[tuple[str, str], ...]  # per-step counters and KV gauges: every forward pass
+    in_flight: float  # running + queued requests
+
+    def moved_since(self, before: Progress) -> bool:
+        """Progress: a request finished, or requests are in flight and a forward pass ran (a
+        long prefill or decode). A server stepping only for its own /health probe, with our
+        request stuck, does not count."""
+        if self.finished != before.finished:
+            return True
+        return self.in_flight > 0 and self.steps != before.steps
+
+
+def progress(urls: list[str], timeout: float = 5.0) -> Progress | None:
+    """The servers' progress signals (`/metrics`, with --enable-metrics); None when no
+    endpoint has them."""
+    finished: list[tuple[str, str]] = []
+    steps: list[tuple[str, str]] = []
+    in_flight = 0.0
     for url in urls:
         text = http.text(f"{url}/metrics", timeout)
-        if text is not None:
-            values += [float(v) for _, v in _COUNTER.findall(text)]
-    return tuple(values) or None
+        for name, labels, value in _SAMPLE.findall(text or ""):
+            if name in _IN_FLIGHT:
+                in_flight += float(value)
+            else:
+                (finished if name in _FINISHED else steps).append((f"{url} {name}{labels}", value))
+    if not finished and not steps:
+        return None
+    return Progress(tuple(finished), tuple(steps), in_flight)
 
 
 class Watchdog:
@@ -84,10 +116,12 @@ class Watchdog:
                     self._stall(why)
                     return
             now = progress(self.metric_urls)
-            if now is None or now != last:
+            if now is None or last is None or now.moved_since(last):
                 last, since = now, time.monotonic()
             elif time.monotonic() - since >= self.window_s:
-                self._stall(f"no progress for {self.window_s:.0f}s (server counters flat)")
+                self._stall(
+                    f"no progress for {self.window_s:.0f}s (server counters and load gauges flat)"
+                )
                 return
 
     def _stall(self, why: str) -> None:

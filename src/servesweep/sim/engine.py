@@ -61,9 +61,14 @@ class RequestStream:
 class EngineStats:
     """Counters and gauges for /metrics and /server_info."""
 
+    # Per request, counted when it finishes (as real SGLang counts them: a long request moves
+    # none of them until its end).
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
     requests_total: int = 0
+    # Per step (SGLang 0.5.17's realtime_tokens_total{mode=...}): every forward pass.
+    realtime_prefill_tokens: int = 0
+    realtime_decode_tokens: int = 0
     last_gen_throughput: float = 0.0
 
 
@@ -138,9 +143,6 @@ class Engine:
         )
         self._seq += 1
         self._streams[req.rid] = stream
-        if counted:
-            self.stats.requests_total += 1
-            self.stats.prompt_tokens_total += prompt_tokens
         self._wake.set()
         return stream
 
@@ -252,14 +254,18 @@ class Engine:
                 stream.text += self.noise.piece(
                     token_id=token, seq=stream.seq, k=k, skip_special=stream.skip_special_tokens
                 )
-            if stream.counted:
-                self.stats.generation_tokens_total += len(new)
             stream.changed.set()
+        self.stats.realtime_prefill_tokens += result.prefill_tokens
+        self.stats.realtime_decode_tokens += result.decode_seqs
         for req in result.finished:
             stream = self._streams.pop(req.rid, None)
             if stream is None:
                 continue
             stream.finished = True
+            if stream.counted:
+                self.stats.requests_total += 1
+                self.stats.prompt_tokens_total += req.prompt_tokens
+                self.stats.generation_tokens_total += len(stream.output_ids)
             stream.finish_wall = now
             stream.changed.set()
 

@@ -293,6 +293,15 @@ class SimServer:
                 f"# TYPE sglang:{name} {kind}",
                 f"sglang:{name}{label} {float(value)}",
             ]
+        lines += ["# HELP sglang:realtime_tokens_total Tokens computed, per forward pass.",
+                  "# TYPE sglang:realtime_tokens_total counter"]  # fmt: skip
+        for mode, value in (
+            ("prefill_compute", stats.realtime_prefill_tokens),
+            ("decode", stats.realtime_decode_tokens),
+        ):
+            lines.append(
+                f'sglang:realtime_tokens_total{{mode="{mode}",{label[1:-1]}}} {float(value)}'
+            )
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     # ------------------------------------------------------------------ generation
