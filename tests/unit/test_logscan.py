@@ -314,3 +314,22 @@ def test_a_health_503_after_the_ready_line_still_counts():
         '[2026-12-02 05:50:01] INFO:     127.0.0.1:3 - "POST /generate HTTP/1.1" 500 Internal\n'
     )
     assert [f.line_no for f in logscan.scan_text(text) if f.name == "http_5xx"] == [3, 4]
+
+
+def test_startup_phases_of_the_real_cold_and_warm_starts():
+    # The H200 rehearsal (SGLang 0.5.17): 134 s cold, most of it imports and the prefill CUDA
+    # graph capture with its Triton compiles; 57 s warm, the compile caches kept.
+    real = REHEARSAL_LOG.parent
+    cold = logscan.startup_phases(REHEARSAL_LOG.read_text(errors="replace"), 134.01)
+    assert cold == {
+        "imports_s": 49.0,
+        "load_weight_s": 0.8,
+        "cuda_graph_s": 72.3,
+        "warmup_s": 8.0,
+        "other_s": 3.9,
+    }
+    warm_log = real / "h200-rehearsal-0517-warm-start-bench-serving.log"
+    warm = logscan.startup_phases(warm_log.read_text(errors="replace"), 57.07)
+    assert warm["cuda_graph_s"] == 8.9 and warm["imports_s"] == 43.1
+    assert sum(warm.values()) == pytest.approx(57.07, abs=0.3)
+    assert logscan.startup_phases("no stamps here", 10.0) == {}

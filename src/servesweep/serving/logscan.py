@@ -239,6 +239,59 @@ def verdict_line(findings: list[Finding]) -> str:
     return "ok"
 
 
+# Start-up milestones of an SGLang log (0.5.17, seen on the H200 rehearsal): the bracketed time
+# of every line, the engine's own timing summary, uvicorn's start and the ready line.
+_STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[^\]]*\] ", re.M)
+_TIMINGS = re.compile(
+    r"Engine startup timings \(s\): load_weight=([\d.]+).*?cuda_graph=\{prefill=([\d.]+), "
+    r"decode=([\d.]+)"
+)
+_UVICORN = "Uvicorn running on"
+
+
+def startup_phases(text: str, total_s: float) -> dict[str, float]:
+    """Where a start's `total_s` (launch to ready) went, from rank 0's log: `imports_s`, the
+    launcher's Python imports before its first stamped line plus the scheduler subprocess's
+    up to "Init torch distributed begin" (49 s cold, 43 s warm on the rehearsal), `load_weight_s`,
+    `cuda_graph_s` (capture, with the Triton/JIT compiles of a cold machine: 66 s on the
+    rehearsal's first start, 8 s on a warm one), `warmup_s` (uvicorn up to the ready line:
+    the server's own warm-up request) and `other_s`. Phases the log does not show are left out
+    (older releases print no timing summary; the sim prints none)."""
+
+    def at(line_marker: str) -> float | None:
+        index = text.find(line_marker)
+        if index < 0:
+            return None
+        stamp = None
+        for match in _STAMP.finditer(text, 0, index + 1):
+            stamp = match
+        return _epoch(stamp.group(1)) if stamp else None
+
+    first = _STAMP.search(text)
+    ready = at(READY_LINE)
+    if first is None or ready is None:
+        return {}
+    phases = {"imports_s": total_s - (ready - _epoch(first.group(1)))}
+    scheduler = at("Init torch distributed begin")
+    if scheduler is not None:  # the scheduler subprocess imports SGLang again
+        phases["imports_s"] += scheduler - _epoch(first.group(1))
+    timings = _TIMINGS.search(text)
+    if timings:
+        phases["load_weight_s"] = float(timings.group(1))
+        phases["cuda_graph_s"] = float(timings.group(2)) + float(timings.group(3))
+    uvicorn = at(_UVICORN)
+    if uvicorn is not None:
+        phases["warmup_s"] = ready - uvicorn
+    phases["other_s"] = total_s - sum(phases.values())
+    return {k: round(max(v, 0.0), 1) for k, v in phases.items()}
+
+
+def _epoch(stamp: str) -> float:
+    import datetime as dt
+
+    return dt.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S").timestamp()
+
+
 def is_ready(text: str) -> bool:
     """True if the log contains the ready line (not proof of health: see READY_LINE)."""
     return READY_LINE in text

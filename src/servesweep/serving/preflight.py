@@ -105,6 +105,35 @@ def up_in(paths: RunPaths, pool: int) -> ServerState | None:
     return ServerState.load(paths.current_server_of(pool))
 
 
+# The engine's installed version, read from the package's metadata (no import: 0.1 s, not the
+# 10-30 s an `import sglang` takes on a GPU node).
+VERSION_PROBE = "import importlib.metadata as m; print(m.version('sglang'))"
+
+
+def engine_versions(*, exp: Experiment, manager: ServerManager) -> dict[str, str]:
+    """The SGLang version installed on every node, for plain processes (a docker image's is
+    read by build_images); PreflightFailed when it is not the pinned `engine.version`."""
+    if exp.engine.kind != "sglang" or manager.cluster.containers:
+        return {}
+    found = {}
+    for node in exp.cluster.nodes:
+        cmd = f"{shlex.quote(exp.engine.python)} -c {shlex.quote(VERSION_PROBE)}"
+        res = manager.transport.run(node, cmd, timeout=PROBE_TIMEOUT_S)
+        version = res.stdout.strip().splitlines()[-1] if res.ok and res.stdout.strip() else ""
+        if not version:
+            raise PreflightFailed(
+                f"node {node}: no sglang package for {exp.engine.python} "
+                f"({(res.stderr.strip().splitlines() or ['no output'])[-1][:160]})"
+            )
+        if version != exp.engine.version:
+            raise PreflightFailed(
+                f"node {node}: sglang {version} is installed, engine.version pins "
+                f"{exp.engine.version}"
+            )
+        found[node] = version
+    return found
+
+
 def run_preflight(*, exp: Experiment, manager: ServerManager) -> dict[str, Any]:
     """Every check for every server config; raise PreflightFailed naming node and reason."""
     transport = manager.transport
@@ -148,6 +177,7 @@ def run_preflight(*, exp: Experiment, manager: ServerManager) -> dict[str, Any]:
                     f"stop what holds it or change the port"
                 )
             checks["ports"].append({"node": node, "port": port, "free": True})
+    checks["engine_versions"] = engine_versions(exp=exp, manager=manager)
     checks["gpus"] = gpus_idle(exp=exp, manager=manager)
     if manager.cluster.containers:
         fmt = shlex.quote("{{.Id}}")

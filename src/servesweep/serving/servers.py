@@ -296,11 +296,17 @@ class ServerManager:
         info = http.get_json(f"{state.ranks[0].url}/server_info", key=key)
         if info is not None:  # SGLang reports its api_key (and launch command): masked
             write_text_atomic(service / "server_info.json", scrub(json.dumps(info, indent=2), key))
+        total = state.ready_at - state.started_at
+        head = state.ranks[0]
+        phases = logscan.startup_phases(
+            self.runtime.logs(head.node, head.handle, head.log_path), total
+        )
         self.events.emit(
             "ready",
             fp=spec.fingerprint,
             server=spec.id,
-            seconds=f"{state.ready_at - state.started_at:.2f}",
+            seconds=f"{total:.2f}",
+            **{name: f"{value:.1f}" for name, value in phases.items()},
         )
         return state
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from servesweep import __version__
 from servesweep.cluster.pools import PoolPlan, pooled_specs
 from servesweep.config.experiment import Experiment
 
@@ -43,7 +44,8 @@ def package_versions() -> dict[str, str]:
         try:
             out[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
-            out[name] = "not installed"
+            # servesweep run from a checkout on PYTHONPATH (the GPU rehearsal) has no metadata
+            out[name] = __version__ if name == "servesweep" else "not installed"
     return out
 
 
