@@ -76,6 +76,11 @@ for step in "${steps[@]}"; do
     RUN_ID=h200-flow-a CHUNKED_PREFILL_SIZES_CSV=8192 python3 -m servesweep.workflow.cli up \
       --configfile "$cfg" >>"$out/flow.log" 2>&1 || mark "flow: up failed"
     mark "flow: $(nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader | tr '\n' ';')"
+    { # what preflight's GPU probe reads while the service holds the GPU, and whose pids those are
+      nvidia-smi --query-gpu=index,pci.bus_id,memory.used --format=csv && echo @@apps &&
+        nvidia-smi --query-compute-apps=gpu_bus_id,pid,process_name,used_memory --format=csv
+      echo @@ps; ps -e -o pid=,sid=,comm= | grep -i -E 'python|sglang'
+    } >"$out/probe-service-up.txt" 2>&1
     for suite in a b; do
       snake "h200-flow-$suite" CHUNKED_PREFILL_SIZES_CSV=8192 CONCURRENCIES_CSV=8
     done
