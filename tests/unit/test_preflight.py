@@ -2,20 +2,33 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
+from servesweep.cluster import gpuidle
 from servesweep.cluster.access import open_cluster
 from servesweep.config.load import load_experiment, load_experiment_file
 from servesweep.config.matrix import server_specs
 from servesweep.config.paths import RunPaths
 from servesweep.core.errors import PreflightFailed
-from servesweep.serving.preflight import listening_ports, pd_agreement, run_preflight
+from servesweep.serving.preflight import (
+    engine_versions,
+    gpus_idle,
+    listening_ports,
+    pd_agreement,
+    run_preflight,
+)
 from servesweep.serving.servers import ServerManager
+from servesweep.serving.state import RankState, ServerState
 from tests.helpers import DEFAULT_CONFIG, REPO, deep_update, free_port
+from tests.support.runs import DATA
 
 
 def _manager(tmp_path: Path, **changes) -> ServerManager:
@@ -58,3 +71,79 @@ def test_pd_config_ports_and_agreement() -> None:
     ports = listening_ports(exp, spec)
     assert ("601", 30000) in ports and ("601", 8998) in ports and ("605", 31000) in ports
     assert ("601", 20000) in ports and ("605", 20000) in ports
+
+
+# What preflight's probe printed on the H200 while a `servesweep up` service of SGLang 0.5.17
+# held the GPU (pid 1229: its scheduler subprocess, in the launcher's session).
+SERVICE_UP_PROBE = DATA / "nvidia-smi" / "probe-sglang-service-up.txt"
+REAL_GPU_PID = "1229"
+
+
+def test_the_real_probe_of_our_service_passes_only_when_the_pid_is_ours() -> None:
+    states = gpuidle.parse(*gpuidle.split_probe(SERVICE_UP_PROBE.read_text()))
+    assert [(s.index, s.pids, s.used_mib) for s in states] == [("0", (1229,), 73530.0)]
+    ours = {1229: "server chunked_prefill_size~8192 (service a54f494163ad)"}
+    assert gpuidle.busy_reason("local", states, expected=1, max_used_mib=1024, ours=ours) is None
+    reason = gpuidle.busy_reason("local", states, expected=1, max_used_mib=1024, ours={})
+    assert reason == (
+        "node local: GPU 0 busy: pid 1229 sglang::scheduler 73520 MiB; memory used 73530 MiB "
+        "(limit 1024 MiB, preflight.gpu_idle_max_memory_mib)"
+    )
+
+
+def _real_engine_manager(tmp_path: Path, python: str) -> ServerManager:
+    raw = yaml.safe_load((REPO / "config" / "experiments" / "h200_rehearsal.yaml").read_text())
+    raw["engine"]["python"] = python
+    exp = load_experiment(raw, {"RUN_ID": "flow-b", "CHUNKED_PREFILL_SIZES_CSV": "8192"})
+    return ServerManager(exp, RunPaths(tmp_path / exp.run_id), cluster=open_cluster(exp))
+
+
+def _fake(bin_dir: Path, name: str, script: str) -> None:
+    path = bin_dir / name
+    path.write_text("#!/bin/sh\n" + script)
+    path.chmod(0o755)
+
+
+def test_seed_003_flow_a_gpu_held_by_our_service_passes_a_foreign_one_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The service: a process session whose child holds "the GPU" (as SGLang's scheduler
+    # subprocess does); nvidia-smi replays the real probe with that child's pid.
+    service = subprocess.Popen(
+        ["setsid", "sh", "-c", "sleep 60 & echo $! && wait"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        child = service.stdout.readline().strip()
+        probe = SERVICE_UP_PROBE.read_text().replace(REAL_GPU_PID, child)
+        gpu, apps = gpuidle.split_probe(probe)
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        (tmp_path / "gpu.csv").write_text(gpu)
+        (tmp_path / "apps.csv").write_text(apps)
+        _fake(bin_dir, "nvidia-smi", f'case "$*" in *compute-apps*) cat {tmp_path}/apps.csv;;'
+              f" *) cat {tmp_path}/gpu.csv;; esac\n")  # fmt: skip
+        _fake(bin_dir, "fakepython", "echo 0.5.17\n")
+        monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+        m = _real_engine_manager(tmp_path, str(bin_dir / "fakepython"))
+        with pytest.raises(PreflightFailed, match=f"node local: GPU 0 busy: pid {child} "):
+            gpus_idle(exp=m.exp, manager=m)  # no service of ours: someone else's process
+        [spec] = server_specs(m.exp)
+        state = ServerState(
+            fingerprint=spec.fingerprint,
+            server_id=spec.id,
+            base_url="http://127.0.0.1:1",
+            ranks=[RankState("server", "local", 0, str(service.pid), "log")],
+            service=True,
+            run_id="flow-a",
+        )
+        m.paths.service_record(spec.fingerprint).parent.mkdir(parents=True, exist_ok=True)
+        m.paths.service_record(spec.fingerprint).write_text(json.dumps(state.to_dict()))
+        [entry] = gpus_idle(exp=m.exp, manager=m)
+        assert entry["held_by_ours"] == {"0": f"server {spec.id} (service {spec.fingerprint})"}
+        assert engine_versions(exp=m.exp, manager=m) == {"local": "0.5.17"}
+        _fake(bin_dir, "fakepython", "echo 0.5.23\n")
+        with pytest.raises(PreflightFailed, match="sglang 0.5.23 is installed, engine.version"):
+            engine_versions(exp=m.exp, manager=m)
+    finally:
+        os.killpg(service.pid, signal.SIGKILL)
+        service.wait()

@@ -18,7 +18,7 @@ LABELS: dict[str, str] = {
     "output_tps_per_gpu": "output throughput per GPU [tok/s]",
     "interactivity_tps": "interactivity, 1000 / TPOT p50 [tok/s]",
     "concurrency_mean": "achieved concurrency, mean [requests]",
-    "concurrency_peak": "achieved concurrency, peak [requests]",
+    "concurrency_peak": "requests in flight in the busiest 1-s bucket [requests]",
     "concurrency": "client concurrency [requests]",
     "goodput_rps": "goodput [req/s]",
     "goodput_tps": "goodput [tok/s]",
