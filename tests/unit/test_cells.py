@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from servesweep.cluster.access import open_cluster
+from servesweep.cluster.gpusampling import parse_timestamp
 from servesweep.cluster.telemetry import read_snapshot
 from servesweep.config.load import load_experiment
 from servesweep.config.matrix import cell_repeats, image_key, workload_key
@@ -29,7 +30,7 @@ from servesweep.measure.cells import (
     server_lock,
     warn_gpu_gaps,
 )
-from servesweep.measure.client import client_labels, client_timeout, client_usage
+from servesweep.measure.client import CLOCK_KEY, client_labels, client_timeout, client_usage
 from servesweep.measure.loadgen import usage
 from servesweep.measure.records import BenchRecord, read_record
 from servesweep.serving.servers import ServerManager
@@ -325,3 +326,27 @@ def test_aggregates_cover_every_finished_cell_of_the_configured_matrix(tmp_path:
     keys = [c.key for c in cells]
     assert keys[:2] == [c.key for c in finished], "in matrix order: marlin configs first"
     assert set(keys) == {c.key for c in cell_repeats(narrowed)} | {c.key for c in finished}
+
+
+def test_the_gpu_window_ends_when_the_client_wrote_its_record_not_when_it_exited(
+    tmp_path: Path,
+) -> None:
+    # bench_serving 0.5.17 on the H200 rehearsal exited ~1.8 s after writing its record, and a
+    # window ending at its exit missed half of the measurement. Here every client process
+    # lingers 2 s after its record (an interpreter that sleeps after its program).
+    slow = tmp_path / "slowexit"
+    slow.write_text(f'#!/bin/sh\n{sys.executable} "$@"; rc=$?; sleep 2; exit $rc\n')
+    slow.chmod(0o755)
+    exp, paths, manager, cell = _setup(tmp_path)
+    exp = exp.model_copy(update={"engine": exp.engine.model_copy(update={"python": str(slow)})})
+    manager = ServerManager(exp, paths, cluster=open_cluster(exp))
+    try:
+        run_cell(exp=exp, cell=cell, manager=manager, **_files(paths, cell))
+        returned = time.time()
+    finally:
+        manager.stop_all(reason="test")
+    written = (read_record(paths.raw(cell)).model_extra or {})[CLOCK_KEY]["record_written_at"]
+    assert returned - written > 1.5
+    rows = {row["phase"]: row for row in read_snapshot(paths.gpu(cell))}
+    end = parse_timestamp(rows["window-end"]["timestamp"])
+    assert abs(end - written) < 0.01

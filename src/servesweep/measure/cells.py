@@ -30,6 +30,7 @@ from servesweep.core.errors import (
 )
 from servesweep.measure import isolation, provenance, validation
 from servesweep.measure.client import (
+    CLOCK_KEY,
     REQUESTS_KEY,
     client_timeout,
     run_client,
@@ -285,8 +286,10 @@ def run_cell(
         finally:
             samples = sampler.stop()
         # The client's clock stops at its last response (its `duration`); the window ends when
-        # it returned here (process exit, container removal: well under one sample apart).
-        window = gpusampling.window_rows(client_end - (record.duration or 0.0), client_end)
+        # it wrote its record (bench_serving exits ~1.8 s later), else when it returned here.
+        clock = (record.model_extra or {}).get(CLOCK_KEY) or {}
+        end = clock.get("record_written_at") or client_end
+        window = gpusampling.window_rows(end - (record.duration or 0.0), end)
         after = telemetry.take_snapshot(
             transport=manager.transport, nodes=nodes, phase="after", timeout=SNAPSHOT_TIMEOUT_S
         )

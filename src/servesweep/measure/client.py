@@ -107,6 +107,7 @@ def run_client(
                 f"{_client_cause(bench_log) or _full_disk(manager, node, node_out)}; "
                 f"bench log {bench_log}"
             )
+        written_at = record_written_at(manager, node=node, path=node_out)
         if not direct:
             manager.transport.get(node, node_out, local_out)
         if not local_out.exists():
@@ -131,8 +132,19 @@ def run_client(
             ISOLATION_KEY: alone.to_dict(),
             REQUESTS_KEY: access,
             **({} if process is None else {usage.RECORD_KEY: process.to_dict()}),
+            **({} if written_at is None else {CLOCK_KEY: {"record_written_at": written_at}}),
         }
     )
+
+
+def record_written_at(manager: ServerManager, *, node: str, path: str) -> float | None:
+    """When the client wrote its record (epoch seconds, the node's clock, where nvidia-smi
+    stamps its samples too); None when the node does not say."""
+    res = manager.transport.run(node, f"date -r {shlex.quote(path)} +%s.%N", timeout=60)
+    try:
+        return float(res.stdout.strip()) if res.ok else None
+    except ValueError:
+        return None
 
 
 def _stop_left_client(
@@ -225,6 +237,11 @@ ISOLATION_KEY = "servesweep_isolation"
 
 # The server's own request count over the client's run against the client's (issue 17 item 11).
 REQUESTS_KEY = "servesweep_requests"
+
+# When the client wrote its record: the end of its measured window. bench_serving 0.5.17 writes
+# it right after its clock stops (two /server_info calls and the metrics in between) and exits
+# about 1.8 s later (the H200 rehearsal), so the process's exit is no end for the window.
+CLOCK_KEY = "servesweep_client_clock"
 
 
 def remove_partial_client_files(bench_log: Path, *, events: EventLog, cell: str) -> list[Path]:
