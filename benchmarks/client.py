@@ -9,6 +9,14 @@ pauses. A streaming run gives client CPU per streamed token. Figures of one run.
 
     python benchmarks/client.py [--concurrencies 1,64,256] [--client-core 0 --server-core 1]
     python benchmarks/client.py --self-check-only      # only the self-check's cost at C=256
+    python benchmarks/client.py --smoke                # seconds: builtin only, C=1,8
+
+Each client runs as a cell runs it, under the usage wrapper (servesweep.measure.loadgen.usage).
+Checks (exit 1, each failure named): sanity bounds, every run completed all its requests, was
+measured by the wrapper (exit 0) and has throughput; goals (timings), >= 2,100 req/s at C=256,
+<= 25 us of client CPU per streamed token, TTFT not above bench_serving's, self-check < 5 %,
+each where this run measured it. `--smoke` enforces the sanity bounds and reports the goals
+without failing on them (at that size on a shared 2-core machine they measure noise).
 
 The builtin's self-check (CPU time, event-loop lag, GC pauses: servesweep.measure.loadgen.selfcheck)
 is on in the workflow; its cost is measured as the builtin's request throughput at C=256 with

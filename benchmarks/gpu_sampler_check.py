@@ -4,7 +4,8 @@ loop (idle, load, idle); writes the capture and a summary to OUT_DIR.
     python benchmarks/gpu_sampler_check.py [OUT_DIR] [--idle-s 10] [--load-s 30]
                                            [--interval-ms 500] [--smoke]
 
-Needs nvidia-smi on PATH and torch with CUDA. OUT_DIR (default: a scratch directory) gets
+Needs nvidia-smi on PATH and torch with CUDA. OUT_DIR (`--smoke`: by default
+$TMPDIR/servesweep-bench-smoke/gpu_sampler_check) gets
 `samples.csv` (the loop's output exactly as nvidia-smi printed it), `phases.json` (epoch
 seconds of idle/load/idle) and `summary.json` (power, SM utilisation and energy per phase, from
 servesweep.cluster.gpusampling). Copy `samples.csv` and `phases.json` to
@@ -40,7 +41,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from _common import Check, check_rows, verdict
+from _common import SMOKE_DIR, Check, check_rows, verdict
 
 from servesweep.analysis import gpufigures
 from servesweep.cluster import gpusampling
@@ -183,7 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="gpu-sampler-check-") as scratch:
         tmp = Path(scratch)
-        out_dir = args.out_dir or tmp / "out"
+        out_dir = args.out_dir or (SMOKE_DIR / "gpu_sampler_check" if args.smoke else None)
+        if out_dir is None:
+            print("OUT_DIR is required without --smoke", file=sys.stderr)
+            return 2
         if args.smoke:
             with nvidia_smi_on_path(tmp) as smi:
                 return measure(args, out_dir=out_dir, tmp=tmp, smi=smi)

@@ -10,7 +10,11 @@ and extrapolates from the cells done. `--workdir DIR` keeps the run in DIR: run 
 same DIR and Snakemake reruns only the missing cells (figures then cover this invocation; the
 total counts every raw file).
 
-    python benchmarks/large_run.py [--cell-repeats 10000] [--timeout 0] [--workdir DIR]
+    python benchmarks/large_run.py [--cell-repeats 10000] [--timeout 0] [--workdir DIR] [--smoke]
+
+Checks (exit 1, each failure named): sanity, cells were done; goal, every cell-repeat complete
+with results.csv, summary.json and manifest.json (a run stopped by --timeout has not met it).
+Neither is a timing: `--smoke` (8 cell-repeats of 2 server configs) enforces both.
 """
 
 from __future__ import annotations

@@ -7,7 +7,12 @@ from orchestrator.log. Splits the rest into: before the first cell, between cell
 cells around the client, after the last cell (analysis jobs, from their output files' times),
 and measures what one job's Python process costs to start.
 
-    python benchmarks/orchestration.py [--config FILE]
+    python benchmarks/orchestration.py [--config FILE] [--smoke]
+
+Checks (exit 1, each failure named): sanity, cells ran and servers started, wall >= ready +
+client (a ratio below 1 is an accounting error); goal (a timing), ratio <= 1.1. `--smoke` (2
+cells, no import probes) enforces the sanity bounds and reports the ratio without failing on
+it: at 2 cells the workflow's fixed cost dominates.
 """
 
 from __future__ import annotations

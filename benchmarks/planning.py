@@ -10,7 +10,11 @@ plain. `--profile N` adds a cProfile breakdown of the workflow's dry-run at size
 each (ABLATIONS): what each feature costs in planning.
 
     python benchmarks/planning.py [--sizes 100,1000,10000] [--repeats 3] [--profile 10000]
-                                  [--ablations 10000]
+                                  [--ablations 10000] [--smoke]
+
+Checks (exit 1, each failure named, after the JSON is written): sanity, both dry-runs planned
+more jobs than cell-repeats; goal (a timing), ratio <= 1.3 at every size. `--smoke` (one
+dry-run each at 100) enforces the sanity bound and reports the ratio without failing on it.
 """
 
 from __future__ import annotations

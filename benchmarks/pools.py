@@ -13,7 +13,12 @@ shared 2-core host a run that already keeps the CPU busy cannot get faster with 
 `--time-scale` (both runs) makes cells last longer in simulated server time, as on a GPU
 cluster where a cell waits on the GPUs, not on the workflow host.
 
-    python benchmarks/pools.py [--cores 2] [--config FILE] [--time-scale S] [--repeats N]
+    python benchmarks/pools.py [--cores 2] [--config FILE] [--time-scale S] [--repeats N] [--smoke]
+
+Checks (exit 1, each failure named): sanity, cells ran in both runs, each server config started
+exactly once, no node held two server sets; goal (a timing), wall ratio <= 0.55. `--smoke` (2
+server configs, 1 repeat, 8 requests per cell) enforces the sanity bounds and reports the ratio
+without failing on it.
 """
 
 from __future__ import annotations
