@@ -7,8 +7,9 @@ snapshot as this machine writes it, server logs and the image and preflight evid
 `snakemake --allowed-rules collect_results scan_logs summarize` on it with the repo's Snakefile:
 the rules' own input, output, params and log, nothing copied here. Each stage's time is its job
 process's wall time (a fresh interpreter with its imports, as in the workflow), taken by a
-sitecustomize hook on the run's PYTHONPATH (HOOK); `--profile` runs the stages once more under
-cProfile and adds their top functions.
+sitecustomize hook on the run's PYTHONPATH (HOOK), the median of `--repeats` runs (3; the runs
+after the first force the three rules); `--profile` runs the stages once more under cProfile
+and adds their top functions.
 
 Checks (exit 1, each failure named): the goal, results.csv + summary.json <= 10 s for 10,000
 records, a timing; sanity bounds: one results.csv row per record, a summary with
@@ -38,6 +39,7 @@ from _common import (
     add_common_args,
     check_rows,
     log,
+    median,
     scratch_dir,
     setup_logging,
     snakemake_exe,
@@ -223,6 +225,24 @@ def stage_times(times_file: Path, logs: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def median_stages(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per stage: the median process and body time over the runs, and every run's."""
+    rows = []
+    for i, stage in enumerate(STAGES):
+        per_run = [run[i] for run in runs]
+        bodies = [r["script_body_s"] for r in per_run if r["script_body_s"] is not None]
+        rows.append(
+            {
+                "stage": stage,
+                "process_s": median([r["process_s"] for r in per_run]),
+                "script_body_s": median(bodies) if bodies else None,
+                "process_s_runs": [r["process_s"] for r in per_run],
+                "pid": per_run[-1]["pid"],
+            }
+        )
+    return rows
+
+
 def top_functions(profile: Path, limit: int = 15) -> list[list[Any]]:
     """Functions of the package (and pandas/numpy calls they make) by cumulative time."""
     import pstats
@@ -241,12 +261,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--cell-repeats", type=int, default=None, help="default 10000 (smoke: 50)")
     p.add_argument("--requests", type=int, default=None, help="per record (default 40; smoke: 5)")
+    p.add_argument("--repeats", type=int, default=None, help="runs; medians (default 3, smoke 1)")
     p.add_argument("--profile", action="store_true")
     add_common_args(p)
     args = p.parse_args(argv)
     smoke = args.smoke
     args.cell_repeats = args.cell_repeats or (SMOKE_CELL_REPEATS if smoke else 10000)
     args.requests = args.requests or (SMOKE_REQUESTS if smoke else 40)
+    args.repeats = args.repeats or (1 if smoke else 3)
     return args
 
 
@@ -283,14 +305,19 @@ def main(argv: list[str] | None = None) -> int:
         (hook / "sitecustomize.py").write_text(HOOK)
         paths = RunPaths(tmp / "results" / RUN_ID)
         target = RunPaths(Path("results") / RUN_ID).summary_json  # as the workflow names it
-        times = tmp / "times.jsonl"
         pythonpath = [str(hook), str(REPO / "src"), os.environ.get("PYTHONPATH", "")]
         env = workflow_env(PYTHONPATH=os.pathsep.join(p for p in pythonpath if p))
-        env["SERVESWEEP_BENCH_TIMES"] = str(times)
-        snakemake_s = run_rules(
-            workdir=tmp, configfile=configfile, target=target, env=env, forcerun=False
-        )
-        stages = stage_times(times, paths.logs)
+        runs, snakemake_s = [], []
+        for k in range(args.repeats):  # the first run makes the outputs; the next force them
+            times = tmp / f"times.{k}.jsonl"
+            env["SERVESWEEP_BENCH_TIMES"] = str(times)
+            snakemake_s.append(
+                run_rules(
+                    workdir=tmp, configfile=configfile, target=target, env=env, forcerun=k > 0
+                )
+            )
+            runs.append(stage_times(times, paths.logs))
+        stages = median_stages(runs)
         if args.profile:  # a second, profiled run: cProfile's overhead stays out of the time
             prof_dir, times_p = tmp / "profiles", tmp / "times-profiled.jsonl"
             prof_dir.mkdir()
@@ -320,14 +347,16 @@ def main(argv: list[str] | None = None) -> int:
         "params": {
             "cell_repeats": n,
             "requests_per_record": args.requests,
+            "repeats": args.repeats,
             "smoke": args.smoke,
             "shape": "10 server configs x N/50 client configs x 5 repeats, default experiment",
             "stages": "rules collect_results, scan_logs, summarize run by `snakemake "
             "--allowed-rules` on the repo's Snakefile; each stage's time is its job process's "
-            "(a fresh interpreter with its imports, as the workflow runs them)",
+            "(a fresh interpreter with its imports, as the workflow runs them), median of "
+            f"{args.repeats} run(s)",
         },
         "stages": stages,
-        "snakemake_s": snakemake_s,
+        "snakemake_s": median(snakemake_s),
         "results_csv_rows": rows_written,
         "summary_cells": len(summary.get("cells", [])),
         "summary_deltas": len(summary.get("deltas", [])),
