@@ -1,14 +1,22 @@
-"""Item 4: results.csv + summary.json from 10,000 raw records (the rules' own scripts).
+"""Item 4: results.csv + summary.json from 10,000 raw records (the workflow's own rules).
 
 Writes a synthetic run in a scratch directory: N cell-repeats (10 server configs x N/50 client
-configs x 5 repeats of the default experiment), each a bench_serving-compatible record with
-per-request details (built by the builtin client's record code) and a GPU snapshot as this
-machine writes it. Then runs `scripts/collect_results.py`, `scripts/scan_logs.py` and
-`scripts/summarize.py` exactly as Snakemake would (a fresh interpreter each, the `snakemake`
-object rebuilt with the rules' input/output names) and times each; `--profile` runs each once
-more under cProfile and adds its top functions.
+configs x 5 repeats of the default experiment), each a raw record as run_cell writes it (the
+builtin client's record code, per-request details, what the cell was measured with), a GPU
+snapshot as this machine writes it, server logs and the image and preflight evidence. Then runs
+`snakemake --allowed-rules collect_results scan_logs summarize` on it with the repo's Snakefile:
+the rules' own input, output, params and log, nothing copied here. Each stage's time is its job
+process's wall time (a fresh interpreter with its imports, as in the workflow), taken by a
+sitecustomize hook on the run's PYTHONPATH (HOOK), the median of `--repeats` runs (3; the runs
+after the first force the three rules); `--profile` runs the stages once more under cProfile
+and adds their top functions.
 
-    python benchmarks/aggregation.py [--cell-repeats 10000] [--requests 40] [--profile]
+Checks (exit 1, each failure named): the goal, results.csv + summary.json <= 10 s for 10,000
+records, a timing; sanity bounds: one results.csv row per record, a summary with
+cells and deltas. `--smoke` (50 records of 5 requests, seconds) enforces the sanity bounds and
+reports the goal without failing on it: at that size the figure is start-up and noise.
+
+    python benchmarks/aggregation.py [--cell-repeats 10000] [--requests 40] [--profile] [--smoke]
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -24,13 +33,27 @@ from typing import Any
 
 import numpy as np
 import yaml
-from _common import REPO, add_common_args, log, scratch_dir, setup_logging, write_result
+from _common import (
+    REPO,
+    Check,
+    add_common_args,
+    check_rows,
+    log,
+    median,
+    scratch_dir,
+    setup_logging,
+    snakemake_exe,
+    verdict,
+    workflow_env,
+    write_result,
+)
 
 from servesweep.cluster import telemetry
 from servesweep.cluster.transport import LocalTransport
 from servesweep.config.load import load_experiment
 from servesweep.config.matrix import cell_repeats
 from servesweep.config.paths import RunPaths
+from servesweep.measure import provenance
 from servesweep.measure.loadgen.metrics import RequestResult, build_record, record_line
 
 GOAL_S = 10.0
@@ -40,43 +63,32 @@ SERVER_AXES = {
 }
 REPEATS_PER_CELL = 5
 RUN_ID = "aggregation-bench"
-# Rule -> (script, inputs, outputs) with the names the rules use (rules/analysis.smk).
+# The timed rules; Snakemake runs them (their own input, output, params and log), nothing else.
 STAGES = ("collect_results", "scan_logs", "summarize")
-# Runs one rule script the way Snakemake's `script:` does: a fresh interpreter, a `snakemake`
-# object in the globals, cwd = the workflow's working directory; the job pays its imports, as
-# in the workflow.
-DRIVER = """\
-import cProfile, json, runpy, sys, time
-from types import SimpleNamespace
-
-
-class IO(SimpleNamespace):
-    def __getitem__(self, i):
-        return list(vars(self).values())[i]
-
-
-spec = json.loads(open(sys.argv[2]).read())
-smk = SimpleNamespace(
-    config=spec["config"],
-    input=IO(**spec["input"]),
-    output=IO(**spec["output"]),
-    log=IO(**spec["log"]),
-    params=IO(**spec.get("params", {})),
-    wildcards=IO(),
-    threads=1,
-    rule=spec["rule"],
-)
-prof = cProfile.Profile() if spec["profile"] else None
-start = time.perf_counter()
-if prof:
-    prof.enable()
-try:
-    runpy.run_path(sys.argv[1], init_globals={"snakemake": smk}, run_name="__main__")
-finally:
-    if prof:
-        prof.disable()
-        prof.dump_stats(spec["profile"])
-    print(json.dumps({"body_s": time.perf_counter() - start}), file=sys.stderr)
+SMOKE_CELL_REPEATS, SMOKE_REQUESTS = 50, 5
+# A sitecustomize on the PYTHONPATH of the Snakemake run: every Python process it starts (the
+# jobs' fresh interpreters) appends its argv and wall time to $SERVESWEEP_BENCH_TIMES, and, with
+# $SERVESWEEP_BENCH_PROFILE set, its cProfile stats to that directory. The workflow runs as it
+# is; only its processes are timed from the inside.
+HOOK = """\
+import atexit, json, os, sys, time
+_t0 = time.time()
+_out = os.environ.get("SERVESWEEP_BENCH_TIMES")
+_prof_dir = os.environ.get("SERVESWEEP_BENCH_PROFILE")
+_prof = None
+if _prof_dir:
+    import cProfile
+    _prof = cProfile.Profile()
+    _prof.enable()
+def _done():
+    if _prof is not None:
+        _prof.disable()
+        _prof.dump_stats(os.path.join(_prof_dir, f"{os.getpid()}.prof"))
+    if _out:
+        line = {"argv": sys.argv, "pid": os.getpid(), "start": _t0, "end": time.time()}
+        with open(_out, "a") as fh:
+            fh.write(json.dumps(line) + "\\n")
+atexit.register(_done)
 """
 
 
@@ -94,9 +106,10 @@ def experiment(n: int, requests: int) -> dict[str, Any]:
 
 
 def record_text(
-    *, rng: np.random.Generator, cell: Any, requests: int, backend_factor: float
+    *, rng: np.random.Generator, exp: Any, cell: Any, requests: int, backend_factor: float
 ) -> str:
-    """One raw record as the builtin client writes it (--output-details)."""
+    """One raw record as run_cell writes it: the builtin client's record (--output-details)
+    with what the cell was measured with (collect_results refuses records without it)."""
     w = cell.client.workload
     results, start = [], 0.0
     base = 2.0 * backend_factor * (1 + 0.01 * w.concurrency)
@@ -133,11 +146,13 @@ def record_text(
         duration_s=start + results[-1].latency,
         results=results,
     )
+    record[provenance.KEY] = provenance.measured_with(exp, cell)
     return record_line(record, details=True)
 
 
 def write_run(*, workdir: Path, config: dict[str, Any], requests: int) -> tuple[int, float]:
-    """Raw records, GPU snapshots and server logs of a finished run; (cells, seconds)."""
+    """Raw records, GPU snapshots, server logs and the image and preflight evidence of a run
+    whose cells are done; (cells, seconds)."""
     started = time.perf_counter()
     exp = load_experiment(config, {})
     paths = RunPaths(workdir / "results" / RUN_ID)
@@ -152,7 +167,9 @@ def write_run(*, workdir: Path, config: dict[str, Any], requests: int) -> tuple[
         factor = 0.95 if cell.server.axes.get("moe_runner_backend") != "marlin" else 1.0
         raw = paths.raw(cell)
         raw.parent.mkdir(parents=True, exist_ok=True)
-        raw.write_text(record_text(rng=rng, cell=cell, requests=requests, backend_factor=factor))
+        raw.write_text(
+            record_text(rng=rng, exp=exp, cell=cell, requests=requests, backend_factor=factor)
+        )
         gpu = paths.gpu(cell)
         gpu.parent.mkdir(parents=True, exist_ok=True)
         gpu.write_bytes(gpu_bytes)
@@ -163,66 +180,67 @@ def write_run(*, workdir: Path, config: dict[str, Any], requests: int) -> tuple[
             "[2026-01-01 00:00:00] Load weight end.\n"
             "[2026-01-01 00:00:01] The server is fired up and ready to roll!\n"
         )
+    for path in [*paths.builds(exp), paths.preflight]:  # the prerequisites of collect_results
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("{}\n")
     return len(cells), time.perf_counter() - started
 
 
-def rule_io(
-    stage: str, *, run: str, cells: list[Any], paths: RunPaths, workdir: Path
-) -> dict[str, Any]:
-    """The input/output names of rules/analysis.smk for one stage (paths relative to the
-    workflow's working directory `workdir`)."""
-    csv, requests = str(paths.results_csv), str(paths.requests_csv)
-    if stage == "collect_results":
-        ins = {"raw": [str(paths.raw(c)) for c in cells], "gpu": [str(paths.gpu(c)) for c in cells]}
-        return {"input": ins, "output": {"csv": csv, "requests": requests}}
-    found = RunPaths(workdir / paths.root).service_files()
-    service = {k: [str(p.relative_to(workdir)) for p in v] for k, v in found.items()}
-    if stage == "scan_logs":
-        ins = {"csv": csv, "logs": service["logs"]}
-        return {"input": ins, "output": {"json": str(paths.logscan_json)}}
-    ins = {
-        "csv": csv,
-        "requests": requests,
-        "logscan": str(paths.logscan_json),
-        "warmup": service["warmup"],
-    }
-    return {"input": ins, "output": {"json": str(paths.summary_json)}}
-
-
-def run_stage(
-    stage: str, *, workdir: Path, config: dict[str, Any], io: dict[str, Any], profile: Path | None
-) -> dict[str, Any]:
-    spec = {
-        "rule": stage,
-        "config": config,
-        **io,
-        "log": {"log": f"results/{RUN_ID}/logs/{stage}.log"},
-        "profile": str(profile) if profile else None,
-    }
-    if stage == "scan_logs":
-        spec["params"] = {
-            "evidence": config.get("evidence", {}),
-            "service_root": f"results/{RUN_ID}/service",
-        }
-    script = REPO / "scripts" / f"{stage}.py"
-    spec_file = workdir / f"{stage}.spec.json"
-    spec_file.write_text(json.dumps(spec))
-    start = time.perf_counter()
+def run_rules(
+    *, workdir: Path, configfile: Path, target: Path, env: dict[str, str], forcerun: bool
+) -> float:
+    """`snakemake --cores 1 --allowed-rules STAGES TARGET` on the run in `workdir` with the
+    repo's Snakefile and profile: the workflow's own jobs. Returns its wall time."""
+    argv = [snakemake_exe(), "-s", str(REPO / "Snakefile"), "-d", str(workdir)]
+    argv += ["--configfile", str(configfile), "--cores", "1", "--allowed-rules", *STAGES]
+    argv += ["--forcerun", *STAGES] if forcerun else []
+    started = time.perf_counter()
     res = subprocess.run(
-        [sys.executable, "-c", DRIVER, str(script), str(spec_file)],
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])},
+        [*argv, "--", str(target)], cwd=workdir, capture_output=True, text=True, env=env
     )
-    wall = time.perf_counter() - start
+    wall = time.perf_counter() - started
     if res.returncode != 0:
-        raise RuntimeError(f"{stage} exited {res.returncode}:\n{res.stderr[-3000:]}")
-    body = json.loads(res.stderr.strip().splitlines()[-1])["body_s"]
-    out: dict[str, Any] = {"stage": stage, "process_s": wall, "script_body_s": body}
-    if profile:
-        out["top_cumulative"] = top_functions(profile)
-    return out
+        raise RuntimeError(f"snakemake exited {res.returncode}:\n{res.stderr[-3000:]}")
+    return wall
+
+
+def stage_times(times_file: Path, logs: Path) -> list[dict[str, Any]]:
+    """Each stage's process wall time (the hook's line of the job whose script is the rule's)
+    and script body time (its log's `job done in`)."""
+    lines = [json.loads(line) for line in times_file.read_text().splitlines()]
+    rows = []
+    for stage in STAGES:
+        procs = [x for x in lines if any(f".{stage}.py" in a for a in x["argv"][:1])]
+        if len(procs) != 1:
+            raise RuntimeError(f"{stage}: {len(procs)} job processes timed, expected 1")
+        done = re.findall(r"job done in ([0-9.]+) s", (logs / f"{stage}.log").read_text())
+        rows.append(
+            {
+                "stage": stage,
+                "process_s": procs[0]["end"] - procs[0]["start"],
+                "script_body_s": float(done[-1]) if done else None,
+                "pid": procs[0]["pid"],
+            }
+        )
+    return rows
+
+
+def median_stages(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per stage: the median process and body time over the runs, and every run's."""
+    rows = []
+    for i, stage in enumerate(STAGES):
+        per_run = [run[i] for run in runs]
+        bodies = [r["script_body_s"] for r in per_run if r["script_body_s"] is not None]
+        rows.append(
+            {
+                "stage": stage,
+                "process_s": median([r["process_s"] for r in per_run]),
+                "script_body_s": median(bodies) if bodies else None,
+                "process_s_runs": [r["process_s"] for r in per_run],
+                "pid": per_run[-1]["pid"],
+            }
+        )
+    return rows
 
 
 def top_functions(profile: Path, limit: int = 15) -> list[list[Any]]:
@@ -241,52 +259,104 @@ def top_functions(profile: Path, limit: int = 15) -> list[list[Any]]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--cell-repeats", type=int, default=10000)
-    p.add_argument("--requests", type=int, default=40, help="per record (the default workload)")
+    p.add_argument("--cell-repeats", type=int, default=None, help="default 10000 (smoke: 50)")
+    p.add_argument("--requests", type=int, default=None, help="per record (default 40; smoke: 5)")
+    p.add_argument("--repeats", type=int, default=None, help="runs; medians (default 3, smoke 1)")
     p.add_argument("--profile", action="store_true")
     add_common_args(p)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    smoke = args.smoke
+    args.cell_repeats = args.cell_repeats or (SMOKE_CELL_REPEATS if smoke else 10000)
+    args.requests = args.requests or (SMOKE_REQUESTS if smoke else 40)
+    args.repeats = args.repeats or (1 if smoke else 3)
+    return args
+
+
+def checks(result: dict[str, Any], *, cells: int) -> list[Check]:
+    """The goal (a timing) and the sanity bounds: every record a row, every cell summarized."""
+    total, rows = result["csv_plus_summary_s"], result["results_csv_rows"]
+    return [
+        Check(
+            f"results.csv + summary.json <= {GOAL_S:g} s (the goal at 10,000 records)",
+            total <= GOAL_S,
+            f"{total:.2f} s for {cells:,} records",
+            timing=True,
+        ),
+        Check("results.csv has one row per record", rows == cells, f"{rows} rows, {cells} records"),
+        Check(
+            "summary.json has cells and deltas",
+            result["summary_cells"] > 0 and result["summary_deltas"] > 0,
+            f"{result['summary_cells']} cells, {result['summary_deltas']} deltas",
+        ),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
     setup_logging()
     args = parse_args(argv)
     config = experiment(args.cell_repeats, args.requests)
-    stages = []
     with scratch_dir("aggregation", keep=args.keep_tmp) as tmp:
         n, gen_s = write_run(workdir=tmp, config=config, requests=args.requests)
         log.info("wrote %d raw records in %.1f s", n, gen_s)
-        exp = load_experiment(config, {})
-        cells = cell_repeats(exp)
-        paths = RunPaths(Path("results") / RUN_ID)
-        for stage in STAGES:
-            io = rule_io(stage, run=f"results/{RUN_ID}", cells=cells, paths=paths, workdir=tmp)
-            row = run_stage(stage, workdir=tmp, config=config, io=io, profile=None)
-            if args.profile:  # a second, profiled run: cProfile's overhead stays out of the time
-                prof = tmp / f"{stage}.prof"
-                profiled = run_stage(stage, workdir=tmp, config=config, io=io, profile=prof)
+        configfile = tmp / "config.yaml"
+        configfile.write_text(yaml.safe_dump(config))
+        hook = tmp / "hook"
+        hook.mkdir()
+        (hook / "sitecustomize.py").write_text(HOOK)
+        paths = RunPaths(tmp / "results" / RUN_ID)
+        target = RunPaths(Path("results") / RUN_ID).summary_json  # as the workflow names it
+        pythonpath = [str(hook), str(REPO / "src"), os.environ.get("PYTHONPATH", "")]
+        env = workflow_env(PYTHONPATH=os.pathsep.join(p for p in pythonpath if p))
+        runs, snakemake_s = [], []
+        for k in range(args.repeats):  # the first run makes the outputs; the next force them
+            times = tmp / f"times.{k}.jsonl"
+            env["SERVESWEEP_BENCH_TIMES"] = str(times)
+            snakemake_s.append(
+                run_rules(
+                    workdir=tmp, configfile=configfile, target=target, env=env, forcerun=k > 0
+                )
+            )
+            runs.append(stage_times(times, paths.logs))
+        stages = median_stages(runs)
+        if args.profile:  # a second, profiled run: cProfile's overhead stays out of the time
+            prof_dir, times_p = tmp / "profiles", tmp / "times-profiled.jsonl"
+            prof_dir.mkdir()
+            env_p = {**env, "SERVESWEEP_BENCH_TIMES": str(times_p)}
+            env_p["SERVESWEEP_BENCH_PROFILE"] = str(prof_dir)
+            run_rules(
+                workdir=tmp,
+                configfile=configfile,
+                target=target,
+                env=env_p,
+                forcerun=True,
+            )
+            for row, profiled in zip(stages, stage_times(times_p, paths.logs), strict=True):
                 row["profiled_process_s"] = profiled["process_s"]
-                row["top_cumulative"] = profiled["top_cumulative"]
-            stages.append(row)
+                row["top_cumulative"] = top_functions(prof_dir / f"{profiled['pid']}.prof")
+        for row in stages:
             log.info(
-                "%-16s %6.2f s (script body %6.2f s)",
-                stage,
+                "%-16s %6.2f s (script body %s s)",
+                row["stage"],
                 row["process_s"],
                 row["script_body_s"],
             )
-        csv = tmp / "results" / RUN_ID / "results.csv"
-        rows_written = sum(1 for _ in csv.open()) - 1
-        summary = json.loads((tmp / "results" / RUN_ID / "summary.json").read_text())
+        rows_written = sum(1 for _ in paths.results_csv.open()) - 1
+        summary = json.loads(paths.summary_json.read_text())
     total = sum(s["process_s"] for s in stages if s["stage"] in ("collect_results", "summarize"))
     result = {
         "params": {
             "cell_repeats": n,
             "requests_per_record": args.requests,
+            "repeats": args.repeats,
+            "smoke": args.smoke,
             "shape": "10 server configs x N/50 client configs x 5 repeats, default experiment",
-            "stages": "scripts/collect_results.py, scripts/scan_logs.py, scripts/summarize.py, "
-            "each in a fresh interpreter with its imports, as the workflow runs them",
+            "stages": "rules collect_results, scan_logs, summarize run by `snakemake "
+            "--allowed-rules` on the repo's Snakefile; each stage's time is its job process's "
+            "(a fresh interpreter with its imports, as the workflow runs them), median of "
+            f"{args.repeats} run(s)",
         },
         "stages": stages,
+        "snakemake_s": median(snakemake_s),
         "results_csv_rows": rows_written,
         "summary_cells": len(summary.get("cells", [])),
         "summary_deltas": len(summary.get("deltas", [])),
@@ -294,9 +364,11 @@ def main(argv: list[str] | None = None) -> int:
         "goal_s": GOAL_S,
         "goal_met": total <= GOAL_S,
     }
+    found = checks(result, cells=n)
+    result["checks"] = check_rows(found, smoke=args.smoke)
     log.info("results.csv + summary.json: %.1f s (goal %.0f s)", total, GOAL_S)
-    write_result("aggregation", result, args.out)
-    return 0
+    write_result("aggregation", result, args.out, smoke=args.smoke)
+    return verdict(found, smoke=args.smoke)
 
 
 if __name__ == "__main__":

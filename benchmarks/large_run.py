@@ -10,7 +10,11 @@ and extrapolates from the cells done. `--workdir DIR` keeps the run in DIR: run 
 same DIR and Snakemake reruns only the missing cells (figures then cover this invocation; the
 total counts every raw file).
 
-    python benchmarks/large_run.py [--cell-repeats 10000] [--timeout 0] [--workdir DIR]
+    python benchmarks/large_run.py [--cell-repeats 10000] [--timeout 0] [--workdir DIR] [--smoke]
+
+Checks (exit 1, each failure named): sanity, cells were done; goal, every cell-repeat complete
+with results.csv, summary.json and manifest.json (a run stopped by --timeout has not met it).
+Neither is a timing: `--smoke` (8 cell-repeats of 2 server configs) enforces both.
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ from _common import (
     FALLBACK_SCALE,
     REPO,
     ZERO_COST_SCALE,
+    Check,
     add_common_args,
+    check_rows,
     free_port,
     log,
     median,
@@ -42,6 +48,7 @@ from _common import (
     setup_logging,
     snakemake_exe,
     time_scale_note,
+    verdict,
     workflow_env,
     write_result,
 )
@@ -58,6 +65,10 @@ SERVER_AXES = {
 }
 REPEATS_PER_CELL = 5
 RUN_ID = "large-run-bench"
+# --smoke: 8 cell-repeats of 2 server configs (seconds); the goal (the run completes) is no
+# timing, so a smoke run fails on it too.
+SMOKE_AXES = {"moe_runner_backend": ["marlin", "flashinfer_mxfp4"], "chunked_prefill_size": [8192]}
+SMOKE_CELL_REPEATS = 8
 TERM_GRACE_S = 120.0  # a running cell finishes well within this
 SEGMENTS_FILE = "segments.json"  # in --workdir: one entry per invocation (record_segment)
 SEGMENT_KEYS = (
@@ -69,18 +80,20 @@ SEGMENT_KEYS = (
 )
 
 
-def experiment(n: int) -> dict[str, Any]:
-    """The default experiment with ~n cell-repeats, zero-cost sim, one tiny request per cell."""
+def experiment(n: int, *, smoke: bool = False) -> dict[str, Any]:
+    """The default experiment with ~n cell-repeats, zero-cost sim, one tiny request per cell
+    (`smoke`: 2 server configs x N/4 client configs x 2 repeats)."""
     raw = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    servers = len(SERVER_AXES["moe_runner_backend"]) * len(SERVER_AXES["chunked_prefill_size"])
-    clients = max(1, n // (servers * REPEATS_PER_CELL))
+    axes, repeats = (SMOKE_AXES, 2) if smoke else (SERVER_AXES, REPEATS_PER_CELL)
+    servers = len(axes["moe_runner_backend"]) * len(axes["chunked_prefill_size"])
+    clients = max(1, n // (servers * repeats))
     raw["run_id"] = RUN_ID
     raw["engine"]["port"] = free_port()
     raw["engine"]["dist_init_port"] = free_port()
     raw["engine"]["ready_timeout_s"] = 60
     raw["engine"]["sim"].update({"time_scale": ZERO_COST_SCALE, "startup_s": 0})
-    raw["matrix"] = {"server": SERVER_AXES, "client": {"concurrency": list(range(1, clients + 1))}}
-    raw["repeats"] = REPEATS_PER_CELL
+    raw["matrix"] = {"server": axes, "client": {"concurrency": list(range(1, clients + 1))}}
+    raw["repeats"] = repeats
     raw["workload"].update({"input_len": 16, "output_len": 1, "num_requests": 1})
     try:
         load_experiment(raw, {})
@@ -173,12 +186,33 @@ def run_dir_for(args: argparse.Namespace) -> contextlib.AbstractContextManager[P
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--cell-repeats", type=int, default=10000)
+    p.add_argument("--cell-repeats", type=int, default=None, help="default 10000 (smoke: 8)")
     p.add_argument("--timeout", type=float, default=0, help="stop after S seconds (0: never)")
     p.add_argument("--workflow", default=str(REPO), help="directory with the Snakefile to run")
     p.add_argument("--workdir", default=None, help="keep (and resume) the run in this directory")
     add_common_args(p)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.cell_repeats = args.cell_repeats or (SMOKE_CELL_REPEATS if args.smoke else 10000)
+    return args
+
+
+def checks(result: dict[str, Any]) -> list[Check]:
+    """The goal (the run completes: no timing) and the sanity bound: cells were done."""
+    state = "stopped by --timeout" if result["timed_out"] else f"exit {result['returncode']}"
+    total = result.get("cells_done_total", 0)
+    return [
+        Check(
+            "cells done in this invocation",
+            result.get("cells_done", 0) > 0 or total >= result["params"]["cell_repeats"],
+            f"{result.get('cells_done', 0)} now, {total} raw files in all",
+        ),
+        Check(
+            f"all {result['params']['cell_repeats']:,} cell-repeats complete",
+            result["completed"],
+            f"{state}; {total} raw files; results.csv, summary.json, manifest.json "
+            + ("written" if result["completed"] else "missing or stale"),
+        ),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             raw = yaml.safe_load(config.read_text())
             log.info("resuming the run in %s", tmp)
         else:
-            raw = experiment(args.cell_repeats)
+            raw = experiment(args.cell_repeats, smoke=args.smoke)
             config.write_text(yaml.safe_dump(raw, sort_keys=False))
         workdir = tmp / "ws"
         argv_s = [exe, "-s", str(Path(args.workflow) / "Snakefile"), "-d", str(workdir)]
@@ -233,7 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "params": {
             "cell_repeats": args.cell_repeats,
-            "shape": "10 server configs x N/50 client configs x 5 repeats, default experiment",
+            "shape": "10 server configs x N/50 client configs x 5 repeats, default experiment"
+            if not args.smoke
+            else "smoke: 2 server configs x N/4 client configs x 2 repeats, default experiment",
+            "smoke": args.smoke,
             "workload": "1 request of 16 input tokens, 1 output token per cell",
             "sim_time_scale": raw["engine"]["sim"]["time_scale"],
             "sim_note": time_scale_note(raw["engine"]["sim"]["time_scale"]),
@@ -259,8 +296,10 @@ def main(argv: list[str] | None = None) -> int:
         result["segments"] = record_segment(
             Path(args.workdir).resolve(), {**result, "provenance": provenance()}
         )
-    write_result("large_run", result, args.out)
-    return 0
+    found = checks(result)
+    result["checks"] = check_rows(found, smoke=args.smoke)
+    write_result("large_run", result, args.out, smoke=args.smoke)
+    return verdict(found, smoke=args.smoke)
 
 
 if __name__ == "__main__":

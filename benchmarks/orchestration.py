@@ -7,7 +7,12 @@ from orchestrator.log. Splits the rest into: before the first cell, between cell
 cells around the client, after the last cell (analysis jobs, from their output files' times),
 and measures what one job's Python process costs to start.
 
-    python benchmarks/orchestration.py [--config FILE]
+    python benchmarks/orchestration.py [--config FILE] [--smoke]
+
+Checks (exit 1, each failure named): sanity, cells ran and servers started, wall >= ready +
+client (a ratio below 1 is an accounting error); goal (a timing), ratio <= 1.1. `--smoke` (2
+cells, no import probes) enforces the sanity bounds and reports the ratio without failing on
+it: at 2 cells the workflow's fixed cost dominates.
 """
 
 from __future__ import annotations
@@ -23,12 +28,15 @@ from typing import Any
 import yaml
 from _common import (
     REPO,
+    Check,
     add_common_args,
+    check_rows,
     log,
     median,
     scratch_dir,
     setup_logging,
     snakemake_exe,
+    verdict,
     workflow_env,
     write_result,
 )
@@ -37,6 +45,19 @@ from servesweep.core.events import read_events
 from tests.helpers import experiment_file
 
 GOAL_RATIO = 1.10
+# --smoke: 2 server configs x 1 client config x 1 repeat of 8 short requests (seconds of
+# cells, the rest is the workflow's fixed cost); the ratio is reported, not enforced (a timing).
+SMOKE_CHANGES: dict[str, Any] = {
+    "matrix": {
+        "server": {
+            "moe_runner_backend": ["marlin", "flashinfer_mxfp4"],
+            "chunked_prefill_size": [8192],
+        },
+        "client": {"concurrency": [4]},
+    },
+    "workload": {"num_requests": 8, "input_len": 256},
+    "repeats": 1,
+}
 RUN_ID = "orchestration-bench"
 # What a job's process imports before its body runs: Snakemake's `script:` preamble, then the
 # module of its job function (scripts/<rule>.py imports it by name).
@@ -129,7 +150,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--config", default=None, help="experiment YAML (default: the embedded one)")
     p.add_argument("--no-imports", action="store_true", help="skip the import-cost probes")
     add_common_args(p)
+    if p.parse_known_args(argv)[0].smoke:  # smoke: no import probes; a flag given still wins
+        p.set_defaults(no_imports=True)
     return p.parse_args(argv)
+
+
+def checks(figures: dict[str, Any]) -> list[Check]:
+    """The goal (a timing) and the sanity bounds: cells ran, servers started, and the wall
+    time covers the time it is divided by (a ratio below 1 is an accounting error)."""
+    ratio = figures["ratio"]
+    return [
+        Check(
+            "cells ran and servers started",
+            figures["cells"] > 0 and figures["server_starts"] > 0,
+            f"{figures['cells']} cells, {figures['server_starts']} server starts",
+        ),
+        Check(
+            "wall time >= server-ready + client time",
+            ratio is not None and ratio >= 1.0,
+            f"ratio {ratio:.2f}" if ratio is not None else "no ready or client time",
+        ),
+        Check(
+            f"wall / (server ready + client) <= {GOAL_RATIO}",
+            ratio is not None and ratio <= GOAL_RATIO,
+            f"{ratio:.2f}" if ratio is not None else "-",
+            timing=True,
+        ),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         changes: dict[str, Any] = {"run_id": RUN_ID}
         if args.config:
             changes = {**yaml.safe_load(Path(args.config).read_text()), **changes}
+        if args.smoke:
+            changes = {**changes, **SMOKE_CHANGES}
         config = experiment_file(tmp, changes)
         workdir = tmp / "ws"
         argv_s = [exe, "-s", str(REPO / "Snakefile"), "-d", str(workdir)]
@@ -172,11 +221,14 @@ def main(argv: list[str] | None = None) -> int:
         "params": {
             "experiment": args.config or "config/config.yaml (embedded default, fresh ports)",
             "command": "snakemake --cores 1 all",
+            "smoke": args.smoke,
         },
         **figures,
     }
-    write_result("orchestration", result, args.out)
-    return 0
+    found = checks(figures)
+    result["checks"] = check_rows(found, smoke=args.smoke)
+    write_result("orchestration", result, args.out, smoke=args.smoke)
+    return verdict(found, smoke=args.smoke)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,11 @@ plain. `--profile N` adds a cProfile breakdown of the workflow's dry-run at size
 each (ABLATIONS): what each feature costs in planning.
 
     python benchmarks/planning.py [--sizes 100,1000,10000] [--repeats 3] [--profile 10000]
-                                  [--ablations 10000]
+                                  [--ablations 10000] [--smoke]
+
+Checks (exit 1, each failure named, after the JSON is written): sanity, both dry-runs planned
+more jobs than cell-repeats; goal (a timing), ratio <= 1.3 at every size. `--smoke` (one
+dry-run each at 100) enforces the sanity bound and reports the ratio without failing on it.
 """
 
 from __future__ import annotations
@@ -29,17 +33,23 @@ from typing import Any
 import yaml
 from _common import (
     REPO,
+    Check,
     add_common_args,
+    check_rows,
     log,
     median,
     scratch_dir,
     setup_logging,
     snakemake_exe,
+    verdict,
     workflow_env,
     write_result,
 )
 
 GOAL_RATIO = 1.3
+# --smoke: one dry-run of each at 100 cell-repeats (seconds); the ratio is reported, not
+# enforced (a timing at a tiny size on a shared machine: benchmarks/README.md).
+SMOKE = {"sizes": "100", "repeats": 1}
 SERVER_AXES = {
     "moe_runner_backend": ["marlin", "flashinfer_mxfp4"],
     "chunked_prefill_size": [4096, 8192, 12288, 16384, 20480],
@@ -243,7 +253,37 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile", type=int, default=None, help="also cProfile this size")
     p.add_argument("--ablations", type=int, default=None, help="also time ABLATIONS at this size")
     add_common_args(p)
+    if p.parse_known_args(argv)[0].smoke:  # smoke sizes; a flag given still wins
+        p.set_defaults(**SMOKE)
     return p.parse_args(argv)
+
+
+def checks(rows: list[dict[str, Any]]) -> list[Check]:
+    """The goal per size (a timing) and the sanity bounds: both dry-runs planned their jobs."""
+    found = [
+        Check(
+            "both dry-runs planned every job",
+            bool(rows)
+            and all(
+                isinstance(r["jobs"], int)
+                and r["jobs"] > r["cell_repeats"]
+                and (r["plain_jobs"] or 0) > r["cell_repeats"]
+                for r in rows
+            ),
+            ", ".join(f"N={r['cell_repeats']}: {r['jobs']} vs {r['plain_jobs']} jobs" for r in rows)
+            or "no sizes",
+        )
+    ]
+    for r in rows:
+        found.append(
+            Check(
+                f"dry-run <= {GOAL_RATIO}x a plain Snakefile at {r['cell_repeats']:,}",
+                r["goal_met"],
+                f"{r['ratio_wall']:.2f}x",
+                timing=True,
+            )
+        )
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -306,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         "params": {
             "sizes": sizes,
             "repeats": args.repeats,
+            "smoke": args.smoke,
             "shape": "10 server configs x N/50 client configs x 5 repeats, default experiment",
             "plain": "N jobs of one rule (shell: echo) + one job gathering them",
             "command": "snakemake -n (workflow profile of the repo; output to a file)",
@@ -316,8 +357,10 @@ def main(argv: list[str] | None = None) -> int:
         "profile": profile,
         "ablations": ablations,
     }
-    write_result("planning", result, args.out)
-    return 0
+    found = checks(rows)
+    result["checks"] = check_rows(found, smoke=args.smoke)
+    write_result("planning", result, args.out, smoke=args.smoke)
+    return verdict(found, smoke=args.smoke)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,12 @@ shared 2-core host a run that already keeps the CPU busy cannot get faster with 
 `--time-scale` (both runs) makes cells last longer in simulated server time, as on a GPU
 cluster where a cell waits on the GPUs, not on the workflow host.
 
-    python benchmarks/pools.py [--cores 2] [--config FILE] [--time-scale S] [--repeats N]
+    python benchmarks/pools.py [--cores 2] [--config FILE] [--time-scale S] [--repeats N] [--smoke]
+
+Checks (exit 1, each failure named): sanity, cells ran in both runs, each server config started
+exactly once, no node held two server sets; goal (a timing), wall ratio <= 0.55. `--smoke` (2
+server configs, 1 repeat, 8 requests per cell) enforces the sanity bounds and reports the ratio
+without failing on it.
 """
 
 from __future__ import annotations
@@ -33,11 +38,14 @@ from typing import Any
 import yaml
 from _common import (
     REPO,
+    Check,
     add_common_args,
+    check_rows,
     log,
     scratch_dir,
     setup_logging,
     snakemake_exe,
+    verdict,
     workflow_env,
     write_result,
 )
@@ -51,6 +59,11 @@ from servesweep.core.events import read_events
 GOAL_RATIO = 0.55
 CONFIG = REPO / "config" / "experiments" / "moe_prefill_gate_local_2pools.yaml"
 SAMPLE_S = 2.0
+# --smoke: one repeat, 2 server configs (one per pool), one client config, 8 requests per cell,
+# no simulated start-up (2 cells per run).
+# The node checks and starts are enforced; the wall ratio is a timing: reported, not enforced.
+SMOKE_MATRIX_CLIENT = {"concurrency": [8]}
+SMOKE_REQUESTS = 8
 
 
 def stamp(text: str) -> float:
@@ -132,7 +145,39 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--time-scale", type=float, help="engine.sim.time_scale (both runs)")
     parser.add_argument("--repeats", type=int, help="repeats (both runs)")
     add_common_args(parser)
+    if parser.parse_known_args(argv)[0].smoke:  # smoke: one repeat; a flag given still wins
+        parser.set_defaults(repeats=1)
     return parser.parse_args(argv)
+
+
+def checks(*, runs: dict[str, Any], ratio: float, once: bool, clean: bool) -> list[Check]:
+    """The node checks and starts (sanity bounds: enforced always) and the goal (a timing)."""
+    return [
+        Check(
+            "cells ran in both runs",
+            all(r["cell_phase_s"] > 0 and r["client_s_sum"] > 0 for r in runs.values()),
+            ", ".join(f"{n}: client {r['client_s_sum']} s" for n, r in runs.items()),
+        ),
+        Check(
+            "each server config started exactly once in both runs",
+            once,
+            "; ".join(f"{n}: {sorted(r['starts'].values())}" for n, r in runs.items()),
+        ),
+        Check(
+            "no node ever held two server sets (log and labels)",
+            clean,
+            "; ".join(
+                f"{n}: log {len(r['log_overlaps'])}, labels {len(r['label_overlaps'])}"
+                for n, r in runs.items()
+            ),
+        ),
+        Check(
+            f"wall(2 pools) / wall(1 pool) <= {GOAL_RATIO}",
+            ratio <= GOAL_RATIO,
+            f"{ratio:.2f}",
+            timing=True,
+        ),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,6 +188,11 @@ def main(argv: list[str] | None = None) -> int:
         base["engine"]["sim"]["time_scale"] = args.time_scale
     if args.repeats is not None:
         base["repeats"] = args.repeats
+    if args.smoke:
+        base["matrix"]["client"] = SMOKE_MATRIX_CLIENT
+        base["matrix"]["server"]["chunked_prefill_size"] = [8192]
+        base["engine"]["sim"]["startup_s"] = 0
+        base["workload"]["num_requests"] = SMOKE_REQUESTS
     size = base["cluster"]["nodes_per_server"]
     variants = {
         "1_pool": {"pools": [base["cluster"]["nodes"][:size]]},
@@ -177,14 +227,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"cell phase(2 pools) / cell phase(1 pool) = {cell_ratio:.2f}")
     print(f"each server config started exactly once in both runs: {once}")
     print(f"no node ever held two server sets (log and labels): {clean}")
+    found = checks(runs=runs, ratio=ratio, once=once, clean=clean)
     write_result(
         "pools",
         {
+            "checks": check_rows(found, smoke=args.smoke),
             "params": {
                 "experiment": args.config,
                 "command": f"snakemake --cores {args.cores} all",
                 "time_scale": base["engine"]["sim"]["time_scale"],
                 "repeats": base["repeats"],
+                "smoke": args.smoke,
             },
             "runs": runs,
             "ratio": round(ratio, 3),
@@ -195,8 +248,9 @@ def main(argv: list[str] | None = None) -> int:
             "no_node_shared": clean,
         },
         args.out,
+        smoke=args.smoke,
     )
-    return 0 if once and clean else 1
+    return verdict(found, smoke=args.smoke)
 
 
 if __name__ == "__main__":
