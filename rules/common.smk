@@ -227,6 +227,14 @@ def start_pools():
         PATHS.pool_stopped(pool.index).unlink(missing_ok=True)
 
 
+def remove_partial_files():
+    """onstart: the hidden client files killed jobs left (they may hold the API key)."""
+    from servesweep.core.events import EventLog
+    from servesweep.measure.client import remove_run_partials
+
+    remove_run_partials(PATHS.root, events=EventLog(PATHS.orchestrator_log))
+
+
 def report_missing():
     """onerror: which cells are missing and why, per pool (also in missing.txt)."""
     from servesweep.core.files import write_text_atomic

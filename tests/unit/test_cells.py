@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -325,3 +326,25 @@ def test_aggregates_cover_every_finished_cell_of_the_configured_matrix(tmp_path:
     keys = [c.key for c in cells]
     assert keys[:2] == [c.key for c in finished], "in matrix order: marlin configs first"
     assert set(keys) == {c.key for c in cell_repeats(narrowed)} | {c.key for c in finished}
+
+
+def test_a_run_start_removes_every_partial_client_file_of_a_killed_job(tmp_path):
+    """A killed job's hidden client record (it may hold the API key) goes when the run next
+    starts, also in a cell that never runs again; a running job's file stays."""
+    from servesweep.core.events import EventLog
+    from servesweep.measure.client import remove_run_partials
+
+    run = tmp_path / "run"
+    dead = [
+        run / "bench" / "s~a" / "concurrency~2" / f".r1.{2**22 + 7}.client.jsonl",
+        run / "bench" / "s~b" / "concurrency~4" / ".r2.client.jsonl",
+    ]
+    alive = run / "bench" / "s~a" / "concurrency~4" / f".r1.{os.getpid()}.client.jsonl"
+    for path in [*dead, alive]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text('{"server_info": {"api_key": "k"')
+    removed = remove_run_partials(run, events=EventLog(run / "orchestrator.log"))
+    assert sorted(removed) == sorted(dead) and alive.exists()
+    assert not any(p.exists() for p in dead)
+    cells = [f["cell"] for _, e, f in read_events(run / "orchestrator.log")]
+    assert sorted(cells) == ["s~a/concurrency~2/r1", "s~b/concurrency~4/r2"]

@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 
 from servesweep.cluster.owner import POOL_LABEL
@@ -108,7 +109,7 @@ def run_client(
                 f"bench log {bench_log}"
             )
         if not direct:
-            manager.transport.get(node, node_out, local_out)
+            manager.transport.get(node, node_out, local_out, private=True)
         if not local_out.exists():
             raise ClientError(f"cell {tag}: client wrote no record; bench log {bench_log}")
         record = read_record(local_out)
@@ -230,16 +231,37 @@ REQUESTS_KEY = "servesweep_requests"
 def remove_partial_client_files(bench_log: Path, *, events: EventLog, cell: str) -> list[Path]:
     """Remove the hidden client files a killed job of this cell left (`.<repeat>.<pid>.client
     .jsonl` of a pid no longer running, or the older `.<repeat>.client.jsonl`); report each."""
+    found = sorted(bench_log.parent.glob(f".{bench_log.stem}.*client.jsonl"))
+    return _remove_partials(found, events=events, cell=lambda _: cell)
+
+
+def remove_run_partials(run_dir: Path, *, events: EventLog) -> list[Path]:
+    """At the start of a run (Snakemake's onstart): remove every hidden client file a killed
+    job left under bench/ (it holds the record with /server_info, which may carry the API
+    key), also of a cell that never runs again; report each."""
+    found = sorted(Path(run_dir, "bench").glob("*/*/.*client.jsonl"))
+    return _remove_partials(
+        found,
+        events=events,
+        cell=lambda p: f"{p.parent.parent.name}/{p.parent.name}/{p.name.split('.')[1]}",
+    )
+
+
+def _remove_partials(
+    paths: list[Path], *, events: EventLog, cell: Callable[[Path], str]
+) -> list[Path]:
     removed = []
-    for path in sorted(bench_log.parent.glob(f".{bench_log.stem}.*client.jsonl")):
-        pid = path.name.removeprefix(f".{bench_log.stem}.").removesuffix("client.jsonl")
-        pid = pid.rstrip(".")
+    for path in paths:
+        parts = path.name.split(".")  # "", "r1", pid, "client", "jsonl" (or without pid)
+        pid = parts[2] if len(parts) == 5 else ""
         if pid.isdigit() and Path(f"/proc/{pid}").exists():
             continue  # a job still running (the server lock keeps it from measuring now)
         path.unlink(missing_ok=True)
         removed.append(path)
-        events.emit("partial-removed", cell=cell, file=str(path))
-        logger.warning("cell %s: removed %s, a partial client file of a killed job", cell, path)
+        events.emit("partial-removed", cell=cell(path), file=str(path))
+        logger.warning(
+            "cell %s: removed %s, a partial client file of a killed job", cell(path), path
+        )
     return removed
 
 
