@@ -42,6 +42,7 @@ onstart:
     check_secrets_at_start()
     start_pools()
     remove_partial_files()
+    supersede_replaced()
     unthrottle_scheduler(workflow)
     hangup_like_sigterm()
 

@@ -227,6 +227,29 @@ def start_pools():
         PATHS.pool_stopped(pool.index).unlink(missing_ok=True)
 
 
+def supersede_replaced():
+    """onstart: every measured record a run_cell job of this invocation replaces (Snakemake's
+    own decision: its DAG) is kept under raw/.superseded/<UTC time>/ first."""
+    from servesweep.core.events import EventLog
+    from servesweep.workflow.plan import rerun_reason
+    from servesweep.workflow.superseded import supersede
+
+    jobs = [j for j in workflow.dag.needrun_jobs() if j.rule.name == "run_cell"]
+    reasons = {
+        (j.wildcards.server, j.wildcards.client, int(j.wildcards.repeat)): (
+            rerun_reason(EXP, PATHS, cell_of(j.wildcards))
+            or str(workflow.dag.reason(j)).splitlines()[0]
+        )
+        for j in jobs
+    }
+    supersede(
+        paths=PATHS,
+        cells=list(reasons),
+        reasons=reasons,
+        events=EventLog(PATHS.orchestrator_log),
+    )
+
+
 def remove_partial_files():
     """onstart: the hidden client files killed jobs left (they may hold the API key)."""
     from servesweep.core.events import EventLog

@@ -84,6 +84,12 @@ class RunPaths:
     def gpu(self, cell: CellRepeat) -> Path:
         return self._cell("gpu", cell)
 
+    @property
+    def superseded(self) -> Path:
+        """Records a rerun replaced, kept: raw/.superseded/<UTC time>/<cell files as in the
+        run> (no cell id starts with '.', so no pattern matches them)."""
+        return self.root / "raw" / ".superseded"
+
     def service(self, server_id: str) -> Path:
         return self.root / "service" / safe_segment(server_id, what="server id")
 
