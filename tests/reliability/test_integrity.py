@@ -776,3 +776,58 @@ def test_config_edit_keeps_the_records_it_replaces(
         str(events),
     )
     checks.finish()
+
+
+def test_forged_import_never_reaches_another_run(
+    checks: Checks, make_run: Callable[..., Run]
+) -> None:
+    checks.scenario(
+        "`servesweep import` of a record whose `backend` (an axis read from the record) walks "
+        "into another run's raw folder, with 3x its output throughput; then that run's "
+        "`snakemake` again"
+    )
+    run = make_run(ACROSS)
+    first = run.snakemake()
+    checks.check("the run succeeds", first.returncode == 0, output(first)[-3000:])
+    before, n_events = run.finished(), len(run.events())
+    victim = run.cells[0]
+    forged = json.loads(run.raw(victim).read_text())
+    server, client, _ = victim.split("/")
+    forged["backend"] = f"x/../../../{run.run_id}/raw/{server}"
+    forged["output_throughput"] *= 3
+    source = run.workdir / "forged"
+    source.mkdir()
+    (source / "a.jsonl").write_text(json.dumps(forged) + "\n")
+    mapping = run.workdir / "mapping.yaml"
+    mapping.write_text("server:\n  backend: {record: backend}\n")
+    argv = [sys.executable, "-m", "servesweep.workflow.cli", "import", str(source)]
+    argv += ["--run-id", "imp", "--mapping", str(mapping), "--no-plots"]
+    proc = subprocess.run(
+        [*argv, "--results", str(run.workdir / "results")],
+        capture_output=True,
+        text=True,
+        env=run.full_env(),
+        timeout=120,
+    )
+    checks.check(
+        "the import refuses the record: its id is no single folder name",
+        proc.returncode != 0 and "no single path segment" in proc.stdout + proc.stderr,
+        output(proc)[-2000:],
+    )
+    checks.message(next((x for x in proc.stdout.splitlines() if "rejected" in x), ""))
+    checks.check(
+        "the other run's records are untouched (content and mtime)",
+        run.finished() == before,
+        str(run.finished()),
+    )
+    table = pd.read_csv(run.run_dir / "results.csv")
+    rerun = run.snakemake()
+    checks.check("that run's next snakemake succeeds", rerun.returncode == 0, output(rerun))
+    checks.check("it runs no cell", run.started(n_events) == [], str(run.started(n_events)))
+    after = pd.read_csv(run.run_dir / "results.csv")
+    checks.check(
+        "its results.csv keeps the measured throughput",
+        list(after["output_tps"]) == list(table["output_tps"]),
+        f"{list(table['output_tps'])} -> {list(after['output_tps'])}",
+    )
+    checks.finish()

@@ -245,8 +245,10 @@ def import_run(
             request_figures.append(stats.request_figures(entry["record"]))
             report.imported.append(entry["where"])
     if not rows:
+        first = f"; first: {report.rejected[0]}" if report.rejected else ""
         raise CheckInputError(
-            f"{source}: no valid record matched {mapping.files!r} ({len(report.rejected)} rejected)"
+            f"{source}: no valid record matched {mapping.files!r} "
+            f"({len(report.rejected)} rejected{first})"
         )
     server_axes, client_axes = list(mapping.server), list(mapping.client)
     df = pd.DataFrame(rows, columns=result_columns(server_axes, client_axes))
