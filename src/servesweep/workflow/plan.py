@@ -11,7 +11,6 @@ Nothing here touches a node.
 from __future__ import annotations
 
 import atexit
-import json
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -62,9 +61,8 @@ def rerun_reason(exp: Experiment, paths: RunPaths, cell: CellRepeat) -> str | No
     if not raw.exists():
         return MISSING
     try:
-        with raw.open() as fh:
-            recorded = json.loads(fh.readline()).get(provenance.KEY)
-    except (OSError, ValueError, AttributeError):
+        recorded = provenance.recorded(raw)
+    except (OSError, ValueError):
         return None
     diff = provenance.differences(recorded, provenance.measured_with(exp, cell))
     if not diff:
