@@ -137,6 +137,12 @@ CONFIG_KINDS = [
         words=("no single path segment",),
     ),
     Bad(
+        "matrix value that is no folder name (it is part of the cell's folder)",
+        "matrix.server.kv_cache_dtype",
+        {"matrix": {"server": {"kv_cache_dtype": ["../../x"]}}},
+        words=("no single path segment",),
+    ),
+    Bad(
         "server env name that is shell code",
         "server.env",
         {"server": {"env": {"A=1; touch X; B": "1"}}},

@@ -415,6 +415,11 @@ class Matrix(Strict):
                     raise ValueError(f"matrix.{side}.{name}: empty axis")
                 if len({json.dumps(v) for v in values}) != len(values):
                     raise ValueError(f"matrix.{side}.{name}: duplicate values {values}")
+                for value in values:  # `name~value` is part of a folder name (the cell's id)
+                    try:
+                        safe_segment(f"{name}~{value}", what="cell id part")
+                    except ValueError as exc:
+                        raise ValueError(f"matrix.{side}.{name}: {exc}") from None
         return self
 
 
