@@ -348,3 +348,28 @@ def test_a_run_start_removes_every_partial_client_file_of_a_killed_job(tmp_path)
     assert not any(p.exists() for p in dead)
     cells = [f["cell"] for _, e, f in read_events(run / "orchestrator.log")]
     assert sorted(cells) == ["s~a/concurrency~2/r1", "s~b/concurrency~4/r2"]
+
+
+def test_the_client_record_with_the_key_is_never_readable_by_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client's own record holds /server_info, with the API key: 0600 from its creation
+    while the cell runs (the client appends to it under umask 022 here), then removed."""
+    from servesweep.measure import client
+
+    modes: list[int] = []
+
+    def read(path: Path, **kwargs: object) -> BenchRecord:
+        modes.append(Path(path).stat().st_mode & 0o777)
+        return read_record(path, **kwargs)
+
+    monkeypatch.setattr(client, "read_record", read)
+    exp, paths, manager, cell = _setup(tmp_path)
+    old = os.umask(0o022)
+    try:
+        run_cell(exp=exp, cell=cell, manager=manager, **_files(paths, cell))
+    finally:
+        os.umask(old)
+        manager.stop_all(reason="test")
+    assert modes == [0o600]
+    assert not list(paths.bench_log(cell).parent.glob(".*client.jsonl"))

@@ -179,16 +179,3 @@ def test_missing_or_garbled_line_is_no_figures(text):
 def test_columns_of_an_absent_or_bad_record_value_are_nan(value):
     assert all(math.isnan(v) for v in usage.columns(value).values())
     assert list(usage.columns(value)) == list(usage.COLUMNS)
-
-
-def test_the_client_writes_its_record_readable_by_its_owner_only(tmp_path):
-    """The record holds /server_info with the API key: the client runs under umask 077, so
-    the file it creates is 0600 whatever the caller's umask (here 022)."""
-    record = tmp_path / "record.jsonl"
-    code = f"open({str(record)!r}, 'a').write('{{}}')"
-    old = os.umask(0o022)
-    try:
-        assert run_wrapped(code)[0] == 0
-    finally:
-        os.umask(old)
-    assert record.stat().st_mode & 0o777 == 0o600

@@ -62,6 +62,10 @@ def run_client(
     direct = manager.cluster.shares_run_folder
     digest = hashlib.sha256(tag.encode()).hexdigest()[:12]
     if direct:
+        # Made 0600 before the client appends to it (both clients open it with "a"): the
+        # record holds /server_info with the API key. On a node it lies in the owner's 0700
+        # directory, whoever writes it (a container's root), and comes back 0600.
+        private_file(local_out)
         node_out, node_log = str(local_out.resolve()), str(bench_log.resolve())
     else:
         base = f"{manager.node_dir()}/client/{digest}"
@@ -110,7 +114,7 @@ def run_client(
             )
         if not direct:
             manager.transport.get(node, node_out, local_out, private=True)
-        if not local_out.exists():
+        if not local_out.exists() or local_out.stat().st_size == 0:
             raise ClientError(f"cell {tag}: client wrote no record; bench log {bench_log}")
         record = read_record(local_out)
     finally:
@@ -134,6 +138,12 @@ def run_client(
             **({} if process is None else {usage.RECORD_KEY: process.to_dict()}),
         }
     )
+
+
+def private_file(path: Path) -> None:
+    """Create `path` empty with mode 0600 (its folder as needed); it must not exist yet."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
 
 
 def _stop_left_client(

@@ -17,8 +17,6 @@ CPU_PCT_COLUMN = "client_process_cpu_pct"  # % of one core: selfcheck.saturated'
 COLUMNS = ("client_process_wall_s", "client_process_cpu_s", CPU_PCT_COLUMN)
 
 # `python -c WRAPPER CLIENT_ARGV...`: it must not import servesweep (SGLang's image lacks it).
-# It sets umask 077 (63): the client's record holds /server_info with the API key, so it is
-# never readable by others (the bench log is opened by the shell before, with the caller's).
 # It starts the client as its child (which dies with it: PR_SET_PDEATHSIG, SIGKILL), ends it
 # by SIGTERM on SIGTERM or SIGINT (a stopped job leaves no client behind: isolation.stop_clients
 # signals the top labelled process, the docker runtime removes the whole container). SIGINT is
@@ -31,7 +29,6 @@ COLUMNS = ("client_process_wall_s", "client_process_cpu_s", CPU_PCT_COLUMN)
 WRAPPER = ";".join(
     [
         "import json,os,signal,subprocess,sys,time",
-        "os.umask(63)",
         'd=getattr(__import__("ctypes").CDLL(None),"prctl",None)',
         "t=time.monotonic()",
         "p=subprocess.Popen(sys.argv[1:],preexec_fn=d and (lambda:d(1,9)))",
