@@ -41,6 +41,8 @@ rule all:
 onstart:
     check_secrets_at_start()
     start_pools()
+    remove_partial_files()
+    supersede_replaced()
     unthrottle_scheduler(workflow)
     hangup_like_sigterm()
 

@@ -227,6 +227,45 @@ def start_pools():
         PATHS.pool_stopped(pool.index).unlink(missing_ok=True)
 
 
+def supersede_replaced():
+    """onstart: every measured record a run_cell job of this invocation replaces is kept under
+    raw/.superseded/<UTC time>/ first. Which jobs run is Snakemake's own decision (its DAG);
+    without that internal, every cell the plan would run (the same params test)."""
+    from servesweep.core.events import EventLog
+    from servesweep.workflow.plan import rerun_reason
+    from servesweep.workflow.superseded import supersede
+
+    try:
+        jobs = [j for j in workflow.dag.needrun_jobs() if j.rule.name == "run_cell"]
+        reasons = {
+            (j.wildcards.server, j.wildcards.client, int(j.wildcards.repeat)): (
+                rerun_reason(EXP, PATHS, cell_of(j.wildcards))
+                or str(workflow.dag.reason(j)).splitlines()[0]
+            )
+            for j in jobs
+        }
+    except AttributeError:  # a Snakemake without these internals
+        why = {
+            (c.server.id, c.client.id, c.repeat): rerun_reason(EXP, PATHS, c)
+            for c in CELLS.values()
+        }
+        reasons = {k: r for k, r in why.items() if r is not None}
+    supersede(
+        paths=PATHS,
+        cells=list(reasons),
+        reasons=reasons,
+        events=EventLog(PATHS.orchestrator_log),
+    )
+
+
+def remove_partial_files():
+    """onstart: the hidden client files killed jobs left (they may hold the API key)."""
+    from servesweep.core.events import EventLog
+    from servesweep.measure.client import remove_run_partials
+
+    remove_run_partials(PATHS.root, events=EventLog(PATHS.orchestrator_log))
+
+
 def report_missing():
     """onerror: which cells are missing and why, per pool (also in missing.txt)."""
     from servesweep.core.files import write_text_atomic

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -712,3 +713,122 @@ def test_event_log_disk_full(checks: Checks, make_run: Callable[..., Run]) -> No
         log.write_bytes(kept)
         filler.unlink()
     _reruns_alone(checks, run, cell)
+
+
+def test_config_edit_keeps_the_records_it_replaces(
+    checks: Checks, make_run: Callable[..., Run]
+) -> None:
+    checks.scenario(
+        "workload.num_requests edited after a finished run: the dry-run's plan counts the cells "
+        "Snakemake reruns, with the reason, and says it replaces records; the rerun keeps them "
+        "under raw/.superseded/<time>/, listed in the manifest"
+    )
+    run = make_run(WITHIN)
+    manifest = run.run_dir / "manifest.json"
+    targets = [*run.targets, str(manifest.relative_to(run.workdir))]
+    first = run.snakemake("--cores", "1", *targets)
+    checks.check("the first run succeeds", first.returncode == 0, output(first)[-3000:])
+    old = {c: run.raw(c).read_bytes() for c in run.cells}
+    _edit_config(run, lambda c: c["workload"].update(num_requests=REQUESTS + 1))
+
+    dry = run.snakemake("-n", *targets)
+    jobs = re.findall(r"^run_cell\s+(\d+)\s*$", dry.stdout + dry.stderr, flags=re.M)
+    last = dry.stdout.strip().splitlines()[-1] if dry.stdout.strip() else ""
+    n = len(run.cells)
+    checks.check(
+        "snakemake -n reruns every cell (params changed)",
+        dry.returncode == 0 and jobs and set(jobs) == {str(n)},
+        output(dry)[-2000:],
+    )
+    checks.check(
+        "its last line (the plan) counts them with the reason and says records are replaced",
+        f"{n} of {n} cell-repeats to run ({n} changed measurement)" in last
+        and f"REPLACES {n} measured record(s)" in last,
+        last,
+    )
+    checks.message(last)
+
+    n_events = len(run.events())
+    again = run.snakemake("--cores", "1", *targets)
+    checks.check("the rerun succeeds", again.returncode == 0, output(again)[-3000:])
+    checks.check("it reruns every cell", sorted(run.started(n_events)) == sorted(run.cells))
+    kept = {c: list(run.run_dir.glob(f"raw/.superseded/*/raw/{c}.jsonl")) for c in run.cells}
+    checks.check(
+        "each replaced record is kept byte for byte under raw/.superseded/<time>/",
+        all(len(p) == 1 and p[0].read_bytes() == old[c] for c, p in kept.items()),
+        str(kept),
+    )
+    checks.check(
+        "the new records are the new measurement",
+        all(run.raw(c).read_bytes() != old[c] for c in run.cells),
+    )
+    listed = json.loads(manifest.read_text()).get("superseded", [])
+    checks.check(
+        "manifest.json lists every kept record",
+        sorted(listed) == sorted(str(p[0].relative_to(run.run_dir)) for p in kept.values()),
+        str(listed),
+    )
+    events = [f for _, e, f in run.events()[n_events:] if e == "superseded"]
+    checks.check(
+        "a `superseded` event per cell names the reason",
+        sorted(f["cell"] for f in events) == sorted(run.cells)
+        and {f["reason"] for f in events} == {"changed measurement"},
+        str(events),
+    )
+    checks.finish()
+
+
+def test_forged_import_never_reaches_another_run(
+    checks: Checks, make_run: Callable[..., Run]
+) -> None:
+    checks.scenario(
+        "`servesweep import` of a record whose `backend` (an axis read from the record) walks "
+        "into another run's raw folder, with 3x its output throughput; then that run's "
+        "`snakemake` again"
+    )
+    run = make_run(ACROSS)
+    first = run.snakemake()
+    checks.check("the run succeeds", first.returncode == 0, output(first)[-3000:])
+    before, n_events = run.finished(), len(run.events())
+    victim = run.cells[0]
+    forged = json.loads(run.raw(victim).read_text())
+    server, client, _ = victim.split("/")
+    forged["backend"] = f"x/../../../{run.run_id}/raw/{server}"
+    forged["output_throughput"] *= 3
+    source = run.workdir / "forged"
+    source.mkdir()
+    (source / "a.jsonl").write_text(json.dumps(forged) + "\n")
+    mapping = run.workdir / "mapping.yaml"
+    mapping.write_text("server:\n  backend: {record: backend}\n")
+    argv = [sys.executable, "-m", "servesweep.workflow.cli", "import", str(source)]
+    argv += ["--run-id", "imp", "--mapping", str(mapping), "--no-plots"]
+    proc = subprocess.run(
+        [*argv, "--results", str(run.workdir / "results")],
+        capture_output=True,
+        text=True,
+        env=run.full_env(),
+        timeout=120,
+    )
+    checks.check(
+        "the import refuses the record: its id is no single folder name",
+        proc.returncode != 0 and "no single path segment" in proc.stdout + proc.stderr,
+        output(proc)[-2000:],
+    )
+    lines = (proc.stdout + proc.stderr).splitlines()
+    checks.message(next((x for x in lines if "no single path segment" in x), ""))
+    checks.check(
+        "the other run's records are untouched (content and mtime)",
+        run.finished() == before,
+        str(run.finished()),
+    )
+    table = pd.read_csv(run.run_dir / "results.csv")
+    rerun = run.snakemake()
+    checks.check("that run's next snakemake succeeds", rerun.returncode == 0, output(rerun))
+    checks.check("it runs no cell", run.started(n_events) == [], str(run.started(n_events)))
+    after = pd.read_csv(run.run_dir / "results.csv")
+    checks.check(
+        "its results.csv keeps the measured throughput",
+        list(after["output_tps"]) == list(table["output_tps"]),
+        f"{list(table['output_tps'])} -> {list(after['output_tps'])}",
+    )
+    checks.finish()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -350,3 +351,50 @@ def test_the_gpu_window_ends_when_the_client_wrote_its_record_not_when_it_exited
     rows = {row["phase"]: row for row in read_snapshot(paths.gpu(cell))}
     end = parse_timestamp(rows["window-end"]["timestamp"])
     assert abs(end - written) < 0.01
+
+
+def test_a_run_start_removes_every_partial_client_file_of_a_killed_job(tmp_path):
+    """A killed job's hidden client record (it may hold the API key) goes when the run next
+    starts, also in a cell that never runs again; a running job's file stays."""
+    from servesweep.core.events import EventLog
+    from servesweep.measure.client import remove_run_partials
+
+    run = tmp_path / "run"
+    dead = [
+        run / "bench" / "s~a" / "concurrency~2" / f".r1.{2**22 + 7}.client.jsonl",
+        run / "bench" / "s~b" / "concurrency~4" / ".r2.client.jsonl",
+    ]
+    alive = run / "bench" / "s~a" / "concurrency~4" / f".r1.{os.getpid()}.client.jsonl"
+    for path in [*dead, alive]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text('{"server_info": {"api_key": "k"')
+    removed = remove_run_partials(run, events=EventLog(run / "orchestrator.log"))
+    assert sorted(removed) == sorted(dead) and alive.exists()
+    assert not any(p.exists() for p in dead)
+    cells = [f["cell"] for _, e, f in read_events(run / "orchestrator.log")]
+    assert sorted(cells) == ["s~a/concurrency~2/r1", "s~b/concurrency~4/r2"]
+
+
+def test_the_client_record_with_the_key_is_never_readable_by_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client's own record holds /server_info, with the API key: 0600 from its creation
+    while the cell runs (the client appends to it under umask 022 here), then removed."""
+    from servesweep.measure import client
+
+    modes: list[int] = []
+
+    def read(path: Path, **kwargs: object) -> BenchRecord:
+        modes.append(Path(path).stat().st_mode & 0o777)
+        return read_record(path, **kwargs)
+
+    monkeypatch.setattr(client, "read_record", read)
+    exp, paths, manager, cell = _setup(tmp_path)
+    old = os.umask(0o022)
+    try:
+        run_cell(exp=exp, cell=cell, manager=manager, **_files(paths, cell))
+    finally:
+        os.umask(old)
+        manager.stop_all(reason="test")
+    assert modes == [0o600]
+    assert not list(paths.bench_log(cell).parent.glob(".*client.jsonl"))

@@ -131,6 +131,30 @@ CONFIG_KINDS = [
     ),
     Bad("run id that is no folder name", "run_id", {"run_id": "my run/1"}),
     Bad(
+        "node name that is no folder name (it names the node's server log)",
+        "cluster.nodes",
+        {"cluster": {"nodes": ["../../escape"]}},
+        words=("no single path segment",),
+    ),
+    Bad(
+        "matrix value that is no folder name (it is part of the cell's folder)",
+        "matrix.server.kv_cache_dtype",
+        {"matrix": {"server": {"kv_cache_dtype": ["../../x"]}}},
+        words=("no single path segment",),
+    ),
+    Bad(
+        "server env name that is shell code",
+        "server.env",
+        {"server": {"env": {"A=1; touch X; B": "1"}}},
+        words=("no name",),
+    ),
+    Bad(
+        "runtime env name that is no name",
+        "runtime.env",
+        {"runtime": {"env": {"1X": "1"}}},
+        words=("no name",),
+    ),
+    Bad(
         "chunked prefill size 0",
         "chunked_prefill_size",
         {"matrix": {"server": {"chunked_prefill_size": [0]}}},

@@ -152,3 +152,26 @@ def test_mapping_errors_are_one_line(tmp_path, capsys):
 @pytest.mark.parametrize("run_id", ["../x", "a b"])
 def test_bad_run_id(tmp_path, run_id, capsys):
     assert main(["import", str(tmp_path), "--run-id", run_id]) == 2
+
+
+def test_an_axis_read_from_a_record_never_writes_outside_the_run(tmp_path, capsys):
+    """A record whose `backend` is a path (`../..`, another run's raw folder) is refused: an id
+    read from data is one folder name, so no file lands outside results/<run>/."""
+    src = tmp_path / "src"
+    src.mkdir()
+    line = (REAL / "datacrunch-llama-405b-online.jsonl").read_text().splitlines()[0]
+    good, forged = json.loads(line), json.loads(line)
+    good["backend"], forged["backend"] = "sglang", "../../../../outside/x"
+    (src / "a.jsonl").write_text(json.dumps(good) + "\n" + json.dumps(forged) + "\n")
+    mapping = tmp_path / "map.yaml"
+    mapping.write_text(
+        "server:\n  backend: {record: backend}\nclient:\n  rate: {record: request_rate}\n"
+    )
+    results = tmp_path / "work" / "results"
+    argv = ["import", str(src), "--run-id", "imp", "--mapping", str(mapping)]
+    rc = main([*argv, "--results", str(results), "--no-plots"])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    assert "rejected a.jsonl:2: unreadable: server id 'backend~../../../../outside/x'" in out
+    written = {p for p in tmp_path.rglob("*") if p.is_file()} - set(src.iterdir()) - {mapping}
+    assert written and all(p.is_relative_to(results / "imp") for p in written), written

@@ -7,6 +7,9 @@ import json
 import logging
 import os
 import shlex
+import shutil
+import stat
+import subprocess
 import sys
 import textwrap
 import time
@@ -16,11 +19,18 @@ from pathlib import Path
 
 import pytest
 
-from servesweep.cluster.runtime import DockerRuntime, Launch, ProcessRuntime, host_python_mounts
+from servesweep.cluster.runtime import (
+    DockerRuntime,
+    Launch,
+    ProcessRuntime,
+    host_python_mounts,
+    node_dir_prep,
+    owner_dir,
+)
 from servesweep.cluster.secrets import Secret
 from servesweep.cluster.transport import LocalTransport
 from servesweep.config.schema import RuntimeConfig
-from servesweep.core.errors import ConfigError, ServerStartError, TransportError
+from servesweep.core.errors import ConfigError, ServerStartError, TransportError, UnsafeName
 
 CANARY = "canary-pw-7Hq2"
 
@@ -355,3 +365,61 @@ def test_process_runtime_lifecycle(tmp_path: Path) -> None:
         rt.stop("local", handle, grace_s=5)
     assert not rt.is_running("local", handle)
     assert rt.find("local", {"run": tag}) == []
+
+
+def _sh(line: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["sh", "-c", line], cwd=cwd, capture_output=True, text=True)
+
+
+def test_node_dir_is_private_to_its_owner(tmp_path: Path) -> None:
+    """The owner directory is made 0700; one planted first as a symlink (another user of the
+    node) makes the command fail, and nothing is written through the link."""
+    tag = f"test-{uuid.uuid4().hex[:12]}"
+    root = Path(owner_dir(tag))
+    try:
+        res = _sh(f"{node_dir_prep(f'{root}/run/bench/x.jsonl')} && echo ok", tmp_path)
+        assert res.stdout.strip() == "ok", res.stderr
+        assert root.is_dir() and not root.is_symlink()
+        assert stat.S_IMODE(root.stat().st_mode) == 0o700
+        assert (root / "run" / "bench").is_dir()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    target = tmp_path / "victim"
+    target.mkdir()
+    root.symlink_to(target)
+    try:
+        res = _sh(f"{node_dir_prep(f'{root}/run/x.log')} && echo ok", tmp_path)
+        assert res.returncode != 0 and "ok" not in res.stdout
+        assert f"{root} on " in res.stderr and "no private directory" in res.stderr
+        assert list(target.iterdir()) == []
+    finally:
+        root.unlink()
+
+
+def test_shell_lines_quote_env_and_paths(tmp_path: Path) -> None:
+    """A server.env name that is shell code never runs; a path with a space makes no junk
+    folders; a name that is no name is refused before any shell line is built."""
+    log = tmp_path / "a b" / "c.log"
+    res = _sh(node_dir_prep(str(log)), tmp_path)
+    assert res.returncode == 0 and log.parent.is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a b"]
+    launch = Launch(
+        name="p",
+        node="local",
+        argv=["sh", "-c", "echo $A"],
+        log_path=str(log),
+        env={"A": "1; touch X; B=2"},
+    )
+    res = _sh(ProcessRuntime(LocalTransport()).oneshot_line(launch), tmp_path)
+    assert res.returncode == 0 and log.read_text() == "1; touch X; B=2\n"
+    assert not (tmp_path / "X").exists()
+    evil = Launch(
+        name="p", node="local", argv=["true"], log_path=str(log), env={"A=1; touch X; B": "1"}
+    )
+    with pytest.raises(UnsafeName, match="no name"):
+        ProcessRuntime(LocalTransport()).oneshot_line(evil)
+    with pytest.raises(UnsafeName, match="no name"):
+        DockerRuntime(
+            LocalTransport(), RuntimeConfig(kind="docker", image="i"), sudo_password=None
+        ).command_line(evil)
+    assert not (tmp_path / "X").exists()

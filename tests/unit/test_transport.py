@@ -511,3 +511,23 @@ def test_run_all_keeps_node_order() -> None:
     results = run_all(LocalTransport(), ["c", "a", "b"], "echo $$", timeout=20)
     assert list(results) == ["c", "a", "b"]
     assert all(r.ok for r in results.values())
+
+
+@pytest.mark.parametrize("kind", ["local", "ssh"])
+def test_private_get_is_never_readable_by_others(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """A file copied back with `private` (a record that may hold the API key) is 0600."""
+    transport = LocalTransport() if kind == "local" else request.getfixturevalue("ssh")
+    remote = tmp_path / "node" / "record.jsonl"
+    remote.parent.mkdir()
+    remote.write_text("{}\n")
+    old = os.umask(0o022)
+    try:
+        transport.get("fake1", str(remote), tmp_path / "a" / "r.jsonl", private=True)
+        transport.get("fake1", str(remote), tmp_path / "a" / "s.jsonl")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a" / "r.jsonl").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "a" / "s.jsonl").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "a" / "r.jsonl").read_text() == "{}\n"

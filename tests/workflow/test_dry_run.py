@@ -14,7 +14,8 @@ def test_dry_run_ends_with_the_plan_line(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith(
-        "servesweep plan: run dry: 6 of 6 cell-repeats to run, 2 server starts, 0 image builds;"
+        "servesweep plan: run dry: 6 of 6 cell-repeats to run (6 missing), 2 server starts, "
+        "0 image builds;"
         " estimated "
     ), last
     assert "of GPU time" in last

@@ -28,8 +28,10 @@ from servesweep.analysis.results import (
 )
 from servesweep.analysis.summary import load_requests, summarize, write_summary
 from servesweep.config.matrix import segment
+from servesweep.config.paths import cell_file
 from servesweep.config.schema import MIN_RETOKENIZED_RATIO, NAME_PATTERN
 from servesweep.core.files import strict_json, write_json_atomic, write_text_atomic
+from servesweep.core.names import safe_segment
 from servesweep.measure.checks import CheckInputError
 from servesweep.measure.records import BenchRecord
 from servesweep.measure.validation import judge_record
@@ -192,6 +194,11 @@ def import_run(
                     if match is None:
                         raise ValueError(f"repeat: {mapping.repeat!r} does not match the path")
                     repeat = int(match.group(1))
+                # An id read from a record or a path is one folder name (UnsafeName otherwise).
+                key = (
+                    safe_segment(segment(server, "default"), what="server id"),
+                    safe_segment(segment(client, "default"), what="client id"),
+                )
             except (ValueError, ValidationError) as exc:
                 report.rejected.append(f"{where}: unreadable: {str(exc).splitlines()[0]}")
                 continue
@@ -201,7 +208,6 @@ def import_run(
                 continue
             if verdict.warnings:
                 report.warnings.append(f"{where}: {verdict.line()}")
-            key = (segment(server, "default"), segment(client, "default"))
             entry = {"where": where, "line": line, "data": data, "record": record, "repeat": repeat}
             cells.setdefault(key, []).append({**entry, "server": server, "client": client})
     rows, request_keys, request_figures = [], [], []
@@ -215,7 +221,7 @@ def import_run(
                 )
                 continue
             taken.add(repeat)
-            raw = run_dir / "raw" / server_id / client_id / f"r{repeat}.jsonl"
+            raw = cell_file(run_dir, "raw", server_id=server_id, client_id=client_id, repeat=repeat)
             # strict JSON (bench_serving's bare Infinity becomes null + non_finite)
             write_text_atomic(raw, strict_json(entry["data"]) + "\n")
             metrics = record_metrics(entry["data"])
@@ -239,8 +245,10 @@ def import_run(
             request_figures.append(stats.request_figures(entry["record"]))
             report.imported.append(entry["where"])
     if not rows:
+        first = f"; first: {report.rejected[0]}" if report.rejected else ""
         raise CheckInputError(
-            f"{source}: no valid record matched {mapping.files!r} ({len(report.rejected)} rejected)"
+            f"{source}: no valid record matched {mapping.files!r} "
+            f"({len(report.rejected)} rejected{first})"
         )
     server_axes, client_axes = list(mapping.server), list(mapping.client)
     df = pd.DataFrame(rows, columns=result_columns(server_axes, client_axes))

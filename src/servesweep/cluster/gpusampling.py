@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from servesweep.cluster import telemetry
+from servesweep.cluster.runtime import node_dir_prep
 from servesweep.cluster.telemetry import (
     PHASE_SAMPLE,
     PHASE_WINDOW_END,
@@ -74,7 +75,7 @@ def loop_command(*, interval_ms: int, out: str, max_s: int) -> str:
     q = shlex.quote(out)
     return (
         "command -v nvidia-smi >/dev/null 2>&1 || exit 127; "
-        f'mkdir -p "$(dirname {q})" && '
+        f"{node_dir_prep(out)} && "
         "buf=; command -v stdbuf >/dev/null 2>&1 && buf='stdbuf -oL'; "
         f"lim=; command -v timeout >/dev/null 2>&1 && lim='timeout {max_s}'; "
         f"TZ=UTC nohup $buf $lim nvidia-smi --query-gpu={','.join(SAMPLE_FIELDS)} "

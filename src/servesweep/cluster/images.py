@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from servesweep.cluster.owner import Owner
-from servesweep.cluster.runtime import ONESHOT_DIR, DockerRuntime, Launch
+from servesweep.cluster.runtime import DockerRuntime, Launch, owner_dir
 from servesweep.cluster.transport import fan_out
 from servesweep.config.experiment import Experiment
 from servesweep.config.matrix import image_key
@@ -183,7 +183,7 @@ def in_image_launch(*, exp: Experiment, node: str, owner: Owner, name: str, comm
         name=f"servesweep-{owner.tag}-{exp.run_id}-{name}-{node}",
         node=node,
         argv=["sh", "-c", command],
-        log_path=f"{ONESHOT_DIR}/{owner.tag}/{exp.run_id}/smoke/{node}-{name}.log",
+        log_path=f"{owner_dir(owner.tag)}/{exp.run_id}/smoke/{node}-{name}.log",
         labels={"run": exp.run_id, "role": "smoke", **owner.labels()},
     )
 

@@ -18,6 +18,7 @@ from servesweep.cluster.secrets import Secret, scrub
 from servesweep.cluster.transport import CommandResult, Transport
 from servesweep.config.schema import RuntimeConfig
 from servesweep.core.errors import ConfigError, ServerStartError, TransportError
+from servesweep.core.names import env_name, safe_segment
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +26,8 @@ LABEL_PREFIX = "servesweep."
 ENV_LABEL_PREFIX = "SERVESWEEP_LABEL_"
 CLIENT_ENV = f"{ENV_LABEL_PREFIX}ROLE=client"  # a one-shot client's label
 COMMAND_TIMEOUT_S = 60.0
-# Node directory shared with one-shot containers (client records, logs).
+# Prefix of each owner's private node directory `/tmp/servesweep-<owner tag>` (client records,
+# logs; mounted into one-shot containers): owner_dir, node_dir_prep.
 ONESHOT_DIR = "/tmp/servesweep"
 
 
@@ -112,12 +114,35 @@ class Runtime(Protocol):
         ...
 
 
+def owner_dir(tag: str) -> str:
+    """An owner's private directory on a node, `ONESHOT_DIR-<owner tag>` (node_dir_prep makes
+    it 0700 and refuses one that is a symlink or another user's)."""
+    return f"{ONESHOT_DIR}-{safe_segment(tag, what='owner tag')}"
+
+
+def private_root(path: str) -> str | None:
+    """The owner directory `path` lies in (None: a path elsewhere, e.g. under results/)."""
+    prefix = f"{ONESHOT_DIR}-"
+    if not path.startswith(prefix):
+        return None
+    end = path.find("/", len(prefix))
+    return path if end < 0 else path[:end]
+
+
 def node_dir_prep(path: str) -> str:
-    """Shell: create the parent of `path` on a node (ONESHOT_DIR shared by every user)."""
-    shared = shlex.quote(ONESHOT_DIR)
+    """Shell: create the parent of `path` on a node. Under an owner directory that directory is
+    made first (mode 0700) and must be a directory of the calling user, not a symlink: another
+    user of the node who made it first (or planted a link) makes the command fail, naming it."""
+    parent = f'mkdir -p "$(dirname {shlex.quote(path)})"'
+    root = private_root(path)
+    if root is None:
+        return parent
+    d = shlex.quote(root)
     return (
-        f"mkdir -p {shared} && (chmod 1777 {shared} 2>/dev/null || true) && "
-        f"mkdir -p $(dirname {shlex.quote(path)})"
+        f"{{ mkdir -m 0700 {d} 2>/dev/null; "
+        f"if [ -d {d} ] && [ ! -L {d} ] && [ -O {d} ] && chmod 0700 {d}; then {parent}; "
+        f'else echo "servesweep: {root} on $(hostname) is no private directory of '
+        f"$(id -un) (a symlink or another user's): remove it\" >&2; false; fi; }}"
     )
 
 
@@ -125,7 +150,7 @@ def read_secret_line(launch: Launch) -> str:
     """Shell: read `launch.secret_env`'s value from stdin into its (exported) variable."""
     if launch.secret_env is None:
         return ""
-    name = launch.secret_env[0]
+    name = env_name(launch.secret_env[0], what="secret variable")
     # Its own statement: an asynchronous list after it (`... &`) would read /dev/null.
     return f"IFS= read -r {name} || exit 1; export {name}; "
 
@@ -143,6 +168,14 @@ def env_value(environ: str, name: str) -> Secret | None:
     return None
 
 
+def env_assigns(env: dict[str, str]) -> str:
+    """Shell: `NAME=value` words for `env`, each quoted whole (a name that is no name raises
+    UnsafeName: it never reaches the shell)."""
+    return " ".join(
+        shlex.quote(f"{env_name(k, what='environment variable')}={v}") for k, v in env.items()
+    )
+
+
 def label_env(labels: dict[str, str]) -> dict[str, str]:
     """Labels as environment variables (how a plain process carries them)."""
     return {ENV_LABEL_PREFIX + k.upper(): v for k, v in labels.items()}
@@ -155,8 +188,7 @@ class ProcessRuntime:
         self.transport = transport
 
     def command_line(self, launch: Launch) -> str:
-        env = {**launch.env, **label_env(launch.labels)}
-        assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+        assigns = env_assigns({**launch.env, **label_env(launch.labels)})
         argv = " ".join(shlex.quote(a) for a in launch.argv)
         log = shlex.quote(launch.log_path)
         return (
@@ -224,8 +256,7 @@ class ProcessRuntime:
         return not identity or self.identity(node, handle) == identity
 
     def oneshot_line(self, launch: Launch, *, gpus: bool = False) -> str:
-        assigns = {**launch.env, **label_env(launch.labels)}
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in assigns.items())
+        env = env_assigns({**launch.env, **label_env(launch.labels)})
         log = shlex.quote(launch.log_path)
         argv = shlex.join(launch.argv)
         return (
@@ -386,10 +417,11 @@ class DockerRuntime:
         for ulimit in rt.ulimits:
             args += ["--ulimit", ulimit]
         for key, value in {**rt.env, **launch.env}.items():
-            args += ["-e", f"{key}={value}"]
+            args += ["-e", f"{env_name(key, what='environment variable')}={value}"]
         if launch.secret_env is not None:
             args += ["--env-file", "/dev/stdin"]  # NAME=value after sudo's line (_stdin)
-        for mount in [*rt.mounts, *([] if detach else [f"{ONESHOT_DIR}:{ONESHOT_DIR}"])]:
+        root = None if detach else private_root(launch.log_path)
+        for mount in [*rt.mounts, *([] if root is None else [f"{root}:{root}"])]:
             args += ["-v", mount]
         for key, value in launch.labels.items():
             args += ["--label", f"{LABEL_PREFIX}{key}={value}"]

@@ -392,7 +392,7 @@ class SshTransport:
                 ) from None
         logger.debug("node %s: put %s -> %s", node, local, remote)
 
-    def get(self, node: str, remote: str, local: Path) -> None:
+    def get(self, node: str, remote: str, local: Path, *, private: bool = False) -> None:
         local.parent.mkdir(parents=True, exist_ok=True)
         fd, part = tempfile.mkstemp(prefix=f".{local.name}.", suffix=".part", dir=local.parent)
         os.close(fd)
@@ -404,7 +404,8 @@ class SshTransport:
                     raise TransportError(f"no file {remote} on node {node}") from None
                 except (OSError, paramiko.SSHException) as exc:
                     raise TransportError(f"cannot copy {remote} from node {node}: {exc}") from None
-            os.chmod(part, 0o666 & ~current_umask())  # as a plain open() would (not 0600)
+            if not private:  # mkstemp's 0600 kept for a secret; else as a plain open() would
+                os.chmod(part, 0o666 & ~current_umask())
             os.replace(part, local)
         finally:
             with contextlib.suppress(FileNotFoundError):

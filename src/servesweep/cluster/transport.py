@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from servesweep.core.errors import TransportError
+from servesweep.core.files import atomic_open
 
 T = TypeVar("T")
 
@@ -60,8 +61,9 @@ class Transport(Protocol):
         """Copy a local file to `remote` on `node`."""
         ...
 
-    def get(self, node: str, remote: str, local: Path) -> None:
-        """Copy `remote` on `node` to a local file."""
+    def get(self, node: str, remote: str, local: Path, *, private: bool = False) -> None:
+        """Copy `remote` on `node` to a local file (`private`: mode 0600 from its creation,
+        for a file that may hold a secret)."""
         ...
 
     def check_reachable(self, nodes: Iterable[str] | None = None) -> None:
@@ -71,6 +73,11 @@ class Transport(Protocol):
     def close(self) -> None:
         """Release connections."""
         ...
+
+
+def _perms(private: bool) -> int | None:
+    """A copied file's mode: 0600 for a private one, else what a plain open() gives."""
+    return 0o600 if private else None
 
 
 def node_address(cluster: ClusterConfig, node: str) -> str:
@@ -135,10 +142,11 @@ class LocalTransport:
         Path(remote).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(local, remote)
 
-    def get(self, node: str, remote: str, local: Path) -> None:
+    def get(self, node: str, remote: str, local: Path, *, private: bool = False) -> None:
         local.parent.mkdir(parents=True, exist_ok=True)
         try:
-            shutil.copyfile(remote, local)
+            with open(remote, "rb") as src, atomic_open(local, "wb", perms=_perms(private)) as dst:
+                shutil.copyfileobj(src, dst)
         except FileNotFoundError:
             raise TransportError(f"no file {remote} on node {node}") from None
 

@@ -10,6 +10,7 @@ from typing import Literal
 
 from servesweep.config.experiment import Experiment
 from servesweep.config.matrix import CellRepeat, image_key
+from servesweep.core.names import safe_segment
 
 CellFile = Literal["raw", "gpu", "bench", "job"]
 # The files of a cell-repeat, relative to the run folder, as Snakemake patterns: the rules take
@@ -28,8 +29,13 @@ CLIENT_LOGS = frozenset({"warmup.log"})
 def cell_file(
     run_dir: str | Path, kind: CellFile, *, server_id: str, client_id: str, repeat: int
 ) -> Path:
-    """One file of a cell-repeat of the run folder `run_dir`."""
-    rel = CELL_FILES[kind].format(server=server_id, client=client_id, repeat=int(repeat))
+    """One file of a cell-repeat of the run folder `run_dir` (ids that are no single path
+    segment raise UnsafeName: a record's `backend` never writes outside the run)."""
+    rel = CELL_FILES[kind].format(
+        server=safe_segment(server_id, what="server id"),
+        client=safe_segment(client_id, what="client id"),
+        repeat=int(repeat),
+    )
     return Path(run_dir, rel)
 
 
@@ -78,8 +84,14 @@ class RunPaths:
     def gpu(self, cell: CellRepeat) -> Path:
         return self._cell("gpu", cell)
 
+    @property
+    def superseded(self) -> Path:
+        """Records a rerun replaced, kept: raw/.superseded/<UTC time>/<cell files as in the
+        run> (no cell id starts with '.', so no pattern matches them)."""
+        return self.root / "raw" / ".superseded"
+
     def service(self, server_id: str) -> Path:
-        return self.root / "service" / server_id
+        return self.root / "service" / safe_segment(server_id, what="server id")
 
     def service_files(self) -> dict[str, list[Path]]:
         """What the servers of this run left in service/<server>/: server logs, /server_info
@@ -154,7 +166,8 @@ class RunPaths:
 
     def server_lock(self, nodes: Sequence[str]) -> Path:
         """The lock a job holds while it owns the servers of this node set (one at a time)."""
-        return self.root / "service" / f"nodes~{'+'.join(sorted(nodes))}.lock"
+        names = [safe_segment(n, what="node") for n in sorted(nodes)]
+        return self.root / "service" / f"nodes~{'+'.join(names)}.lock"
 
     @property
     def orchestrator_log(self) -> Path:
@@ -199,4 +212,5 @@ class RunPaths:
         """Holds the first warning that a node's GPU figures are unavailable for `detail`:
         its existence keeps later cells of the run from repeating it."""
         digest = hashlib.sha256(detail.encode()).hexdigest()[:12]
+        node = safe_segment(node, what="node")
         return self.logs / "gpu_unavailable" / f"{node}~{digest}.log"

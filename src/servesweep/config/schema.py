@@ -20,6 +20,8 @@ from pydantic import (
     model_validator,
 )
 
+from servesweep.core.names import env_name, safe_segment
+
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -31,6 +33,21 @@ def _compiles(value: str) -> str:
         raise ValueError(f"bad regular expression: {exc}") from None
     return value
 
+
+def _env_names(env: dict[str, str]) -> dict[str, str]:
+    """Environment variables whose names are names (a key goes into a shell line)."""
+    for name in env:
+        env_name(name, what="variable")
+    return env
+
+
+def _node_names(nodes: list[str]) -> list[str]:
+    """Node names that are single path segments (a node's name names its log file)."""
+    return [safe_segment(node, what="node") for node in nodes]
+
+
+# Environment variables of a server or runtime: names checked (core.names.env_name).
+EnvMap = Annotated[dict[str, str], AfterValidator(_env_names)]
 
 # A config value that is a regular expression (an image check's `expect`, an evidence pattern).
 Regex = Annotated[str, AfterValidator(_compiles)]
@@ -59,7 +76,7 @@ class ClusterConfig(Strict):
     time."""
 
     transport: Literal["local", "ssh"] = "local"
-    nodes: list[str] = Field(min_length=1)
+    nodes: Annotated[list[str], AfterValidator(_node_names)] = Field(min_length=1)
     addresses: dict[str, str] = Field(default_factory=dict)
     gpus_per_node: int = Field(default=8, ge=1)
     ssh: SshOptions = SshOptions()
@@ -147,7 +164,7 @@ class RuntimeConfig(Strict):
     devices: list[str] = Field(default_factory=list)
     ulimits: list[str] = Field(default_factory=list)
     mounts: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: EnvMap = Field(default_factory=dict)
     build: ImageBuild | None = None
     smoke: list[str] = Field(default_factory=list)  # commands that must exit 0 in the image
     checks: list[ImageCheck] = Field(default_factory=list)
@@ -243,7 +260,7 @@ class ServerArgs(Strict):
     disaggregation_bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
     speculative_algorithm: str | None = None
     extra_args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: EnvMap = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _check_parallel(self) -> ServerArgs:
@@ -263,7 +280,7 @@ SINGLE_ROLE = "server"
 class RoleConfig(Strict):
     """One role of a PD server set: its nodes, ports and argument overrides."""
 
-    nodes: list[str] = Field(min_length=1)
+    nodes: Annotated[list[str], AfterValidator(_node_names)] = Field(min_length=1)
     port: int | None = Field(default=None, ge=1, le=65535)
     dist_init_port: int | None = Field(default=None, ge=1, le=65535)
     server: dict[str, Any] = Field(default_factory=dict)
@@ -398,6 +415,11 @@ class Matrix(Strict):
                     raise ValueError(f"matrix.{side}.{name}: empty axis")
                 if len({json.dumps(v) for v in values}) != len(values):
                     raise ValueError(f"matrix.{side}.{name}: duplicate values {values}")
+                for value in values:  # `name~value` is part of a folder name (the cell's id)
+                    try:
+                        safe_segment(f"{name}~{value}", what="cell id part")
+                    except ValueError as exc:
+                        raise ValueError(f"matrix.{side}.{name}: {exc}") from None
         return self
 
 

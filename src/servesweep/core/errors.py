@@ -71,3 +71,8 @@ class Terminated(BaseException):
     def __init__(self, message: str, signum: int = signal.SIGTERM) -> None:
         super().__init__(message)
         self.signum = signum
+
+
+class UnsafeName(ServesweepError, ValueError):
+    """A name from data, config or the environment is no single safe path segment or shell
+    variable name (it would reach outside its folder or into the shell)."""

@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 
 from servesweep.cluster.owner import POOL_LABEL
@@ -61,6 +62,10 @@ def run_client(
     direct = manager.cluster.shares_run_folder
     digest = hashlib.sha256(tag.encode()).hexdigest()[:12]
     if direct:
+        # Made 0600 before the client appends to it (both clients open it with "a"): the
+        # record holds /server_info with the API key. On a node it lies in the owner's 0700
+        # directory, whoever writes it (a container's root), and comes back 0600.
+        private_file(local_out)
         node_out, node_log = str(local_out.resolve()), str(bench_log.resolve())
     else:
         base = f"{manager.node_dir()}/client/{digest}"
@@ -109,8 +114,8 @@ def run_client(
             )
         written_at = record_written_at(manager, node=node, path=node_out)
         if not direct:
-            manager.transport.get(node, node_out, local_out)
-        if not local_out.exists():
+            manager.transport.get(node, node_out, local_out, private=True)
+        if not local_out.exists() or local_out.stat().st_size == 0:
             raise ClientError(f"cell {tag}: client wrote no record; bench log {bench_log}")
         record = read_record(local_out)
     finally:
@@ -145,6 +150,12 @@ def record_written_at(manager: ServerManager, *, node: str, path: str) -> float 
         return float(res.stdout.strip()) if res.ok else None
     except ValueError:
         return None
+
+
+def private_file(path: Path) -> None:
+    """Create `path` empty with mode 0600 (its folder as needed); it must not exist yet."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
 
 
 def _stop_left_client(
@@ -247,16 +258,37 @@ CLOCK_KEY = "servesweep_client_clock"
 def remove_partial_client_files(bench_log: Path, *, events: EventLog, cell: str) -> list[Path]:
     """Remove the hidden client files a killed job of this cell left (`.<repeat>.<pid>.client
     .jsonl` of a pid no longer running, or the older `.<repeat>.client.jsonl`); report each."""
+    found = sorted(bench_log.parent.glob(f".{bench_log.stem}.*client.jsonl"))
+    return _remove_partials(found, events=events, cell=lambda _: cell)
+
+
+def remove_run_partials(run_dir: Path, *, events: EventLog) -> list[Path]:
+    """At the start of a run (Snakemake's onstart): remove every hidden client file a killed
+    job left under bench/ (it holds the record with /server_info, which may carry the API
+    key), also of a cell that never runs again; report each."""
+    found = sorted(Path(run_dir, "bench").glob("*/*/.*client.jsonl"))
+    return _remove_partials(
+        found,
+        events=events,
+        cell=lambda p: f"{p.parent.parent.name}/{p.parent.name}/{p.name.split('.')[1]}",
+    )
+
+
+def _remove_partials(
+    paths: list[Path], *, events: EventLog, cell: Callable[[Path], str]
+) -> list[Path]:
     removed = []
-    for path in sorted(bench_log.parent.glob(f".{bench_log.stem}.*client.jsonl")):
-        pid = path.name.removeprefix(f".{bench_log.stem}.").removesuffix("client.jsonl")
-        pid = pid.rstrip(".")
+    for path in paths:
+        parts = path.name.split(".")  # "", "r1", pid, "client", "jsonl" (or without pid)
+        pid = parts[2] if len(parts) == 5 else ""
         if pid.isdigit() and Path(f"/proc/{pid}").exists():
             continue  # a job still running (the server lock keeps it from measuring now)
         path.unlink(missing_ok=True)
         removed.append(path)
-        events.emit("partial-removed", cell=cell, file=str(path))
-        logger.warning("cell %s: removed %s, a partial client file of a killed job", cell, path)
+        events.emit("partial-removed", cell=cell(path), file=str(path))
+        logger.warning(
+            "cell %s: removed %s, a partial client file of a killed job", cell(path), path
+        )
     return removed
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from servesweep import __version__
@@ -33,6 +36,28 @@ def measured_with(exp: Experiment, cell: CellRepeat) -> dict[str, Any]:
         "client": client_identity(exp),
         "warmup_after_start": exp.warmup_after_start,
     }
+
+
+# The record's last bytes read for KEY: it follows the per-request details (cells.py adds it
+# last but for a few small keys), so the planner reads no record whole.
+TAIL_BYTES = 1 << 16
+
+
+def recorded(path: str | Path) -> Any:
+    """KEY's value in the raw record at `path` (None when the record has none); from the
+    record's tail when it is there, else the whole record. OSError, ValueError as raised."""
+    with open(path, "rb") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        fh.seek(max(0, size - TAIL_BYTES))
+        tail = fh.read().decode("utf-8", errors="replace")
+        at = tail.rfind(f'"{KEY}":')
+        if at >= 0:
+            rest = tail[at + len(KEY) + 3 :].lstrip()
+            with contextlib.suppress(ValueError):
+                return json.JSONDecoder().raw_decode(rest)[0]
+        fh.seek(0)
+        data = json.loads(fh.readline())
+    return data.get(KEY) if isinstance(data, dict) else None
 
 
 def _flat(value: Any, prefix: str = "") -> dict[str, Any]:

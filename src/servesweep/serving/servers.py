@@ -27,7 +27,7 @@ from servesweep.cluster.owner import (
     current_owner,
 )
 from servesweep.cluster.pools import narrow, node_pools
-from servesweep.cluster.runtime import ONESHOT_DIR, Labelled, Launch
+from servesweep.cluster.runtime import Labelled, Launch, owner_dir
 from servesweep.cluster.secrets import Secret, new_api_key, scrub
 from servesweep.config.experiment import Experiment
 from servesweep.config.matrix import ServerSpec, server_specs
@@ -98,7 +98,7 @@ class ServerManager:
 
     def node_dir(self) -> str:
         """This owner's and run's directory on a node: two checkouts never share it."""
-        return f"{ONESHOT_DIR}/{self.owner.tag}/{self.exp.run_id}"
+        return f"{owner_dir(self.owner.tag)}/{self.exp.run_id}"
 
     def node_log_path(self, server_id: str, role: str, node: str) -> str:
         """Where a process writes its log on its node."""

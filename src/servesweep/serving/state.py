@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from servesweep.config.schema import SINGLE_ROLE
+from servesweep.core.names import safe_segment
 
 
 @dataclass
@@ -74,4 +75,5 @@ def _epoch(value: str | float | None) -> float | None:
 
 def log_name(role: str, node: str) -> str:
     """File name of one process's log in service/<server>/."""
+    node = safe_segment(node, what="node")
     return f"{node}.log" if role == SINGLE_ROLE else f"{role}-{node}.log"

@@ -34,6 +34,7 @@ from servesweep.serving.logscan import scan_run
 from servesweep.workflow.jobs import PathLike, experiment
 from servesweep.workflow.manifest import build_manifest
 from servesweep.workflow.plan import pool_plan
+from servesweep.workflow.superseded import superseded_files
 
 
 def collect_results(
@@ -201,6 +202,7 @@ def write_manifest(
         builds=[Path(p) for p in builds],
         repo=Path(repo),
         pools=planned_pools(exp, paths),
+        superseded=superseded_files(paths),
     )
     write_json_atomic(out, manifest)
 

@@ -48,7 +48,8 @@ def _parser() -> argparse.ArgumentParser:
         ("up", "start a service (warm-up included) that every run of this server config reuses"),
         (
             "plan",
-            "missing cell-repeats, server starts, node pools, estimated wall time; touches no node",
+            "cell-repeats to run (missing, or replaced: changed measurement or code), server "
+            "starts, node pools, estimated wall time; touches no node",
         ),
         (
             "nodes",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from servesweep.cluster import gpuidle
 from servesweep.cluster.images import version_probe
-from servesweep.cluster.runtime import ONESHOT_DIR, Launch
+from servesweep.cluster.runtime import Launch, owner_dir
 from servesweep.cluster.transport import node_address
 from servesweep.config.experiment import AUTO_PORT, Experiment
 from servesweep.config.matrix import server_specs
@@ -22,7 +22,7 @@ from servesweep.serving.servers import ServerManager
 
 PROBE_TIMEOUT_S = 60.0
 MAX_CLOCK_SKEW_S = 1.0
-MIN_FREE_GIB = 5.0  # on each node's ONESHOT_DIR and the workflow host's results folder
+MIN_FREE_GIB = 5.0  # on each node's owner directory and the workflow host's results folder
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def check_image(exp: Experiment, manager: ServerManager, node: str) -> Check:
     )
     if not res.ok:
         return Check(node, "image", "fail", f"{image} not present")
-    log = f"{ONESHOT_DIR}/{manager.owner.tag}/doctor/{node}-version.log"
+    log = f"{owner_dir(manager.owner.tag)}/doctor/{node}-version.log"
     launch = Launch(
         name=f"servesweep-{manager.owner.tag}-doctor-{node}",
         node=node,

@@ -83,11 +83,13 @@ def build_manifest(
     repo: Path,
     pools: PoolPlan,
     builds: Sequence[Path] = (),
+    superseded: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Everything needed to know what ran: config, servers (each in its pool), versions,
     engine reports, images.
     `server_info`: the /server_info snapshots of the run (service/<server>/server_info.json);
-    `builds`: the image evidence per node (docker runtimes)."""
+    `builds`: the image evidence per node (docker runtimes); `superseded`: the records reruns
+    replaced, kept under raw/.superseded/ (relative to the run folder)."""
     infos = {path.parent.name: path for path in server_info}
     servers = []
     for spec in pooled_specs(exp, pools):
@@ -128,5 +130,6 @@ def build_manifest(
         "images": image_records(builds),
         "pools": pools.to_dict()["pools"],
         "servers": servers,
+        "superseded": list(superseded),
         "config": exp.model_dump(mode="json"),
     }

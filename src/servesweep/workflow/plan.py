@@ -1,4 +1,5 @@
-"""`servesweep plan`: what is missing, how many server starts, and an estimated wall time.
+"""`servesweep plan`: what runs (missing cells, and cells whose record Snakemake will replace),
+how many server starts, and an estimated wall time.
 
 Durations come from earlier runs' orchestrator.log where the same server config (fingerprint)
 and client config ran before, else from the simulator's cost model run offline (no sleeping).
@@ -23,6 +24,7 @@ from servesweep.config.matrix import CellRepeat, cell_repeats, client_specs, ser
 from servesweep.config.paths import RunPaths
 from servesweep.config.schema import Workload
 from servesweep.core.events import read_events
+from servesweep.measure import provenance
 from servesweep.sim.estimate import closed_loop_seconds
 
 K = TypeVar("K")
@@ -40,6 +42,32 @@ CELL_FIXED_S = 1.5
 ANALYSIS_S = 20.0
 # One image check per node (docker pull or build, then the capability smoke): a guess.
 IMAGE_BUILD_S = 60.0
+
+
+# Why a cell-repeat runs. Snakemake reruns a cell whose params changed (profiles/default:
+# rerun-triggers mtime, params); run_cell's params are the fingerprint, the workload key and
+# measured_with, which holds both, and the record carries measured_with (provenance.KEY).
+MISSING = "missing"
+CHANGED_MEASUREMENT = "changed measurement"  # fingerprint, workload, warm-up
+CHANGED_CODE = "changed code"  # only the client: its kind, version, tokenizer
+REASONS = (MISSING, CHANGED_MEASUREMENT, CHANGED_CODE)
+
+
+def rerun_reason(exp: Experiment, paths: RunPaths, cell: CellRepeat) -> str | None:
+    """Why `cell` runs (one of REASONS), None when its record stands: the params test
+    Snakemake makes, on the record's own copy of them. An unreadable record is left to
+    collect_results (Snakemake does not read it either)."""
+    raw = paths.raw(cell)
+    if not raw.exists():
+        return MISSING
+    try:
+        recorded = provenance.recorded(raw)
+    except (OSError, ValueError):
+        return None
+    diff = provenance.differences(recorded, provenance.measured_with(exp, cell))
+    if not diff:
+        return None
+    return CHANGED_CODE if all(d.startswith("client.") for d in diff) else CHANGED_MEASUREMENT
 
 
 @dataclass(frozen=True)
@@ -172,6 +200,26 @@ class Plan:
     unestimated: int = 0  # configs left to the cost model beyond make_plan's max_simulated
     pools: PoolPlan | None = None
     pool_held_s: dict[int, float] = field(default_factory=dict)  # servers up, per pool
+    reasons: dict[str, str] = field(default_factory=dict)  # cell key -> why it runs
+
+    @property
+    def replaced(self) -> int:
+        """Measured records this plan replaces (kept under raw/.superseded/<time>/)."""
+        return sum(r != MISSING for r in self.reasons.values())
+
+    def why(self) -> str:
+        """`3 missing, 21 changed measurement` (reasons in REASONS order)."""
+        counts = [(r, sum(v == r for v in self.reasons.values())) for r in REASONS]
+        return ", ".join(f"{n} {r}" for r, n in counts if n)
+
+    def replacing(self) -> str:
+        """The clause that ends the summary when measured records are replaced ("" if none)."""
+        if not self.replaced:
+            return ""
+        return (
+            f"; REPLACES {self.replaced} measured record(s) "
+            f"(kept under {self.run_id}/raw/.superseded/<time>/)"
+        )
 
     @property
     def estimate_s(self) -> float:
@@ -189,23 +237,27 @@ class Plan:
 
     def summary(self) -> str:
         """One line: what runs and how long it takes (the end of `snakemake -n`)."""
+        why = f" ({self.why()})" if self.missing else ""
         head = (
             f"servesweep plan: run {self.run_id}: {len(self.missing)} of {self.total_cells} "
-            f"cell-repeats to run, {len(self.starts)} server starts, {self.builds} image builds"
+            f"cell-repeats to run{why}, {len(self.starts)} server starts, {self.builds} image "
+            f"builds"
         )
         if self.unestimated:
             return (
                 f"{head}; no estimate here ({self.unestimated} server x client configs for "
-                f"the cost model): `servesweep plan` gives it"
+                f"the cost model): `servesweep plan` gives it{self.replacing()}"
             )
         return (
             f"{head}; estimated {_duration(self.estimate_s)}, measuring "
             f"{self.measuring_share:.0%} of GPU time (`servesweep plan` splits it)"
+            f"{self.replacing()}"
         )
 
     def render(self) -> str:
         lines = [
-            f"run {self.run_id}: {len(self.missing)} of {self.total_cells} cell-repeats missing",
+            f"run {self.run_id}: {len(self.missing)} of {self.total_cells} cell-repeats to run"
+            + (f" ({self.why()})" if self.missing else ""),
             f"server starts: {len(self.starts)} ({', '.join(self.starts) or 'none'})",
             f"image builds: {self.builds}",
             f"estimated wall time: {_duration(self.estimate_s)} "
@@ -230,7 +282,10 @@ class Plan:
                     f"{' '.join(servers) or 'none'}"
                 )
         for cell in self.missing:
-            lines.append(f"  {cell.key} (pool {cell.server.pool})")
+            why = self.reasons.get(cell.key, MISSING)
+            lines.append(f"  {cell.key} (pool {cell.server.pool}, {why})")
+        if self.replaced:
+            lines.append(self.replacing().removeprefix("; "))
         return "\n".join(lines) + "\n"
 
 
@@ -248,7 +303,8 @@ def make_plan(
     cells: Sequence[CellRepeat] | None = None,
     max_simulated: int | None = None,
 ) -> Plan:
-    """The missing cell-repeats (no raw file yet), their server starts and pools, missing
+    """The cell-repeats to run (no raw file yet, or one Snakemake replaces: rerun_reason),
+    their server starts and pools, missing
     image checks and the time estimate by part. `cells`: the run's cell-repeats (each in its
     pool) if already expanded. `max_simulated`: at most this many (server, client) configs are
     run through the cost model (about 15 ms each); with more, the plan has no estimate
@@ -256,7 +312,9 @@ def make_plan(
     history = read_history(results_dir)
     pools = pool_plan(exp=exp, paths=paths, results_dir=results_dir, history=history)
     cells = list(cells) if cells is not None else pooled_cells(exp, pools)
-    missing = [c for c in cells if not paths.raw(c).exists()]
+    why = {c.key: rerun_reason(exp, paths, c) for c in cells}
+    reasons = {k: r for k, r in why.items() if r is not None}
+    missing = [c for c in cells if c.key in reasons]
     builds = sum(not p.exists() for p in paths.builds(exp)) if missing else 0
     to_simulate = {(c.server.fingerprint, c.client.id) for c in missing} - set(history.cell_s)
     if max_simulated is not None and len(to_simulate) > max_simulated:
@@ -274,6 +332,7 @@ def make_plan(
             from_history=0,
             unestimated=len(to_simulate),
             pools=pools,
+            reasons=reasons,
         )
     first: dict[str, CellRepeat] = {}
     for cell in missing:
@@ -325,6 +384,7 @@ def make_plan(
         from_history=timed,
         pools=pools,
         pool_held_s=dict(held),
+        reasons=reasons,
     )
 
 
@@ -353,7 +413,9 @@ def summary_at_exit(
 ) -> None:
     """Print Plan.summary() on stdout when the process exits: after Snakemake's last dry-run
     line, as the last line. Snakemake runs no handler on a dry-run (`onstart` and friends
-    are skipped), so the Snakefile registers this at parse time when `dry_run_requested`."""
+    are skipped), so the Snakefile registers this at parse time when `dry_run_requested`.
+    Paths are made absolute now: Snakemake may leave the working directory (`-d`) first."""
+    paths, results_dir = RunPaths(paths.root.resolve()), results_dir.resolve()
 
     def show() -> None:
         plan = make_plan(
