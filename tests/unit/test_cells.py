@@ -44,7 +44,7 @@ from tests.support.runs import REC_0523
 HEAVY_MODULES = ("pandas", "numpy", "paramiko", "aiohttp")
 
 
-def _setup(tmp_path: Path, faults: dict | None = None):
+def _setup(tmp_path: Path, faults: dict | None = None, server: dict | None = None):
     raw = deep_update(
         yaml.safe_load(DEFAULT_CONFIG.read_text()),
         {
@@ -60,6 +60,7 @@ def _setup(tmp_path: Path, faults: dict | None = None):
             },
             "workload": {"input_len": 1024, "num_requests": 4},
             "repeats": 1,
+            "server": server or {},
         },
     )
     exp = load_experiment(raw, {})
@@ -398,3 +399,20 @@ def test_the_client_record_with_the_key_is_never_readable_by_others(
         manager.stop_all(reason="test")
     assert modes == [0o600]
     assert not list(paths.bench_log(cell).parent.glob(".*client.jsonl"))
+
+
+def test_a_keyed_server_with_its_radix_cache_on_is_flushed_before_each_cell(
+    tmp_path: Path,
+) -> None:
+    # `/flush_cache` went without the API key: 401 until ServerBusy, every cell, 60 s each.
+    # With the key, real SGLang 0.5.17 logged "Cache flushed successfully!" before every cell.
+    exp, paths, manager, cell = _setup(tmp_path, server={"disable_radix_cache": False})
+    try:
+        run_cell(exp=exp, cell=cell, manager=manager, **_files(paths, cell))
+        state = manager.current()
+        assert state is not None and manager.api_key(state) is not None
+        log = manager.local_log_path(state.server_id, "server", exp.cluster.nodes[0])
+    finally:
+        manager.stop_all(reason="test")
+    assert (read_record(paths.raw(cell)).model_extra or {})["servesweep_cache_flushed"] is True
+    assert "Cache flushed successfully!" in log.read_text()

@@ -80,6 +80,13 @@ def test_moe_runner_checked_against_pinned_version(raw: dict) -> None:
     assert parse_version("0.5.10.post1") == (0, 5, 10)
     assert "marlin" in moe_runners("0.5.23")
     assert "marlin" not in moe_runners("0.5.9")
+    # server_args.MOE_RUNNER_BACKEND_CHOICES of the 0.5.17 wheel (the H200 rehearsal's)
+    assert sorted(moe_runners("0.5.17")) == sorted(
+        "auto deep_gemm triton triton_kernel flashinfer_trtllm experimental_sgl_trtllm "
+        "flashinfer_trtllm_routed flashinfer_cutlass flashinfer_mxfp4 flashinfer_cutedsl cutlass "
+        "aiter marlin humming experimental_sgl_marlin hpc_ops".split()
+    )
+    assert "megamoe" in moe_runners("0.5.23") and "megamoe" not in moe_runners("0.5.17")
     raw = copy.deepcopy(raw)
     raw["engine"]["version"] = "0.5.9"
     exp = load_experiment(raw, {})

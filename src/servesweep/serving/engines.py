@@ -19,14 +19,21 @@ MOE_RUNNERS_0_5_9 = (
     "auto deep_gemm triton triton_kernel flashinfer_trtllm flashinfer_cutlass flashinfer_mxfp4 "
     "flashinfer_cutedsl cutlass"
 ).split()
-MOE_RUNNERS_0_5_23 = (
+# Read from the 0.5.17 wheel (server_args.MOE_RUNNER_BACKEND_CHOICES) for the H200 rehearsal;
+# taken for every release from marlin's arrival (0.5.12) on, up to the one after it.
+MOE_RUNNERS_0_5_17 = (
     MOE_RUNNERS_0_5_9
     + (
-        "experimental_sgl_trtllm flashinfer_trtllm_routed flashinfer_megamoe aiter marlin humming "
-        "experimental_sgl_marlin lora_cutedsl lora_triton lora_marlin hpc_ops megamoe intel_xpu"
+        "experimental_sgl_trtllm flashinfer_trtllm_routed aiter marlin humming "
+        "experimental_sgl_marlin hpc_ops"
     ).split()
 )
+MOE_RUNNERS_0_5_23 = (
+    MOE_RUNNERS_0_5_17
+    + "flashinfer_megamoe lora_cutedsl lora_triton lora_marlin megamoe intel_xpu".split()
+)
 MARLIN_SINCE = (0, 5, 12)
+AFTER_0_5_17 = (0, 5, 18)
 
 
 def parse_version(version: str) -> tuple[int, ...]:
@@ -40,8 +47,11 @@ def parse_version(version: str) -> tuple[int, ...]:
 
 def moe_runners(version: str) -> list[str]:
     """The `--moe-runner-backend` choices of a pinned SGLang version."""
-    if parse_version(version) >= MARLIN_SINCE:
+    parsed = parse_version(version)
+    if parsed >= AFTER_0_5_17:
         return MOE_RUNNERS_0_5_23
+    if parsed >= MARLIN_SINCE:
+        return MOE_RUNNERS_0_5_17
     return MOE_RUNNERS_0_5_9
 
 
