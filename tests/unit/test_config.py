@@ -255,3 +255,14 @@ def test_derived_seeds_are_per_client_and_repeat_and_leave_fingerprints_alone(ra
         s.fingerprint for s in server_specs(exp)
     ]
     assert {c.seed for c in cell_repeats(reseeded)}.isdisjoint(by_name.values())
+
+
+def test_client_kind_env_picks_the_load_generator(raw: dict) -> None:
+    raw = copy.deepcopy(raw)
+    raw["client"] = {"tokenizer": "/models/k"}
+    assert load_experiment(raw, {"CLIENT_KIND": "bench_serving"}).client.kind == "bench_serving"
+    assert load_experiment(raw, {}).client.kind == "builtin"
+    with pytest.raises(ConfigError, match=r"env CLIENT_KIND='': empty"):
+        load_experiment(raw, {"CLIENT_KIND": ""})
+    with pytest.raises(ConfigError, match=r"client\.kind"):
+        load_experiment(raw, {"CLIENT_KIND": "vllm"})
