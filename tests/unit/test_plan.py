@@ -145,3 +145,18 @@ def test_a_config_edit_counts_every_cell_snakemake_reruns_and_says_it_replaces_r
         edited_plan.summary()
     )
     assert f"REPLACES {n - 1} measured record(s)" in edited_plan.summary().rsplit(";", 1)[1]
+
+
+def test_a_service_that_is_up_costs_no_start(tmp_path: Path) -> None:
+    # seed 003's flow: `servesweep up`, then suites under new RUN_IDs reuse the service
+    exp = load_experiment_file(DEFAULT_CONFIG)
+    paths = RunPaths(tmp_path / exp.run_id)
+    before = make_plan(exp=exp, paths=paths, results_dir=tmp_path)
+    up = before.starts[0]
+    paths.service_record(up).parent.mkdir(parents=True)
+    paths.service_record(up).write_text("{}")
+    after = make_plan(exp=exp, paths=paths, results_dir=tmp_path)
+    assert len(after.missing) == len(before.missing)
+    assert after.starts == before.starts[1:] and up not in after.starts
+    assert after.starts_s < before.starts_s
+    assert f"{len(before.starts) - 1} server starts" in after.summary()

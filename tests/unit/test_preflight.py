@@ -22,6 +22,8 @@ from servesweep.serving.preflight import (
     engine_versions,
     gpus_idle,
     listening_ports,
+    model_on_node,
+    model_present,
     pd_agreement,
     run_preflight,
 )
@@ -147,3 +149,28 @@ def test_seed_003_flow_a_gpu_held_by_our_service_passes_a_foreign_one_fails(
     finally:
         os.killpg(service.pid, signal.SIGKILL)
         service.wait()
+
+
+def test_a_model_missing_on_a_node_fails_before_any_start(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _fake(bin_dir, "fakepython", "echo 0.5.17\n")
+    m = _real_engine_manager(tmp_path, str(bin_dir / "fakepython"))
+    exp = m.exp.model_copy(
+        update={"engine": m.exp.engine.model_copy(update={"model_path": str(model)})}
+    )
+    with pytest.raises(PreflightFailed, match=f"node local: model {model} is missing or unread"):
+        model_present(exp=exp, manager=m)
+    (model / "config.json").write_text("{}")
+    assert model_present(exp=exp, manager=m) == {"local": str(model)}
+    docker = exp.model_copy(
+        update={
+            "engine": exp.engine.model_copy(update={"model_path": "/data/models/k"}),
+            "runtime": exp.runtime.model_copy(
+                update={"kind": "docker", "image": "i", "mounts": ["/srv/m:/data/models:ro"]}
+            ),
+        }
+    )
+    assert model_on_node(docker) == "/srv/m/k"

@@ -134,6 +134,43 @@ def engine_versions(*, exp: Experiment, manager: ServerManager) -> dict[str, str
     return found
 
 
+def model_on_node(exp: Experiment) -> str | None:
+    """Where the engine's model directory lies on a node: `engine.model_path`, through the
+    runtime's bind mount that holds it (a docker image sees `dst`, the node has `src`); None
+    for a relative label (the sim's) or a hub id."""
+    path = exp.engine.model_path
+    if not path.startswith("/"):
+        return None
+    if exp.runtime.containers:
+        for mount in exp.runtime.mounts:
+            src, _, rest = mount.partition(":")
+            dst = rest.split(":")[0]
+            if path == dst or path.startswith(dst.rstrip("/") + "/"):
+                return src + path[len(dst.rstrip("/")) :]
+    return path
+
+
+def model_present(*, exp: Experiment, manager: ServerManager) -> dict[str, str]:
+    """The model directory is readable and holds a config.json on every node (a start would
+    otherwise spend its imports first); PreflightFailed names node and path."""
+    path = model_on_node(exp)
+    if path is None or exp.engine.kind == "sim":  # the sim reads no model
+        return {}
+    quoted = shlex.quote(path)
+    out = {}
+    for node in exp.cluster.nodes:
+        res = manager.transport.run(
+            node, f"test -r {quoted}/config.json && test -x {quoted}", timeout=PROBE_TIMEOUT_S
+        )
+        if not res.ok:
+            raise PreflightFailed(
+                f"node {node}: model {path} is missing or unreadable (no readable "
+                f"config.json in it; engine.model_path {exp.engine.model_path})"
+            )
+        out[node] = path
+    return out
+
+
 def run_preflight(*, exp: Experiment, manager: ServerManager) -> dict[str, Any]:
     """Every check for every server config; raise PreflightFailed naming node and reason."""
     transport = manager.transport
@@ -177,6 +214,7 @@ def run_preflight(*, exp: Experiment, manager: ServerManager) -> dict[str, Any]:
                     f"stop what holds it or change the port"
                 )
             checks["ports"].append({"node": node, "port": port, "free": True})
+    checks["model"] = model_present(exp=exp, manager=manager)
     checks["engine_versions"] = engine_versions(exp=exp, manager=manager)
     checks["gpus"] = gpus_idle(exp=exp, manager=manager)
     if manager.cluster.containers:

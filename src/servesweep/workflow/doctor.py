@@ -18,6 +18,7 @@ from servesweep.config.experiment import AUTO_PORT, Experiment
 from servesweep.config.matrix import server_specs
 from servesweep.core.errors import TransportError
 from servesweep.serving.engines import listening_ports
+from servesweep.serving.preflight import model_on_node
 from servesweep.serving.servers import ServerManager
 
 PROBE_TIMEOUT_S = 60.0
@@ -47,9 +48,11 @@ def _run(manager: ServerManager, node: str, command: str) -> tuple[bool, str]:
 
 
 def check_model(exp: Experiment, manager: ServerManager, node: str) -> Check:
-    path = exp.engine.model_path
-    if not path.startswith("/"):
-        return Check(node, "model_path", "skip", f"{path!r} is a label, not a path (sim)")
+    path = model_on_node(exp)
+    if path is None:
+        return Check(
+            node, "model_path", "skip", f"{exp.engine.model_path!r} is a label, not a path"
+        )
     ok, _ = _run(manager, node, f"test -e {shlex.quote(path)}")
     return Check(
         node, "model_path", "ok" if ok else "fail", f"{path} {'exists' if ok else 'missing'}"
