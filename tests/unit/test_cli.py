@@ -122,3 +122,30 @@ def test_nodes_reads_the_log_and_the_labels(
     assert main(args) == 1
     out = capsys.readouterr().out
     assert "server C (pool 1) started on cli-nodes-3 held by fp a of pool 0" in out
+
+
+def test_up_runs_preflight_before_it_starts_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+
+    import yaml
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        raw = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+        raw["engine"] |= {"port": port, "dist_init_port": "auto"}
+        cfg = tmp_path / "up.yaml"
+        cfg.write_text(yaml.safe_dump(raw))
+        results = tmp_path / "results"
+        args = ["up", "--configfile", str(cfg), "--results", str(results)]
+        assert main(args) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"servesweep: PreflightFailed: node local: port {port} is already in use "
+        f"(server moe_runner_backend~marlin,chunked_prefill_size~8192 needs it); stop what "
+        f"holds it or change the port"
+    ]
+    assert not list(results.glob(".services/*.json")), "no service was started"

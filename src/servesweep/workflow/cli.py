@@ -10,6 +10,7 @@ from pathlib import Path
 
 from servesweep.cluster.access import open_cluster
 from servesweep.cluster.images import build_commands
+from servesweep.cluster.images import build_images as build_all
 from servesweep.cluster.transport import node_address
 from servesweep.config.experiment import Experiment
 from servesweep.config.load import load_experiment_file
@@ -17,9 +18,11 @@ from servesweep.config.matrix import cell_repeats, server_specs
 from servesweep.config.paths import RunPaths
 from servesweep.config.schema import MIN_RETOKENIZED_RATIO
 from servesweep.core.errors import ConfigError, ServesweepError
+from servesweep.core.files import write_json_atomic
 from servesweep.measure.cells import run_warmup
 from servesweep.measure.client import client_launch
 from servesweep.serving.engines import base_url, check_experiment
+from servesweep.serving.preflight import run_preflight
 from servesweep.serving.servers import (
     ServerManager,
     connect,
@@ -208,6 +211,20 @@ def cmd_nodes(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+def up_prerequisites(*, exp: Experiment, paths: RunPaths, manager: ServerManager) -> None:
+    """What a run checks before its first start, before `up` starts a service: the image
+    checks on every node (docker runtimes; kept evidence is reused) and preflight."""
+    builds = paths.builds(exp)
+    if builds and not all(p.exists() for p in builds):
+        logs = dict(zip(exp.cluster.nodes, paths.build_logs(exp), strict=True))
+        for log in logs.values():
+            log.parent.mkdir(parents=True, exist_ok=True)
+        evidence = build_all(exp=exp, runtime=manager.runtime, logs=logs, owner=manager.owner)
+        for node, path in zip(exp.cluster.nodes, builds, strict=True):
+            write_json_atomic(path, evidence[node])
+    write_json_atomic(paths.preflight, run_preflight(exp=exp, manager=manager))
+
+
 def cmd_up(args: argparse.Namespace) -> None:
     exp = _experiment(args)
     specs = server_specs(exp)
@@ -215,8 +232,11 @@ def cmd_up(args: argparse.Namespace) -> None:
     if not chosen:
         raise ConfigError(f"--server {args.server!r}: not one of {[s.id for s in specs]}")
     spec = chosen[0]
-    with connect(exp, RunPaths.for_run(exp, args.results)) as manager:
+    paths = RunPaths.for_run(exp, args.results)
+    with connect(exp, paths) as manager:
         manager.service_mode = True
+        if manager.service(spec.fingerprint) is None:
+            up_prerequisites(exp=exp, paths=paths, manager=manager)
         state, fresh = manager.ensure(spec)
         if fresh and exp.warmup_after_start:
             cell = next(c for c in cell_repeats(exp) if c.server.id == spec.id)
