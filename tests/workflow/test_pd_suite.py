@@ -45,7 +45,7 @@ def pd_config(directory: Path, run_id: str, **changes: object) -> Path:
 @pytest.fixture(scope="module")
 def pd_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     workdir = tmp_path_factory.mktemp("pd")
-    cfg = pd_config(workdir, "wf-pd")
+    cfg = pd_config(workdir, "wf-pd", suite="all")  # every case (the default is "standard")
     proc = run_snakemake(workdir, "--cores", "1", "all", "--configfile", str(cfg))
     assert proc.returncode == 0, proc.stderr[-4000:]
     return workdir / "results" / "wf-pd"
@@ -140,6 +140,18 @@ def test_cases_run_in_config_order_with_own_seeds_and_a_flushed_cache(pd_run: Pa
     df = pd.read_csv(pd_run / "results.csv")
     assert df["cache_flushed"].all()
     assert df["seed"].is_unique and 1 not in set(df["seed"])
+
+
+def test_the_default_suite_is_the_seeds_four_standard_cases(tmp_path: Path) -> None:
+    cfg = pd_config(tmp_path, "wf-pd-default")
+    proc = run_snakemake(tmp_path, "-n", "--configfile", str(cfg))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = proc.stdout.strip().splitlines()[-1]
+    assert line.startswith(
+        "servesweep plan: run wf-pd-default (suite standard: 4 of 6 cases, SUITE=all runs "
+        "every case): 4 of 4 cell-repeats to run"
+    ), line
+    assert "case~16k-512-c1" not in proc.stdout
 
 
 def test_suite_selection_plans_only_its_cases(tmp_path: Path) -> None:

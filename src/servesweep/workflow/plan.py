@@ -20,7 +20,13 @@ from typing import TypeVar
 
 from servesweep.cluster.pools import PoolPlan, assign, node_pools, pooled_cells, read_previous
 from servesweep.config.experiment import Experiment
-from servesweep.config.matrix import CellRepeat, cell_repeats, client_specs, server_specs
+from servesweep.config.matrix import (
+    CellRepeat,
+    cell_repeats,
+    client_specs,
+    selected_cases,
+    server_specs,
+)
 from servesweep.config.paths import RunPaths
 from servesweep.config.schema import Workload
 from servesweep.core.events import read_events
@@ -201,6 +207,7 @@ class Plan:
     pools: PoolPlan | None = None
     pool_held_s: dict[int, float] = field(default_factory=dict)  # servers up, per pool
     reasons: dict[str, str] = field(default_factory=dict)  # cell key -> why it runs
+    suite: str = ""  # "suite standard: 4 of 6 cases" when a suite selects the cases
 
     @property
     def replaced(self) -> int:
@@ -238,10 +245,11 @@ class Plan:
     def summary(self) -> str:
         """One line: what runs and how long it takes (the end of `snakemake -n`)."""
         why = f" ({self.why()})" if self.missing else ""
+        suite = f" ({self.suite})" if self.suite else ""
         head = (
-            f"servesweep plan: run {self.run_id}: {len(self.missing)} of {self.total_cells} "
-            f"cell-repeats to run{why}, {len(self.starts)} server starts, {self.builds} image "
-            f"builds"
+            f"servesweep plan: run {self.run_id}{suite}: {len(self.missing)} of "
+            f"{self.total_cells} cell-repeats to run{why}, {len(self.starts)} server starts, "
+            f"{self.builds} image builds"
         )
         if self.unestimated:
             return (
@@ -256,7 +264,8 @@ class Plan:
 
     def render(self) -> str:
         lines = [
-            f"run {self.run_id}: {len(self.missing)} of {self.total_cells} cell-repeats to run"
+            f"run {self.run_id}{f' ({self.suite})' if self.suite else ''}: "
+            f"{len(self.missing)} of {self.total_cells} cell-repeats to run"
             + (f" ({self.why()})" if self.missing else ""),
             f"server starts: {len(self.starts)} ({', '.join(self.starts) or 'none'})",
             f"image builds: {self.builds}",
@@ -333,6 +342,7 @@ def make_plan(
             unestimated=len(to_simulate),
             pools=pools,
             reasons=reasons,
+            suite=suite_note(exp),
         )
     first: dict[str, CellRepeat] = {}
     for cell in missing:
@@ -388,7 +398,16 @@ def make_plan(
         pools=pools,
         pool_held_s=dict(held),
         reasons=reasons,
+        suite=suite_note(exp),
     )
+
+
+def suite_note(exp: Experiment) -> str:
+    """Which cases a suite selects, for the plan line ("" without cases or a suite)."""
+    if not exp.cases or exp.suite in (None, "all"):
+        return ""
+    chosen = len(selected_cases(exp))
+    return f"suite {exp.suite}: {chosen} of {len(exp.cases)} cases, SUITE=all runs every case"
 
 
 # Snakemake's short options that take no value (a cluster like `-np` may hold `-n`).
