@@ -29,6 +29,7 @@ from servesweep.serving.preflight import (
 )
 from servesweep.serving.servers import ServerManager
 from servesweep.serving.state import RankState, ServerState
+from servesweep.sim.smi import GPU_MARK_ENV
 from tests.helpers import DEFAULT_CONFIG, REPO, deep_update, free_port
 from tests.support.runs import DATA
 
@@ -174,3 +175,22 @@ def test_a_model_missing_on_a_node_fails_before_any_start(tmp_path: Path) -> Non
         }
     )
     assert model_on_node(docker) == "/srv/m/k"
+
+
+def test_the_sims_nodes_answer_the_gpu_probe_a_foreign_process_fails_preflight(
+    tmp_path: Path,
+) -> None:
+    m = _manager(tmp_path, engine={"port": free_port()})
+    assert [g["idle"] for g in gpus_idle(exp=m.exp, manager=m)] == [True]  # 8 idle GPUs
+    env = {**os.environ, GPU_MARK_ENV: f"{m.owner.checkout}:local:3"}
+    foreign = subprocess.Popen(["sleep", "60"], env=env)
+    try:
+        with pytest.raises(PreflightFailed) as info:
+            run_preflight(exp=m.exp, manager=m)
+    finally:
+        foreign.kill()
+        foreign.wait()
+    assert str(info.value) == (
+        f"node local: GPU 3 busy: pid {foreign.pid} sleep 1024 MiB; memory used 1034 MiB "
+        "(limit 1024 MiB, preflight.gpu_idle_max_memory_mib)"
+    )

@@ -192,6 +192,9 @@ def test_up_then_three_suites_reuse_one_service_then_down(
             assert len(rows) == 9 and all("running=True" in r for r in rows)
             assert all(f"service={fp}" in r for r in rows)
         assert sum("health=200" in r for r in rows) == 3  # prefill, decode rank 0 and router
+        # every simulated GPU is held by the service, which preflight lets each run reuse
+        gpus = json.loads((results / "a" / "preflight.json").read_text())["gpus"]
+        assert gpus and all(g["held_by_ours"] for g in gpus), gpus
         assert all("used_by=wf-pd-up,a,b,c" in r for r in rows)
         [warmup] = [f for e, f in _events(results / "wf-pd-up") if e == "warmup"]
         assert warmup["shape"] == "case~64-8-c1"  # the first listed case, not the suite's

@@ -8,14 +8,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 # Both with a header (`--format=csv`), so recorded captures parse as they are.
-GPU_QUERY = "nvidia-smi --query-gpu=index,pci.bus_id,memory.used --format=csv"
-APPS_QUERY = "nvidia-smi --query-compute-apps=gpu_bus_id,pid,process_name,used_memory --format=csv"
+GPU_QUERY = "--query-gpu=index,pci.bus_id,memory.used --format=csv"
+APPS_QUERY = "--query-compute-apps=gpu_bus_id,pid,process_name,used_memory --format=csv"
 SEPARATOR = "@@apps"
 
 
-def probe_command() -> str:
-    """One shell command printing both queries, separated by SEPARATOR."""
-    return f"{GPU_QUERY} && echo {SEPARATOR} && {APPS_QUERY}"
+def probe_command(smi: str = "nvidia-smi") -> str:
+    """One shell command printing both queries, separated by SEPARATOR (`smi`: the command
+    that answers them; the sim's nodes have their own)."""
+    return f"{smi} {GPU_QUERY} && echo {SEPARATOR} && {smi} {APPS_QUERY}"
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ import shlex
 from typing import Any
 
 from servesweep.cluster import gpuidle
+from servesweep.cluster.owner import KIND_LABEL, SERVER_KIND
 from servesweep.cluster.pools import narrow, node_pools
+from servesweep.cluster.runtime import label_env
 from servesweep.cluster.transport import node_address
 from servesweep.config.experiment import AUTO_PORT, Experiment
 from servesweep.config.matrix import ServerSpec, server_specs
@@ -65,17 +67,35 @@ def our_gpu_pids(node: str, states: list[ServerState], manager: ServerManager) -
     return ours
 
 
+def smi_command(exp: Experiment, manager: ServerManager, node: str) -> str | None:
+    """What answers nvidia-smi's queries on `node`: nvidia-smi; on the sim's nodes on this
+    machine, the sim's own (servesweep.sim.smi: GPUs held while a sim server of this checkout
+    runs on the node, or a process marks them); None for sim nodes elsewhere (idle)."""
+    if exp.engine.kind != "sim":
+        return "nvidia-smi"
+    if not exp.cluster.local:
+        return None
+    holder = label_env({KIND_LABEL: SERVER_KIND, "node": node, **manager.owner.labels()})
+    argv = [exp.engine.python, "-m", "servesweep.sim.smi", "--sim-node", node]
+    argv += ["--sim-gpus", str(exp.cluster.gpus_per_node), "--sim-scope", manager.owner.checkout]
+    for key, value in holder.items():
+        argv += ["--sim-holder", f"{key}={value}"]
+    return shlex.join(argv)
+
+
 def gpus_idle(*, exp: Experiment, manager: ServerManager) -> list[dict[str, Any]]:
     """Every node's GPUs idle (no compute process, memory below the threshold) or held only by
     a server of ours that this run reuses (`servesweep up`'s service, seed 003's flow), and as
-    many as the config says; PreflightFailed names node, GPU, pid and memory. Sim nodes are
-    idle."""
-    if exp.engine.kind == "sim":
-        return [{"node": n, "simulated": True, "idle": True} for n in exp.cluster.nodes]
+    many as the config says; PreflightFailed names node, GPU, pid and memory. The sim's local
+    nodes answer the same queries (smi_command); its remote ones are idle."""
     reused = reused_servers(exp, manager)
     out = []
     for node in exp.cluster.nodes:
-        res = manager.transport.run(node, gpuidle.probe_command(), timeout=PROBE_TIMEOUT_S)
+        smi = smi_command(exp, manager, node)
+        if smi is None:
+            out.append({"node": node, "simulated": True, "idle": True})
+            continue
+        res = manager.transport.run(node, gpuidle.probe_command(smi), timeout=PROBE_TIMEOUT_S)
         if not res.ok:
             raise PreflightFailed(f"node {node}: nvidia-smi failed: {res.stderr.strip()[:200]}")
         ours = our_gpu_pids(node, reused, manager) if reused else {}
