@@ -12,7 +12,17 @@ from tests.helpers import REPO
 from tests.integration.nodes import free_port, sim_in_docker, ssh_cluster
 
 pytestmark = pytest.mark.integration
-CHECK_NAMES = ("model_path", "image", "gpus", "ib_devices", "ports", "clock", "disk")
+CHECK_NAMES = (
+    "model_path",
+    "image",
+    "gpus",
+    "ib_devices",
+    "network",
+    "rdma",
+    "ports",
+    "clock",
+    "disk",
+)
 
 
 def doctor_config(nodes_dir: Path, path: Path, model_path: str) -> Path:

@@ -84,6 +84,10 @@ class ClusterConfig(Strict):
     nodes_per_server: int | None = Field(default=None, ge=1)
     # None: one pool. auto: as many disjoint sets as fit. Or the sets, each a list of nodes.
     pools: Literal["auto"] | list[list[str]] | None = None
+    # The network interface the ranks talk over (GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME of
+    # every rank; a multi-NIC node that guesses wrong hangs at start until ready_timeout_s).
+    # None: NCCL and Gloo pick one. `servesweep doctor` lists each node's interfaces.
+    socket_ifname: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:-]+$")
 
     @property
     def local(self) -> bool:

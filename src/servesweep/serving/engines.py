@@ -246,6 +246,13 @@ def router_command(exp: Experiment, spec: ServerSpec) -> RankCommand:
     return RankCommand(role=ROUTER_ROLE, node=router.node, rank=0, argv=argv, env={})
 
 
+def socket_env(exp: Experiment) -> dict[str, str]:
+    """The interface every rank's Gloo and NCCL bootstrap use (`cluster.socket_ifname`);
+    `server.env` may still override either."""
+    name = exp.cluster.socket_ifname
+    return {} if name is None else {"GLOO_SOCKET_IFNAME": name, "NCCL_SOCKET_IFNAME": name}
+
+
 def rank_commands(exp: Experiment, spec: ServerSpec) -> list[RankCommand]:
     """Every process of a server set in start order: each role's ranks (rank 0 first),
     then the router."""
@@ -269,7 +276,7 @@ def rank_commands(exp: Experiment, spec: ServerSpec) -> list[RankCommand]:
                     node=node,
                     rank=rank,
                     argv=argv,
-                    env=dict(role.args.env),
+                    env={**socket_env(exp), **role.args.env},
                     keyed=key,
                 )
             )

@@ -109,8 +109,9 @@ def check_gpus(exp: Experiment, manager: ServerManager, node: str) -> Check:
     return Check(node, "gpus", "ok", f"{count} idle")
 
 
-def check_ib(exp: Experiment, manager: ServerManager, node: str) -> Check:
-    devices = sorted(
+def _ib_devices(exp: Experiment, node: str) -> list[str]:
+    """The IB devices the PD roles on `node` are configured with."""
+    return sorted(
         {
             d.strip()
             for spec in server_specs(exp)
@@ -119,6 +120,10 @@ def check_ib(exp: Experiment, manager: ServerManager, node: str) -> Check:
             for d in (role.args.disaggregation_ib_device or "").split(",")
         }
     )
+
+
+def check_ib(exp: Experiment, manager: ServerManager, node: str) -> Check:
+    devices = _ib_devices(exp, node)
     if not devices:
         return Check(node, "ib_devices", "skip", "none configured for this node")
     if exp.engine.kind == "sim":
@@ -172,11 +177,76 @@ def check_disk(exp: Experiment, manager: ServerManager, node: str) -> Check:
     return Check(node, "disk", status, f"/tmp {free_gib:.1f} GiB free (need {MIN_FREE_GIB:.0f})")
 
 
+# `ip -o link` without iproute2 falls back to /sys: "<name> <operstate> <addresses>" per line.
+_INTERFACES = (
+    'for d in /sys/class/net/*; do n=${d##*/}; [ "$n" = lo ] && continue; '
+    "a=$(ip -o -4 addr show dev \"$n\" 2>/dev/null | awk '{print $4}' | paste -sd, -); "
+    'echo "$n $(cat $d/operstate) ${a:--}"; done'
+)
+
+
+def check_network(exp: Experiment, manager: ServerManager, node: str) -> Check:
+    """The node's interfaces (state, IPv4), and `cluster.socket_ifname` among them and up: a
+    wrong interface on a multi-NIC node hangs the ranks' start until ready_timeout_s."""
+    ok, out = _run(manager, node, _INTERFACES)
+    found = {line.split()[0]: line.split()[1] for line in out.splitlines() if len(line.split()) > 2}
+    listing = "; ".join(out.splitlines()) or "no interface but lo"
+    wanted = exp.cluster.socket_ifname
+    if wanted is None:
+        return Check(node, "network", "ok" if ok else "fail", f"{listing} (socket_ifname unset)")
+    if found.get(wanted) != "up":
+        state = found.get(wanted, "absent")
+        return Check(node, "network", "fail", f"socket_ifname {wanted} is {state}; {listing}")
+    return Check(node, "network", "ok", f"socket_ifname {wanted} up; {listing}")
+
+
+_IB_PORTS = (
+    'for p in /sys/class/infiniband/*/ports/*; do [ -e "$p/state" ] || continue; '
+    'd=${p%/ports/*}; echo "${d##*/}/${p##*/} $(cat $p/state | tr -d " ")"; done'
+)
+
+
+def check_rdma(exp: Experiment, manager: ServerManager, node: str) -> Check:
+    """For PD nodes with IB devices configured: every port of each device ACTIVE, GPUDirect
+    RDMA (nvidia_peermem loaded, or dma-buf in the kernel), and memlock unlimited in the
+    container (runtime.ulimits) and on the node. Other nodes: the IB ports seen, as info."""
+    devices = _ib_devices(exp, node)
+    ok, out = _run(manager, node, _IB_PORTS)
+    ports = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+    if not devices:
+        seen = ", ".join(f"{k} {v}" for k, v in ports.items()) or "no IB device"
+        return Check(node, "rdma", "skip", f"none configured for this node ({seen})")
+    if exp.engine.kind == "sim":
+        return Check(node, "rdma", "skip", f"{','.join(devices)} simulated")
+    problems = []
+    for dev in devices:
+        states = {k: v for k, v in ports.items() if k.split("/")[0] == dev}
+        if not states or any("ACTIVE" not in v for v in states.values()):
+            problems.append(f"{dev} ports {states or 'none'}")
+    peermem = _run(manager, node, "test -d /sys/module/nvidia_peermem")[0]
+    dmabuf = _run(manager, node, "grep -q dma_buf /proc/kallsyms 2>/dev/null")[0]
+    if not (peermem or dmabuf):
+        problems.append("no GPUDirect RDMA (nvidia_peermem not loaded, no dma-buf)")
+    _, memlock = _run(manager, node, "ulimit -l")
+    if exp.runtime.containers and "memlock=-1" not in exp.runtime.ulimits:
+        problems.append("runtime.ulimits lacks memlock=-1 (the container's memlock)")
+    elif not exp.runtime.containers and memlock.strip() != "unlimited":
+        problems.append(f"memlock {memlock.strip() or '?'} (not unlimited)")
+    seen = ", ".join(f"{k} {v}" for k, v in ports.items()) or "no IB port"
+    detail = f"{seen}; nvidia_peermem {'loaded' if peermem else 'absent'}; memlock "
+    detail += memlock.strip() or "?"
+    if problems:
+        return Check(node, "rdma", "fail", "; ".join(problems) + f" ({detail})")
+    return Check(node, "rdma", "ok", detail)
+
+
 CHECKS: tuple[Callable[[Experiment, ServerManager, str], Check], ...] = (
     check_model,
     check_image,
     check_gpus,
     check_ib,
+    check_network,
+    check_rdma,
     check_ports,
     check_clock,
     check_disk,
