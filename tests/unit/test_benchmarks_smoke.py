@@ -1,6 +1,6 @@
 """`benchmarks/*.py --smoke` without Snakemake (the client, the GPU check with a stub
 nvidia-smi): each exits 0, and the GPU check exits 1 naming the bound a flat stub violates. The
-benchmarks that run Snakemake are smoked in tests/workflow/test_benchmarks_smoke.py."""
+benchmarks that run Snakemake are smoked in tests/workflow/test_benchmark_scripts_smoke.py."""
 
 from __future__ import annotations
 

@@ -32,11 +32,12 @@ from servesweep.cluster.secrets import Secret, new_api_key, scrub
 from servesweep.config.experiment import Experiment
 from servesweep.config.matrix import ServerSpec, server_specs
 from servesweep.config.paths import RunPaths
-from servesweep.config.schema import SINGLE_ROLE
+from servesweep.config.schema import PD_ROLES, SINGLE_ROLE
 from servesweep.core.errors import NodeShared, ServerConflict, ServerDied, ServerStartError
 from servesweep.core.events import EventLog
 from servesweep.core.files import write_json_atomic, write_text_atomic
 from servesweep.serving import logscan
+from servesweep.serving.agreement import check_pd_agreement
 from servesweep.serving.engines import (
     API_KEY_ENV,
     ROUTER_ROLE,
@@ -270,6 +271,9 @@ class ServerManager:
                     )
                     write_json_atomic(state_file, state.to_dict())
                 self._wait_ready(state, spec, role)
+                if role == PD_ROLES[-1]:  # both engines up, before the router and any request
+                    agreed = check_pd_agreement(state)
+                    self.events.emit("pd-agreement", fp=spec.fingerprint, **agreed)
                 if role != SINGLE_ROLE:
                     self.events.emit(
                         "role-ready",
