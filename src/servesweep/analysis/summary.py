@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from servesweep.analysis import labels, stats
+from servesweep.analysis import labels, stats, symptoms
 from servesweep.config.experiment import Experiment
 from servesweep.config.matrix import cell_repeats
 from servesweep.core.errors import ConfigError
@@ -604,6 +604,10 @@ def summarize(
         "deltas": deltas,
         "note": note,
     }
+    if "case" in client_axes:
+        found = symptoms.fixed_delay(results)
+        if found is not None:
+            summary["symptoms"] = {"fixed_delay": found}
     if bootstrap is not None:
         summary["method"] = stats.method(
             bootstrap=bootstrap,
