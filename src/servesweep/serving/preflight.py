@@ -191,6 +191,52 @@ def model_present(*, exp: Experiment, manager: ServerManager) -> dict[str, str]:
     return out
 
 
+_IB_PORTS = (
+    'for p in /sys/class/infiniband/*/ports/*; do [ -e "$p/state" ] || continue; '
+    'd=${p%/ports/*}; echo "${d##*/}/${p##*/} $(cat $p/state | tr -d " ")"; done'
+)
+
+
+def ib_ports(manager: ServerManager, node: str) -> dict[str, str]:
+    """`<device>/<port>` -> state (`4:ACTIVE`) of every IB port on `node`."""
+    res = manager.transport.run(node, _IB_PORTS, timeout=PROBE_TIMEOUT_S)
+    return dict(line.split(" ", 1) for line in res.stdout.splitlines() if " " in line)
+
+
+def rdma_problems(
+    exp: Experiment, manager: ServerManager, node: str, devices: list[str]
+) -> tuple[list[str], str]:
+    """What a PD node lacks for a KV transfer over `devices`: a port not ACTIVE, no GPUDirect
+    RDMA (nvidia_peermem not loaded and no dma-buf), memlock not unlimited (in the container:
+    runtime.ulimits memlock=-1). A PD pair that is "ready" without them fails on its first
+    transfer. Returns (problems, what was seen)."""
+    ports = ib_ports(manager, node)
+    problems = []
+    for dev in devices:
+        states = {k: v for k, v in ports.items() if k.split("/")[0] == dev}
+        if not states or any("ACTIVE" not in v for v in states.values()):
+            problems.append(f"{dev} ports {states or 'none'}")
+
+    def probe(command: str) -> tuple[bool, str]:
+        res = manager.transport.run(node, command, timeout=PROBE_TIMEOUT_S)
+        return res.ok, res.stdout.strip()
+
+    peermem = probe("test -d /sys/module/nvidia_peermem")[0]
+    dmabuf = probe("grep -q dma_buf /proc/kallsyms 2>/dev/null")[0]
+    if not (peermem or dmabuf):
+        problems.append("no GPUDirect RDMA (nvidia_peermem not loaded, no dma-buf)")
+    memlock = probe("ulimit -l")[1] or "?"
+    if exp.runtime.containers and "memlock=-1" not in exp.runtime.ulimits:
+        problems.append("runtime.ulimits lacks memlock=-1 (the container's memlock)")
+    elif not exp.runtime.containers and memlock != "unlimited":
+        problems.append(f"memlock {memlock} (not unlimited)")
+    seen = ", ".join(f"{k} {v}" for k, v in ports.items()) or "no IB port"
+    return (
+        problems,
+        f"{seen}; nvidia_peermem {'loaded' if peermem else 'absent'}; memlock {memlock}",
+    )
+
+
 def run_preflight(*, exp: Experiment, manager: ServerManager) -> dict[str, Any]:
     """Every check for every server config; raise PreflightFailed naming node and reason."""
     transport = manager.transport
@@ -213,7 +259,10 @@ def run_preflight(*, exp: Experiment, manager: ServerManager) -> dict[str, Any]:
                 raise PreflightFailed(
                     f"node {node}: IB device {dev} not present (/sys/class/infiniband/{dev})"
                 )
-            checks["ib_devices"].append({"node": node, "device": dev})
+            problems, seen = rdma_problems(exp, manager, node, [dev])
+            if problems:
+                raise PreflightFailed(f"node {node}: RDMA for PD: {'; '.join(problems)} ({seen})")
+            checks["ib_devices"].append({"node": node, "device": dev, "rdma": seen})
         if current is not None:
             checks["ports"].append(
                 {"server": spec.id, "skipped": f"server {current.server_id} of this run is up"}

@@ -18,7 +18,7 @@ from servesweep.config.experiment import AUTO_PORT, Experiment
 from servesweep.config.matrix import server_specs
 from servesweep.core.errors import TransportError
 from servesweep.serving.engines import listening_ports
-from servesweep.serving.preflight import model_on_node
+from servesweep.serving.preflight import ib_ports, model_on_node, rdma_problems
 from servesweep.serving.servers import ServerManager
 
 PROBE_TIMEOUT_S = 60.0
@@ -200,41 +200,17 @@ def check_network(exp: Experiment, manager: ServerManager, node: str) -> Check:
     return Check(node, "network", "ok", f"socket_ifname {wanted} up; {listing}")
 
 
-_IB_PORTS = (
-    'for p in /sys/class/infiniband/*/ports/*; do [ -e "$p/state" ] || continue; '
-    'd=${p%/ports/*}; echo "${d##*/}/${p##*/} $(cat $p/state | tr -d " ")"; done'
-)
-
-
 def check_rdma(exp: Experiment, manager: ServerManager, node: str) -> Check:
-    """For PD nodes with IB devices configured: every port of each device ACTIVE, GPUDirect
-    RDMA (nvidia_peermem loaded, or dma-buf in the kernel), and memlock unlimited in the
-    container (runtime.ulimits) and on the node. Other nodes: the IB ports seen, as info."""
+    """For PD nodes with IB devices configured: every port ACTIVE, GPUDirect RDMA and memlock
+    (preflight.rdma_problems, which preflight runs too); other nodes: the IB ports seen."""
     devices = _ib_devices(exp, node)
-    ok, out = _run(manager, node, _IB_PORTS)
-    ports = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+    ports = ib_ports(manager, node)
+    seen = ", ".join(f"{k} {v}" for k, v in ports.items()) or "no IB port"
     if not devices:
-        seen = ", ".join(f"{k} {v}" for k, v in ports.items()) or "no IB device"
         return Check(node, "rdma", "skip", f"none configured for this node ({seen})")
     if exp.engine.kind == "sim":
         return Check(node, "rdma", "skip", f"{','.join(devices)} simulated")
-    problems = []
-    for dev in devices:
-        states = {k: v for k, v in ports.items() if k.split("/")[0] == dev}
-        if not states or any("ACTIVE" not in v for v in states.values()):
-            problems.append(f"{dev} ports {states or 'none'}")
-    peermem = _run(manager, node, "test -d /sys/module/nvidia_peermem")[0]
-    dmabuf = _run(manager, node, "grep -q dma_buf /proc/kallsyms 2>/dev/null")[0]
-    if not (peermem or dmabuf):
-        problems.append("no GPUDirect RDMA (nvidia_peermem not loaded, no dma-buf)")
-    _, memlock = _run(manager, node, "ulimit -l")
-    if exp.runtime.containers and "memlock=-1" not in exp.runtime.ulimits:
-        problems.append("runtime.ulimits lacks memlock=-1 (the container's memlock)")
-    elif not exp.runtime.containers and memlock.strip() != "unlimited":
-        problems.append(f"memlock {memlock.strip() or '?'} (not unlimited)")
-    seen = ", ".join(f"{k} {v}" for k, v in ports.items()) or "no IB port"
-    detail = f"{seen}; nvidia_peermem {'loaded' if peermem else 'absent'}; memlock "
-    detail += memlock.strip() or "?"
+    problems, detail = rdma_problems(exp, manager, node, devices)
     if problems:
         return Check(node, "rdma", "fail", "; ".join(problems) + f" ({detail})")
     return Check(node, "rdma", "ok", detail)
