@@ -102,3 +102,41 @@ def test_bare_infinity_and_nan_are_accepted(tmp_path, capsys):
     path.write_text(line + "\n")
     assert main(["check", str(path)]) == 0
     assert capsys.readouterr().out == f"{path}: ok\n"
+
+
+def test_endless_and_hostile_inputs_are_one_line_exit_2(tmp_path, capsys):
+    assert main(["check", "/dev/zero"]) == 2
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"a":' * 100000)
+    assert main(["check", str(deep)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "servesweep: CheckInputError: /dev/zero: not a regular file (a FIFO, device or folder)",
+        f"servesweep: CheckInputError: {deep}: JSON nested too deep",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"input_throughput": float("nan")}, "input_throughput nan is impossible"),
+        ({"duration": -1.0}, "duration -1.0 is impossible"),
+        ({"request_throughput": float("inf")}, "request_throughput inf is impossible"),
+        ("x10", "input_throughput"),
+        ("ttft", "median_ttft_ms 1 contradicts the ttfts' median"),
+    ],
+)
+def test_impossible_or_contradicting_figures_are_invalid(tmp_path, capsys, change, why):
+    good = REAL / "records" / "h200-rehearsal-0517-bench-serving.jsonl"
+    record = json.loads(good.read_text())
+    if change == "x10":
+        record["input_throughput"] *= 10
+    elif change == "ttft":
+        record["median_ttft_ms"] = 1.0
+    else:
+        record |= change
+    forged = tmp_path / "forged.jsonl"
+    forged.write_text(json.dumps(record) + "\n")
+    assert main(["check", str(good)]) == 0
+    assert main(["check", str(forged)]) == 1
+    assert why in capsys.readouterr().out

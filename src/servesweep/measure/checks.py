@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import stat
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,11 +41,21 @@ class CheckLine:
         return f"{self.where}: {self.text}"
 
 
+MAX_BYTES = 1 << 30  # a record or server log larger than 1 GiB is no input we judge
+
+
 def _read(path: Path) -> str:
+    """The file's text: a regular file (not a FIFO or a device: /dev/zero never ends) of at
+    most MAX_BYTES."""
     try:
-        data = path.read_bytes()
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise CheckInputError(f"{path}: not a regular file (a FIFO, device or folder)")
+        with path.open("rb") as fh:
+            data = fh.read(MAX_BYTES + 1)
     except OSError as exc:
         raise CheckInputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if len(data) > MAX_BYTES:
+        raise CheckInputError(f"{path}: larger than {MAX_BYTES >> 20} MiB")
     if b"\x00" in data[:4096]:
         raise CheckInputError(f"{path}: unknown type (binary data); give --type record|log")
     return data.decode(errors="replace")
@@ -62,6 +73,8 @@ def detect_kind(text: str, *, path: Path) -> Kind:
             json.loads(first)
         except json.JSONDecodeError:
             return "log"
+        except RecursionError:
+            raise CheckInputError(f"{path}: JSON nested too deep") from None
         return "record"
     return "log"
 
@@ -90,6 +103,8 @@ def check_records(
             data = json.loads(line)  # bench_serving writes bare Infinity / NaN: Python accepts
         except json.JSONDecodeError as exc:
             raise CheckInputError(f"{where}: not JSON: {exc}") from None
+        except RecursionError:
+            raise CheckInputError(f"{where}: JSON nested too deep") from None
         if not isinstance(data, dict):
             raise CheckInputError(f"{where}: unknown type: JSON but not a bench_serving record")
         try:

@@ -128,6 +128,56 @@ def _aggregate_checks(record: BenchRecord) -> list[str]:
     return problems
 
 
+# Figures a record states that must be finite and not negative once a request completed.
+FIGURES = (
+    "duration", "request_throughput", "input_throughput", "output_throughput",
+    "total_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_e2e_latency_ms",
+    "median_e2e_latency_ms", "p99_e2e_latency_ms",
+)  # fmt: skip
+RECOMPUTE_TOLERANCE = 0.05  # bench_serving's own arithmetic agrees to rounding
+
+
+def _impossible_figures(record: BenchRecord) -> list[str]:
+    """Figures no run produces (NaN, infinite, negative, a zero duration) and summary figures
+    that contradict the record's own totals or per-request data (a forged or broken record)."""
+    if not record.completed:
+        return []
+    problems = []
+    for key in FIGURES:
+        value = getattr(record, key, None)
+        if value is None:
+            continue
+        if not math.isfinite(value) or value < 0 or (key == "duration" and value == 0):
+            problems.append(f"{key} {value!r} is impossible")
+    if problems:
+        return problems
+
+    def off(stated: float | None, recomputed: float) -> bool:
+        return stated is not None and abs(stated - recomputed) > RECOMPUTE_TOLERANCE * max(
+            abs(recomputed), 1e-9
+        )
+
+    duration = record.duration or 0.0
+    if duration > 0 and record.total_input_tokens is not None:
+        recomputed = record.total_input_tokens / duration
+        if off(record.input_throughput, recomputed):
+            problems.append(
+                f"input_throughput {record.input_throughput:.6g} contradicts "
+                f"total_input_tokens / duration = {recomputed:.6g}"
+            )
+    ttfts = [t for t, n in zip(record.ttfts or [], record.output_lens or [], strict=False) if n]
+    if ttfts and len(ttfts) == record.completed:
+        ordered = sorted(ttfts)
+        mid = len(ordered) // 2
+        median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+        if off(record.median_ttft_ms, median * 1000):
+            problems.append(
+                f"median_ttft_ms {record.median_ttft_ms:.6g} contradicts the ttfts' median "
+                f"{median * 1000:.6g} ms"
+            )
+    return problems
+
+
 def judge_record(
     record: BenchRecord,
     *,
@@ -166,6 +216,7 @@ def judge_record(
                 f"no per-request details ({', '.join(missing)}); run the client --output-details"
             )
         problems += _aggregate_checks(record)
+    problems += _impossible_figures(record)
     if workload is not None:
         if record.total_input_tokens != done * workload.input_len:
             problems.append(
