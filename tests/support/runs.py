@@ -56,6 +56,12 @@ def cell_record(cell, base: dict, backend: dict[str, float]) -> dict:
             rec[key] = value * f
         elif key in THROUGHPUTS:
             rec[key] = value / f
+    # the same run f times slower: its clock and per-request times too (validation recomputes
+    # throughputs and the TTFT median from them)
+    rec["duration"] = base["duration"] * f
+    if base.get("ttfts") is not None:
+        rec["ttfts"] = [t * f for t in base["ttfts"]]
+        rec["itls"] = [[x * f for x in itl] for itl in base["itls"]]
     rec["max_concurrency"] = c["concurrency"]
     return rec
 

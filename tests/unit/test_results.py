@@ -270,10 +270,11 @@ def test_requests_csv_round_trips_every_float_exactly(tmp_path):
 
 
 def _details(n: int) -> dict:
+    ttft = template(REC_0523)["median_ttft_ms"] / 1000  # agrees with the summary figures
     return {
         "input_lens": [16384] * n,
         "output_lens": [1] * n,
-        "ttfts": [0.5] * n,
+        "ttfts": [ttft] * n,
         "itls": [[]] * n,
         "generated_texts": ["x"] * n,
         "errors": [""] * n,

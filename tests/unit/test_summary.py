@@ -228,13 +228,15 @@ def test_each_stage_reads_only_the_record_keys_it_needs(tmp_path):
     paths = make_run(tmp_path, exp)
     cells = cell_repeats(exp)
     n = 40
-    details = {"ttfts": [0.5] * n, "itls": [[]] * n, "output_lens": [1] * n, "errors": [""] * n}
+    ttft_ms = template(REC_0523)["median_ttft_ms"]  # details agree with the summary figures
+    ttfts = [ttft_ms / 1000] * n
+    details = {"ttfts": ttfts, "itls": [[]] * n, "output_lens": [1] * n, "errors": [""] * n}
     write_record(paths.raw(cells[0]), {**template(REC_0523), **details})
     df, table = collect(cells, paths)
     assert len(df) == 24
     reqs = summary.load_requests(results=df.iloc[:2], requests=table)
     first, second = ((c.server.id, c.client.id, c.repeat) for c in cells[:2])
-    assert reqs[first].ttft == pytest.approx([500.0] * n)
+    assert reqs[first].ttft == pytest.approx([ttft_ms] * n)
     assert reqs[second] is None  # no details: the bootstrap falls back to repeats
     # Details that do not validate: the cell's check rejects the record, so does collect.
     broken = json.dumps({**template(REC_0523), **details, "itls": "garbage"})
