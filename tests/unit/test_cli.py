@@ -78,7 +78,29 @@ def test_status_and_down_without_a_server(
     assert "run cli-test: no server running on local" in out or rows
     assert not [r for r in rows if "mine=true" in r]
     assert main(["down", "--configfile", default, "--results", str(tmp_path)]) == 0
-    assert "every server and service of this config stopped" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"run cli-test: found no server or service of this config under {tmp_path}" in out
+    assert out.rstrip().endswith("nothing stopped")
+
+
+def test_the_default_results_are_the_checkouts_from_any_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `servesweep down` from another folder hashed ./results into another owner and stopped
+    # nothing while saying it had
+    from servesweep.workflow.cli import checkout_results
+
+    checkout = tmp_path / "checkout"
+    (checkout / "config").mkdir(parents=True)
+    (checkout / "Snakefile").write_text("")
+    cfg = checkout / "config" / "x.yaml"
+    cfg.write_text("")
+    monkeypatch.chdir(tmp_path)
+    assert checkout_results("checkout/config/x.yaml") == checkout / "results"
+    assert checkout_results(REPO / "config" / "config.yaml") == REPO / "results"
+    loose = tmp_path / "loose.yaml"
+    loose.write_text("")
+    assert checkout_results(loose) == Path("results")
 
 
 def test_the_pd_router_container_gets_no_gpu_device_or_privileged_flags(

@@ -466,16 +466,19 @@ class ServerManager:
             self.exp.run_id,
         )
 
-    def _remove_stale(self) -> None:
+    def _remove_stale(self) -> int:
         """Remove this owner's processes/containers of this run found by label (after a hard
-        kill); another owner's servers are never touched here."""
+        kill); another owner's servers are never touched here. Returns how many."""
         labels = self.labels()
+        removed = 0
         for node in self.exp.cluster.nodes:
             for found in self.runtime.labelled(node, labels):
                 if found.labels.get(SERVICE_LABEL):
                     continue  # a service outlives runs: only `servesweep down` stops it
                 self.events.emit("stale", node=node, handle=found.handle, run=self.exp.run_id)
                 self.runtime.stop(node, found.handle)
+                removed += 1
+        return removed
 
     def shared_nodes(self, spec: ServerSpec) -> list[Labelled]:
         """Server processes of this run's other pools on a node `spec` needs, found by the
@@ -542,25 +545,31 @@ class ServerManager:
                 removed[other.node, other.handle] = other
         return list(removed.values())
 
-    def stop_all(self, *, reason: str, services: bool = False) -> None:
+    def stop_all(self, *, reason: str, services: bool = False) -> int:
         """Stop the server set this run started and any stale one of this run (this owner's
         only); with `services`, also the services of this config's fingerprints
-        (`servesweep down`), recorded or found by label."""
+        (`servesweep down`), recorded or found by label. Returns how many it stopped (server
+        sets and stray processes)."""
+        stopped = 0
         state = self.current()
         if state is not None:
             self.stop(state, reason=reason)
-        self._remove_stale()
+            stopped += 1
+        stopped += self._remove_stale()
         if not services:
-            return
+            return stopped
         for spec in server_specs(self.exp):
             service = self.service(spec.fingerprint)
             if service is not None:
                 self.stop(service, reason=reason)
+                stopped += 1
             mine = {KIND_LABEL: SERVER_KIND, SERVICE_LABEL: spec.fingerprint, **self.owner.labels()}
             for node in self.exp.cluster.nodes:
                 for handle in self.runtime.find(node, mine):
                     self.events.emit("stale", node=node, handle=handle, service=spec.fingerprint)
                     self.runtime.stop(node, handle)
+                    stopped += 1
+        return stopped
 
     def status(self) -> list[dict[str, str]]:
         """Per server process found on the nodes by label (any owner, so also what a killed
@@ -671,9 +680,12 @@ def connect(exp: Experiment, paths: RunPaths, *, pool: int = 0) -> Iterator[Serv
         yield ServerManager(exp, paths, cluster=cluster, pool=pool)
 
 
-def shutdown(exp: Experiment, paths: RunPaths, *, reason: str, services: bool = False) -> None:
+def shutdown(exp: Experiment, paths: RunPaths, *, reason: str, services: bool = False) -> int:
     """Stop every server the run started, in every pool (workflow onsuccess/onerror); with
-    `services` also the services of this config (`servesweep down`)."""
+    `services` also the services of this config (`servesweep down`). Returns how many server
+    sets and stray processes were stopped."""
+    stopped = 0
     for pool in node_pools(exp):
         with connect(narrow(exp, pool), paths, pool=pool.index) as manager:
-            manager.stop_all(reason=reason, services=services)
+            stopped += manager.stop_all(reason=reason, services=services)
+    return stopped

@@ -11,6 +11,7 @@ from pathlib import Path
 from servesweep.cluster.access import open_cluster
 from servesweep.cluster.images import build_commands
 from servesweep.cluster.images import build_images as build_all
+from servesweep.cluster.owner import current_owner
 from servesweep.cluster.transport import node_address
 from servesweep.config.experiment import Experiment
 from servesweep.config.load import load_experiment_file
@@ -41,7 +42,12 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_CONFIG,
         help=f"experiment YAML (default {DEFAULT_CONFIG}); env narrowing applies",
     )
-    common.add_argument("--results", default="results", help="results directory")
+    common.add_argument(
+        "--results",
+        default=None,
+        help="results directory (default: results/ of the checkout holding --configfile, as "
+        "Snakemake there uses it, so any folder finds the same servers; else ./results)",
+    )
     parser = argparse.ArgumentParser(prog="servesweep", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     for name, text in (
@@ -101,6 +107,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     imp.add_argument("--no-plots", action="store_true", help="results.csv and summary.json only")
     return parser
+
+
+def checkout_results(configfile: str | Path) -> Path:
+    """The results root Snakemake uses for `configfile`: results/ beside the Snakefile of the
+    checkout that holds it (owner labels hash this path, so `down` from another folder finds
+    the same servers); ./results when the file lies in no checkout."""
+    for folder in Path(configfile).resolve().parents:
+        if (folder / "Snakefile").is_file():
+            return folder / "results"
+    return Path("results")
 
 
 def _experiment(args: argparse.Namespace) -> Experiment:
@@ -265,8 +281,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def cmd_down(args: argparse.Namespace) -> None:
     exp = _experiment(args)
     paths = RunPaths.for_run(exp, args.results)
-    shutdown(exp, paths, reason="servesweep down", services=True)
-    print(f"run {exp.run_id}: every server and service of this config stopped")
+    stopped = shutdown(exp, paths, reason="servesweep down", services=True)
+    if stopped:
+        print(f"run {exp.run_id}: stopped {stopped} server set(s) and service(s) of this config")
+    else:
+        print(
+            f"run {exp.run_id}: found no server or service of this config under "
+            f"{Path(args.results).resolve()} (owner {current_owner(Path(args.results)).label}); "
+            f"nothing stopped"
+        )
     if args.force:
         with connect(exp, paths) as manager:
             for other in manager.remove_foreign(server_specs(exp)):
@@ -310,6 +333,8 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if getattr(args, "results", "") is None:
+        args.results = str(checkout_results(args.configfile))
     if args.command in ("check", "import"):
         from servesweep.measure.checks import CheckInputError
 
