@@ -171,3 +171,37 @@ def test_up_runs_preflight_before_it_starts_anything(
         f"holds it or change the port"
     ]
     assert not list(results.glob(".services/*.json")), "no service was started"
+
+
+def test_down_refuses_while_a_run_measures_on_the_service(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fcntl
+    import json
+
+    from servesweep.config.load import load_experiment_file
+    from servesweep.config.matrix import server_specs
+    from servesweep.config.paths import RunPaths
+    from servesweep.serving.state import ServerState
+
+    monkeypatch.setenv("RUN_ID", "svc")
+    default = REPO / "config" / "config.yaml"
+    exp = load_experiment_file(default, {"RUN_ID": "svc"})
+    paths = RunPaths.for_run(exp, tmp_path)
+    fp = server_specs(exp)[0].fingerprint
+    state = ServerState(fp, server_specs(exp)[0].id, "http://127.0.0.1:1", service=True)
+    paths.service_record(fp).parent.mkdir(parents=True)
+    paths.service_record(fp).write_text(json.dumps(state.to_dict()))
+    paths.service_runs(fp).write_text("2026-12-02T06:00:00Z suite-a\n")
+    lock = tmp_path / "suite-a" / "service" / "nodes~local.lock"
+    lock.parent.mkdir(parents=True)
+    args = ["down", "--configfile", str(default), "--results", str(tmp_path)]
+    with lock.open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # suite-a's cell job, measuring
+        assert main(args) == 1
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"servesweep: ServesweepError: run suite-a (service {fp}) is ")
+        assert "\n" not in err and paths.service_record(fp).exists()
+    assert main(args) == 0  # the cell is done: down stops the service
+    assert "stopped 1 server set(s)" in capsys.readouterr().out
+    assert not paths.service_record(fp).exists()

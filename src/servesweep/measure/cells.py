@@ -234,6 +234,20 @@ def server_lock(path: Path, *, cell: str = "") -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def lock_held(path: Path) -> bool:
+    """Whether a live job holds `path` (a server_lock): a cell is measuring on its servers."""
+    try:
+        with path.open("a") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(fh, fcntl.LOCK_UN)
+    except OSError:
+        return False
+    return False
+
+
 def run_cell(
     *,
     exp: Experiment,

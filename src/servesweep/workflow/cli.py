@@ -20,7 +20,7 @@ from servesweep.config.paths import RunPaths
 from servesweep.config.schema import MIN_RETOKENIZED_RATIO
 from servesweep.core.errors import ConfigError, ServesweepError
 from servesweep.core.files import write_json_atomic
-from servesweep.measure.cells import run_warmup
+from servesweep.measure.cells import lock_held, run_warmup
 from servesweep.measure.client import client_launch
 from servesweep.serving.engines import base_url, check_experiment
 from servesweep.serving.preflight import run_preflight
@@ -75,7 +75,8 @@ def _parser() -> argparse.ArgumentParser:
     sub.choices["down"].add_argument(
         "--force",
         action="store_true",
-        help="also remove other owners' servers in the way of this config (named, logged)",
+        help="also stop a service a run is measuring on, and remove other owners' servers in "
+        "the way of this config (named, logged)",
     )
     text = "judge bench_serving records and server logs: ok, warning, invalid or fatal per line"
     check = sub.add_parser("check", help=text, description=text)
@@ -278,9 +279,30 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def runs_measuring(exp: Experiment, results: Path) -> list[str]:
+    """The runs that a cell of is measuring right now on a service of this config (its job
+    holds the run's server lock), from each service's list of runs that used it."""
+    busy = []
+    with connect(exp, RunPaths.for_run(exp, results)) as manager:
+        for spec in server_specs(exp):
+            if manager.service(spec.fingerprint) is None:
+                continue
+            for run in dict.fromkeys(manager.service_runs(spec.fingerprint)):
+                locks = (results / run / "service").glob("nodes~*.lock")
+                if any(lock_held(lock) for lock in locks):
+                    busy.append(f"{run} (service {spec.fingerprint})")
+    return busy
+
+
 def cmd_down(args: argparse.Namespace) -> None:
     exp = _experiment(args)
     paths = RunPaths.for_run(exp, args.results)
+    busy = runs_measuring(exp, Path(args.results))
+    if busy and not args.force:
+        raise ServesweepError(
+            f"run {', '.join(busy)} is measuring on this config's service now: stopping it "
+            f"would fail that run's cell; wait for it or Ctrl-C it, or `servesweep down --force`"
+        )
     stopped = shutdown(exp, paths, reason="servesweep down", services=True)
     if stopped:
         print(f"run {exp.run_id}: stopped {stopped} server set(s) and service(s) of this config")
