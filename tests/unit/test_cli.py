@@ -39,6 +39,14 @@ def test_commands_prints_every_docker_and_launch_command(
     assert len(seeds) == 6 and "1" not in seeds
     for flag in ("--gpus", "--device", "--privileged"):
         assert not any(flag in ln for ln in clients)
+    # what runs: the key on stdin, the record where run_client has the client write it
+    import hashlib
+
+    tag = "moe_runner_backend~marlin,chunked_prefill_size~8192/concurrency~8/r1"
+    digest = hashlib.sha256(tag.encode()).hexdigest()[:12]
+    [first] = [ln for ln in clients if f"--tag {tag}" in ln or f"--tag '{tag}'" in ln]
+    assert "--env-file /dev/stdin" in first  # docker: the key comes on stdin
+    assert f"/client/{digest}.jsonl" in first and f"/client/{digest}.log" in first
     # The key comes on stdin (`--env-file /dev/stdin`), never in the command (docs/access.md).
     assert all("' sglang.launch_server --model-path" in c for c in commands)
     assert all("--env-file /dev/stdin" in c and "SERVESWEEP_API_KEY=" not in c for c in commands)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from servesweep.cluster.owner import POOL_LABEL
 from servesweep.cluster.runtime import Launch
-from servesweep.cluster.secrets import scrub
+from servesweep.cluster.secrets import Secret, scrub
 from servesweep.config.experiment import Experiment
 from servesweep.config.schema import Workload
 from servesweep.core.errors import (
@@ -57,19 +57,14 @@ def run_client(
     # Per job: a stale job of the same cell (its Snakemake killed) never removes this one's file.
     local_out = bench_log.with_name(f".{bench_log.stem}.{os.getpid()}.client.jsonl")
     remove_partial_client_files(bench_log, events=manager.events, cell=tag)
-    # Locally without docker the client writes straight into the run folder; otherwise into
-    # the node directory shared with one-shot containers, copied back afterwards.
     direct = manager.cluster.shares_run_folder
-    digest = hashlib.sha256(tag.encode()).hexdigest()[:12]
+    node_out, node_log = client_files(manager, bench_log=bench_log, tag=tag, pid=os.getpid())
     if direct:
         # Made 0600 before the client appends to it (both clients open it with "a"): the
         # record holds /server_info with the API key. On a node it lies in the owner's 0700
         # directory, whoever writes it (a container's root), and comes back 0600.
         private_file(local_out)
-        node_out, node_log = str(local_out.resolve()), str(bench_log.resolve())
     else:
-        base = f"{manager.node_dir()}/client/{digest}"
-        node_out, node_log = f"{base}.jsonl", f"{base}.log"
         manager.transport.run(node, f"rm -f {shlex.quote(node_out)}", timeout=60)
     launch = client_launch(
         exp=exp,
@@ -193,6 +188,19 @@ def _entry_urls(state: ServerState) -> list[str]:
     return [r.url for r in state.ranks if r.url and r.role != ROUTER_ROLE] or [state.base_url]
 
 
+def client_files(
+    manager: ServerManager, *, bench_log: Path, tag: str, pid: int | str
+) -> tuple[str, str]:
+    """(record, log) paths the client writes on its node: straight into the run folder on this
+    machine without docker (the record hidden, per job `pid`), else in the owner's node
+    directory, copied back afterwards."""
+    if manager.cluster.shares_run_folder:
+        local_out = bench_log.with_name(f".{bench_log.stem}.{pid}.client.jsonl")
+        return str(local_out.resolve()), str(bench_log.resolve())
+    base = f"{manager.node_dir()}/client/{hashlib.sha256(tag.encode()).hexdigest()[:12]}"
+    return f"{base}.jsonl", f"{base}.log"
+
+
 def client_launch(
     *,
     exp: Experiment,
@@ -202,7 +210,7 @@ def client_launch(
     tag: str,
     output_file: str,
     log_path: str,
-    key: str | None = None,
+    key: Secret | None = None,
 ) -> Launch:
     """The client of one cell (or warm-up) on the client node: the bench_serving or builtin
     command line under the usage wrapper (loadgen.usage), its log and labels (`servesweep

@@ -12,6 +12,7 @@ from servesweep.cluster.access import open_cluster
 from servesweep.cluster.images import build_commands
 from servesweep.cluster.images import build_images as build_all
 from servesweep.cluster.owner import current_owner
+from servesweep.cluster.secrets import Secret
 from servesweep.cluster.transport import node_address
 from servesweep.config.experiment import Experiment
 from servesweep.config.load import load_experiment_file
@@ -21,8 +22,8 @@ from servesweep.config.schema import MIN_RETOKENIZED_RATIO
 from servesweep.core.errors import ConfigError, ServesweepError
 from servesweep.core.files import write_json_atomic
 from servesweep.measure.cells import lock_held, run_warmup
-from servesweep.measure.client import client_launch
-from servesweep.serving.engines import base_url, check_experiment
+from servesweep.measure.client import client_files, client_launch
+from servesweep.serving.engines import base_url, check_experiment, keyed
 from servesweep.serving.preflight import run_preflight
 from servesweep.serving.servers import (
     ServerManager,
@@ -139,18 +140,24 @@ def cmd_commands(args: argparse.Namespace) -> None:
             print(line)
     for spec in server_specs(exp):
         print(manager.commands_script(spec).removeprefix("#!/bin/sh\n"), end="")
-    print(f"# client on node {exp.cluster.nodes[0]}, per cell-repeat (each server config alike)")
+    print(
+        f"# client on node {exp.cluster.nodes[0]}, per cell-repeat (each server config alike; "
+        "a keyed server's API key goes to its stdin)"
+    )
     cells = cell_repeats(exp)
     for cell in (c for c in cells if c.server.id == cells[0].server.id):
-        base = f"{manager.node_dir()}/client/{cell.key.replace('/', '_')}"
+        out, log = client_files(
+            manager, bench_log=paths.bench_log(cell), tag=cell.key, pid="<job pid>"
+        )
         launch = client_launch(
             exp=exp,
             manager=manager,
             base_url=base_url(exp, cell.server),
             workload=cell.workload,
             tag=cell.key,
-            output_file=f"{base}.jsonl",
-            log_path=f"{base}.log",
+            output_file=out,
+            log_path=log,
+            key=Secret("") if keyed(cell.server) else None,
         )
         print(manager.runtime.oneshot_line(launch))
     for line in config_warnings(args.configfile, exp):
