@@ -202,6 +202,25 @@ def test_the_server_lock_admits_one_holder_at_a_time(tmp_path: Path) -> None:
         proc.wait(timeout=30)
 
 
+def test_two_runs_of_one_checkout_share_node_locks_and_a_cell_is_measured_once(
+    tmp_path: Path,
+) -> None:
+    from servesweep.measure.cells import cell_lock
+
+    exp, paths, _, cell = _setup(tmp_path)
+    other = RunPaths(paths.root.parent / "another-run")
+    assert other.node_locks(["b", "a"]) == paths.node_locks(["a", "b"])  # per node, in order
+    assert paths.cell_lock(cell).is_relative_to(paths.root / ".locks")  # not among the records
+    held = cell_lock(paths.cell_lock(cell), cell=cell.key)
+    with held, pytest.raises(CellFailed) as info, cell_lock(paths.cell_lock(cell), cell=cell.key):
+        pass
+    assert str(info.value).startswith(
+        f"cell {cell.key}: another live job is measuring it (pid {os.getpid()})"
+    )
+    with cell_lock(paths.cell_lock(cell), cell=cell.key):  # released with its job
+        pass
+
+
 def test_a_cell_whose_planned_fingerprint_differs_is_refused(tmp_path: Path) -> None:
     from servesweep.workflow.jobs import run_cell as run_cell_job
 

@@ -201,11 +201,13 @@ def test_down_refuses_while_a_run_measures_on_the_service(
     paths.service_record(fp).parent.mkdir(parents=True)
     paths.service_record(fp).write_text(json.dumps(state.to_dict()))
     paths.service_runs(fp).write_text("2026-12-02T06:00:00Z suite-a\n")
-    lock = tmp_path / "suite-a" / "service" / "nodes~local.lock"
+    [lock] = paths.node_locks(exp.cluster.nodes)  # shared by every run of the results root
     lock.parent.mkdir(parents=True)
     args = ["down", "--configfile", str(default), "--results", str(tmp_path)]
     with lock.open("a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # suite-a's cell job, measuring
+        held.write("suite-a 4242")
+        held.flush()
         assert main(args) == 1
         err = capsys.readouterr().err.strip()
         assert err.startswith(f"servesweep: ServesweepError: run suite-a (service {fp}) is ")

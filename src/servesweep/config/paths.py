@@ -164,10 +164,18 @@ class RunPaths:
         start (removed when the next invocation starts)."""
         return self.root / "service" / f"pool_{pool}.stopped"
 
-    def server_lock(self, nodes: Sequence[str]) -> Path:
-        """The lock a job holds while it owns the servers of this node set (one at a time)."""
-        names = [safe_segment(n, what="node") for n in sorted(nodes)]
-        return self.root / "service" / f"nodes~{'+'.join(names)}.lock"
+    def node_locks(self, nodes: Sequence[str]) -> list[Path]:
+        """The locks a cell job holds while it measures on these nodes, one per node, shared
+        by every run of this results root (two RUN_IDs of one checkout never measure on one
+        node at once), in the order they are taken."""
+        names = sorted(safe_segment(n, what="node") for n in nodes)
+        return [self.root.parent / ".locks" / f"node~{name}.lock" for name in names]
+
+    def cell_lock(self, cell: CellRepeat) -> Path:
+        """The lock of one cell-repeat: a second live job of it (after `snakemake --unlock` on
+        a live run) is refused instead of measuring it twice."""
+        raw = self.raw(cell).relative_to(self.root / "raw")
+        return (self.root / ".locks" / raw).with_suffix(".lock")
 
     @property
     def orchestrator_log(self) -> Path:

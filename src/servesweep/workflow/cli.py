@@ -21,7 +21,7 @@ from servesweep.config.paths import RunPaths
 from servesweep.config.schema import MIN_RETOKENIZED_RATIO
 from servesweep.core.errors import ConfigError, ServesweepError
 from servesweep.core.files import write_json_atomic
-from servesweep.measure.cells import lock_held, run_warmup
+from servesweep.measure.cells import lock_holder, run_warmup
 from servesweep.measure.client import client_files, client_launch
 from servesweep.serving.engines import base_url, check_experiment, keyed
 from servesweep.serving.preflight import run_preflight
@@ -294,11 +294,11 @@ def runs_measuring(exp: Experiment, results: Path) -> list[str]:
         for spec in server_specs(exp):
             if manager.service(spec.fingerprint) is None:
                 continue
-            for run in dict.fromkeys(manager.service_runs(spec.fingerprint)):
-                locks = (results / run / "service").glob("nodes~*.lock")
-                if any(lock_held(lock) for lock in locks):
-                    busy.append(f"{run} (service {spec.fingerprint})")
-    return busy
+            runs = set(manager.service_runs(spec.fingerprint))
+            locks = RunPaths.for_run(exp, results).node_locks(exp.cluster.nodes)
+            holders = {(lock_holder(lock) or "").split(" ")[0] for lock in locks}
+            busy += [f"{run} (service {spec.fingerprint})" for run in sorted(runs & holders)]
+    return list(dict.fromkeys(busy))
 
 
 def cmd_down(args: argparse.Namespace) -> None:

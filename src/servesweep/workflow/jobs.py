@@ -24,7 +24,7 @@ from servesweep.config.paths import RunPaths
 from servesweep.core.errors import ConfigError, PoolStopped
 from servesweep.core.files import write_json_atomic, write_text_atomic
 from servesweep.measure import provenance
-from servesweep.measure.cells import check_prerequisites, server_lock
+from servesweep.measure.cells import cell_lock, check_prerequisites, server_lock
 from servesweep.measure.cells import run_cell as run_cell_repeat
 from servesweep.serving.preflight import run_preflight
 from servesweep.serving.servers import connect
@@ -112,10 +112,15 @@ def run_cell(
         raise ConfigError(f"cell {cell.key}: the workflow planned it with other settings: {diff}")
     check_prerequisites(exp=exp, paths=paths, cell=cell.key)
     stopped = paths.pool_stopped(spec.pool)
+    holder = f"{exp.run_id} {os.getpid()}"
     with (
-        server_lock(paths.server_lock(exp.cluster.nodes), cell=cell.key),
+        cell_lock(paths.cell_lock(cell), cell=cell.key),
+        server_lock(paths.node_locks(exp.cluster.nodes), cell=cell.key, holder=holder),
         connect(exp, paths, pool=spec.pool) as manager,
     ):
+        if Path(raw).exists():  # another live job of this cell measured it while this one waited
+            manager.events.emit("cell-done-elsewhere", cell=cell.key)
+            return
         if stopped.exists():
             manager.events.emit("cell-skipped", cell=cell.key, pool=spec.pool)
             raise PoolStopped(
