@@ -18,7 +18,7 @@ from servesweep.cluster.transport import LocalTransport
 from servesweep.config.load import load_experiment
 from servesweep.config.matrix import image_key
 from servesweep.core.errors import SmokeFailed
-from tests.helpers import DEFAULT_CONFIG, deep_update
+from tests.helpers import DEFAULT_CONFIG, REPO, deep_update
 
 OWNER = Owner(user="tester", host="h", checkout="0123456789ab")
 
@@ -202,3 +202,69 @@ def test_every_node_builds_at_once_and_the_key_follows_the_content(
         build={"dockerfile": "/ctx/Dockerfile", "context": "/ctx", "build_args": {"A": "1"}}
     )
     assert image_key(rebuilt) != image_key(exp)
+
+
+def test_a_guessed_version_and_check_are_recorded_not_enforced(
+    tmp_path: Path, docker: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = tmp_path / "pkgs" / "sglang"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('__version__ = "0.5.17"\n')
+    dist = tmp_path / "pkgs" / "sglang-0.5.17.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.17\n")
+    monkeypatch.setenv("PYTHONPATH", str(fake.parent))
+    check = {"name": "patched-wheel", "command": "echo 0.6.1", "expect": r"\+"}
+    raw = deep_update(
+        _exp(checks=[check]).model_dump(mode="json"),
+        {
+            "engine": {"kind": "sglang"},
+            "guesses": ["engine.version", "runtime.checks.patched-wheel"],
+        },
+    )
+    guessed = load_experiment(raw, {})
+    evidence = build_image(
+        exp=guessed, node="n1", runtime=_runtime(guessed), log=tmp_path / "a.log", owner=OWNER
+    )
+    assert evidence["engine_version"] == "0.5.17" and evidence["engine_version_guessed"]
+    assert evidence["packages"]["sglang"] == "0.5.17"  # read from the image's metadata
+    assert evidence["checks"][0]["matched"] is False and evidence["checks"][0]["guess"]
+    assert (
+        "engine.version 0.5.23 is a guess; the image has SGLang 0.5.17"
+        in (tmp_path / "a.log").read_text()
+    )
+    pinned = load_experiment({**raw, "guesses": ["runtime.checks.patched-wheel"]}, {})
+    with pytest.raises(SmokeFailed, match="has SGLang 0.5.17, but engine.version pins 0.5.23"):
+        build_image(
+            exp=pinned, node="n1", runtime=_runtime(pinned), log=tmp_path / "b.log", owner=OWNER
+        )
+    confirmed = load_experiment({**raw, "guesses": ["engine.version"]}, {})
+    with pytest.raises(SmokeFailed, match="failed check patched-wheel on node n1"):
+        build_image(
+            exp=confirmed,
+            node="n1",
+            runtime=_runtime(confirmed),
+            log=tmp_path / "c.log",
+            owner=OWNER,
+        )
+
+
+def test_mooncake_is_accepted_by_its_family_and_the_evidence_names_the_member(
+    tmp_path: Path, docker: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pd = yaml.safe_load((REPO / "config" / "experiments" / "pd_standard.yaml").read_text())
+    check = next(c for c in pd["runtime"]["checks"] if c["name"].startswith("mooncake"))
+    check = {**check, "command": check["command"].replace("python3", sys.executable, 1)}
+    pkgs = tmp_path / "pkgs"
+    dist = pkgs / "mooncake_transfer_engine_cuda13-0.3.12.post1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: mooncake-transfer-engine-cuda13\nVersion: 0.3.12.post1\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(pkgs))
+    exp = _exp(checks=[check])
+    evidence = build_image(
+        exp=exp, node="n1", runtime=_runtime(exp), log=tmp_path / "a.log", owner=OWNER
+    )
+    assert evidence["checks"][0]["output"] == "mooncake-transfer-engine-cuda13 0.3.12.post1"
+    assert evidence["packages"]["mooncake"] == ["mooncake-transfer-engine-cuda13==0.3.12.post1"]

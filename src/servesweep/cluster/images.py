@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import re
 import shlex
 from collections.abc import Mapping
@@ -15,9 +16,12 @@ from servesweep.cluster.owner import Owner
 from servesweep.cluster.runtime import DockerRuntime, Launch, owner_dir
 from servesweep.cluster.transport import fan_out
 from servesweep.config.experiment import Experiment
+from servesweep.config.guesses import ENGINE_VERSION, guessed
 from servesweep.config.matrix import image_key
 from servesweep.config.schema import BaseImage, ImageBuild, ImageCheck
 from servesweep.core.errors import SmokeFailed
+
+logger = logging.getLogger(__name__)
 
 BUILD_TIMEOUT_S = 7200.0
 SMOKE_TIMEOUT_S = 600.0
@@ -27,6 +31,43 @@ def version_probe(exp: Experiment) -> str:
     """A smoke command printing the engine version inside the image."""
     module = "sglang" if exp.engine.kind == "sglang" else "servesweep"
     return f"{exp.engine.python} -c 'import {module}; print({module}.__version__)'"
+
+
+# The image's package versions, from their metadata (no import): SGLang, its kernels, FlashInfer,
+# the router, and which member of the Mooncake family (`mooncake-transfer-engine`, `-cuda13`,
+# `-efa`, `-non-cuda`) is installed. One JSON line.
+PACKAGES_PROBE = (
+    "import importlib.metadata as m, json, re; "
+    "d = {re.sub(r'[-_.]+', '-', x.metadata['Name'] or '').lower(): x.version "
+    "for x in m.distributions()}; "
+    "w = ['sglang', 'sgl-kernel', 'flashinfer-python', 'flashinfer-cubin', "
+    "'flashinfer-jit-cache', 'sglang-router', 'torch']; "
+    "o = {n: d.get(n) for n in w}; "
+    "o['mooncake'] = sorted(n + '==' + v for n, v in d.items() "
+    "if n.startswith('mooncake-transfer-engine')); "
+    "print(json.dumps(o))"
+)
+
+
+def packages_probe(exp: Experiment) -> str:
+    """A command printing the image's package versions as one JSON line."""
+    return f"{exp.engine.python} -c {shlex.quote(PACKAGES_PROBE)}"
+
+
+def _packages(
+    *, exp: Experiment, node: str, runtime: DockerRuntime, owner: Owner, log: Path
+) -> dict[str, Any]:
+    """The image's package versions (recorded, never compared): {} when unreadable."""
+    command = packages_probe(exp)
+    returncode, output = _in_image(
+        exp=exp, node=node, runtime=runtime, owner=owner, name="packages", command=command
+    )
+    _append(log, f"[packages rc={returncode}] {command}", output)
+    try:
+        found = json.loads(output.splitlines()[-1]) if returncode == 0 and output else {}
+    except json.JSONDecodeError:
+        found = {}
+    return found if isinstance(found, dict) else {}
 
 
 def _append(log: Path, title: str, text: str) -> None:
@@ -151,11 +192,17 @@ def build_image(
                 f"(exit {returncode}): {command}; log {log}"
             )
     reported = smoke[0]["output"].splitlines()[-1] if smoke[0]["output"] else None
+    pinned = not guessed(exp.guesses, ENGINE_VERSION)
     if exp.engine.kind == "sglang" and reported != exp.engine.version:
-        raise SmokeFailed(
-            f"image {runtime.image} on node {node} has SGLang {reported}, but engine.version pins "
-            f"{exp.engine.version} (flags are chosen per version); log {log}"
-        )
+        if pinned:
+            raise SmokeFailed(
+                f"image {runtime.image} on node {node} has SGLang {reported}, but engine.version "
+                f"pins {exp.engine.version} (flags are chosen per version); log {log}"
+            )
+        note = f"engine.version {exp.engine.version} is a guess; the image has SGLang {reported}"
+        _append(log, "[guess] engine.version", note)
+        logger.warning("node %s: %s", node, note)
+    packages = _packages(exp=exp, node=node, runtime=runtime, owner=owner, log=log)
     checks = [
         _check(exp=exp, node=node, runtime=runtime, owner=owner, log=log, check=c)
         for c in exp.runtime.checks
@@ -171,6 +218,8 @@ def build_image(
         "method": method,
         "engine_version": reported,
         "engine_version_pinned": exp.engine.version,
+        "engine_version_guessed": not pinned,
+        "packages": packages,
         "smoke": smoke,
         "checks": checks,
         "checked_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -218,7 +267,15 @@ def _check(
     )
     matched = returncode == 0 and re.search(check.expect, output, flags=re.M) is not None
     _append(log, f"[check {check.name} rc={returncode} matched={matched}] {check.command}", output)
-    if not matched:
+    guess = guessed(exp.guesses, f"runtime.checks.{check.name}")
+    if not matched and guess:
+        logger.warning(
+            "node %s: check %s (a guess, observed only) does not match %r",
+            node,
+            check.name,
+            check.expect,
+        )
+    elif not matched:
         last = (output.splitlines() or ["(no output)"])[-1][:200]
         raise SmokeFailed(
             f"image {runtime.image} failed check {check.name} on node {node}: output does not "
@@ -230,7 +287,8 @@ def _check(
         "expect": check.expect,
         "returncode": returncode,
         "output": output,
-        "matched": True,
+        "matched": matched,
+        "guess": guess,
     }
 
 

@@ -12,6 +12,7 @@ from servesweep.cluster.access import open_cluster
 from servesweep.cluster.images import build_commands
 from servesweep.cluster.transport import node_address
 from servesweep.config.experiment import Experiment
+from servesweep.config.guesses import guess_values
 from servesweep.config.load import load_experiment_file
 from servesweep.config.matrix import cell_repeats, server_specs
 from servesweep.config.paths import RunPaths
@@ -138,7 +139,8 @@ def cmd_commands(args: argparse.Namespace) -> None:
 
 
 def config_warnings(path: str, exp: Experiment) -> list[str]:
-    """Values still marked as guesses in the site file, and nodes no ssh alias resolves."""
+    """Every value still marked as a guess (the config's own `guesses`, then those it takes
+    from its site file), and nodes no ssh alias resolves."""
     import yaml
 
     from servesweep.config.load import site_dir_of
@@ -146,10 +148,11 @@ def config_warnings(path: str, exp: Experiment) -> list[str]:
 
     with open(path) as fh:
         raw = yaml.safe_load(fh) or {}
+    from_site = {key: where for key, _, where in guessed_values(raw, site_dir_of(path))}
     out = [
-        f"{key} = {value!r} is a guess ({where}): confirm it on the cluster, then drop it "
-        f"from its guesses"
-        for key, value, where in guessed_values(raw, site_dir_of(path))
+        f"{key} = {value!r} is a guess ({from_site.get(key, path)}): confirm it on the "
+        f"cluster, then drop it from its guesses"
+        for key, value in guess_values(exp)
     ]
     if not exp.cluster.local:
         for node in exp.cluster.nodes:
