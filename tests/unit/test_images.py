@@ -18,7 +18,9 @@ from servesweep.cluster.transport import LocalTransport
 from servesweep.config.load import load_experiment
 from servesweep.config.matrix import image_key
 from servesweep.core.errors import SmokeFailed
+from servesweep.serving.engines import launch_targets
 from tests.helpers import DEFAULT_CONFIG, REPO, deep_update
+from tests.support.sglang_server import sglang_env
 
 OWNER = Owner(user="tester", host="h", checkout="0123456789ab")
 
@@ -268,3 +270,89 @@ def test_mooncake_is_accepted_by_its_family_and_the_evidence_names_the_member(
     )
     assert evidence["checks"][0]["output"] == "mooncake-transfer-engine-cuda13 0.3.12.post1"
     assert evidence["packages"]["mooncake"] == ["mooncake-transfer-engine-cuda13==0.3.12.post1"]
+
+
+def test_every_launch_command_is_parsed_in_the_image_before_any_start(
+    tmp_path: Path, docker: Path
+) -> None:
+    """The sim's own parser, run in the "image" by the same probe as SGLang's on the cluster:
+    an unknown flag fails build_image with the server config and the flag."""
+    exp = _exp()
+    launches = launch_targets(exp)
+    assert launches and all("--model-path" in x.args for x in launches)
+    evidence = build_image(
+        exp=exp,
+        node="n1",
+        runtime=_runtime(exp),
+        log=tmp_path / "a.log",
+        owner=OWNER,
+        launches=launches,
+    )
+    assert evidence["launch_commands_parsed"] == len({json.dumps(x.args) for x in launches})
+    bad = load_experiment(
+        deep_update(exp.model_dump(mode="json"), {"server": {"extra_args": ["--bogus-flag"]}}), {}
+    )
+    with pytest.raises(SmokeFailed) as info:
+        build_image(
+            exp=bad,
+            node="n1",
+            runtime=_runtime(bad),
+            log=tmp_path / "b.log",
+            owner=OWNER,
+            launches=launch_targets(bad),
+        )
+    text = str(info.value)
+    assert "rejects the launch command of server config" in text
+    assert "unrecognized arguments: --bogus-flag" in text and "node n1" in text
+
+
+@pytest.mark.contract
+def test_sglangs_own_parser_in_the_image_rejects_an_unknown_flag_and_value(
+    tmp_path: Path, docker: Path, monkeypatch: pytest.MonkeyPatch, staged_sglang: Path
+) -> None:
+    """SGLang 0.5.23's real ServerArgs parser (from its wheel) parses seed 000's commands in
+    the "image"; a flag it does not know, a value it rejects, and a flag it removed fail
+    build_image in seconds, naming the server config and the flag."""
+    for key, value in sglang_env(staged=staged_sglang).items():
+        monkeypatch.setenv(key, value)
+    seed = yaml.safe_load((REPO / "config" / "experiments" / "moe_prefill_gate.yaml").read_text())
+    raw = deep_update(
+        _exp().model_dump(mode="json"),
+        {"engine": {"kind": "sglang"}, "server": seed["server"], "matrix": seed["matrix"]},
+    )
+    raw["server"]["tp_size"] = raw["server"]["ep_size"] = 8  # the stand-in's one node
+    exp = load_experiment(raw, {})
+    launches = launch_targets(exp)
+    assert {x.args[x.args.index("--moe-runner-backend") + 1] for x in launches} == {
+        "marlin",
+        "flashinfer_mxfp4",
+    }
+    evidence = build_image(
+        exp=exp,
+        node="n1",
+        runtime=_runtime(exp),
+        log=tmp_path / "a.log",
+        owner=OWNER,
+        launches=launches,
+    )
+    assert evidence["engine_version"] == "0.5.23"
+    assert evidence["launch_commands_parsed"] == len({json.dumps(x.args) for x in launches})
+    cases = {
+        "--bogus-flag": "unrecognized arguments: --bogus-flag",
+        "--cuda-graph-max-bs=8": "ambiguous option: --cuda-graph-max-bs",  # removed in 0.5.20
+        "--kv-cache-dtype=int3": "argument --kv-cache-dtype: invalid choice: 'int3'",
+    }
+    for i, (flag, message) in enumerate(cases.items()):
+        bad = load_experiment(deep_update(raw, {"server": {"extra_args": [flag]}}), {})
+        with pytest.raises(SmokeFailed) as info:
+            build_image(
+                exp=bad,
+                node="n1",
+                runtime=_runtime(bad),
+                log=tmp_path / f"b{i}.log",
+                owner=OWNER,
+                launches=launch_targets(bad),
+            )
+        text = str(info.value)
+        assert "sglang argument parser rejects the launch command of server config " in text
+        assert message in text, text

@@ -8,10 +8,12 @@ import json
 import logging
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from servesweep.cluster import argcheck
+from servesweep.cluster.argcheck import LaunchArgs
 from servesweep.cluster.owner import Owner
 from servesweep.cluster.runtime import DockerRuntime, Launch, owner_dir
 from servesweep.cluster.transport import fan_out
@@ -120,9 +122,16 @@ def docker_get_args(*, spec: ImageBuild | BaseImage, image: str) -> str:
     return f"pull {quoted}"
 
 
-def build_commands(*, exp: Experiment, runtime: DockerRuntime, owner: Owner) -> list[str]:
+def build_commands(
+    *,
+    exp: Experiment,
+    runtime: DockerRuntime,
+    owner: Owner,
+    launches: Sequence[LaunchArgs] = (),
+) -> list[str]:
     """What build_images runs on every node (at once), as shell lines: the base image when
-    missing, the build or pull, then each smoke command and content check in the image."""
+    missing, the build or pull, then each smoke command, the package probe, the parse of every
+    launch command by the image's own parser, and each content check in the image."""
     lines = []
     build = exp.runtime.build
     prefix = runtime.docker_prefix()
@@ -142,6 +151,16 @@ def build_commands(*, exp: Experiment, runtime: DockerRuntime, owner: Owner) -> 
             exp=exp, node=node, owner=owner, name=f"smoke-{i}", command=command
         )
         lines.append(f"{runtime.oneshot_line(launch, gpus=True)}  # smoke: exit 0")
+    launch = in_image_launch(
+        exp=exp, node=node, owner=owner, name="packages", command=packages_probe(exp)
+    )
+    lines.append(f"{runtime.oneshot_line(launch, gpus=True)}  # package versions, recorded")
+    if launches:
+        lines.append(
+            f"# launch-args: {len(launches)} launch commands parsed in the image by its own "
+            f"{exp.engine.kind} argument parser (servesweep.cluster.argcheck); a rejected flag "
+            f"fails here, before any start"
+        )
     for check in exp.runtime.checks:
         launch = in_image_launch(
             exp=exp, node=node, owner=owner, name=f"check-{check.name}", command=check.command
@@ -162,9 +181,16 @@ def _acquire(*, exp: Experiment, node: str, runtime: DockerRuntime, log: Path) -
 
 
 def build_image(
-    *, exp: Experiment, node: str, runtime: DockerRuntime, log: Path, owner: Owner
+    *,
+    exp: Experiment,
+    node: str,
+    runtime: DockerRuntime,
+    log: Path,
+    owner: Owner,
+    launches: Sequence[LaunchArgs] = (),
 ) -> dict[str, Any]:
-    """Get the image onto `node`, smoke it, return the evidence (raises SmokeFailed)."""
+    """Get the image onto `node`, smoke it, parse every launch command in `launches` with the
+    image's own engine parser, run the checks; return the evidence (raises SmokeFailed)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a") as fh:  # the job's own log lines (logsetup.job_logging) share the file
         fh.write(f"# build_image node {node} image {runtime.image}\n")
@@ -203,6 +229,9 @@ def build_image(
         _append(log, "[guess] engine.version", note)
         logger.warning("node %s: %s", node, note)
     packages = _packages(exp=exp, node=node, runtime=runtime, owner=owner, log=log)
+    parsed = _parse_launches(
+        exp=exp, node=node, runtime=runtime, owner=owner, log=log, launches=launches
+    )
     checks = [
         _check(exp=exp, node=node, runtime=runtime, owner=owner, log=log, check=c)
         for c in exp.runtime.checks
@@ -220,10 +249,49 @@ def build_image(
         "engine_version_pinned": exp.engine.version,
         "engine_version_guessed": not pinned,
         "packages": packages,
+        "launch_commands_parsed": parsed,
         "smoke": smoke,
         "checks": checks,
         "checked_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
+
+
+def _parse_launches(
+    *,
+    exp: Experiment,
+    node: str,
+    runtime: DockerRuntime,
+    owner: Owner,
+    log: Path,
+    launches: Sequence[LaunchArgs],
+) -> int:
+    """Parse every launch command with the image's own parser (SGLang's ServerArgs, or the
+    sim's); how many were parsed, or SmokeFailed naming the server config and the flag."""
+    if not launches:
+        return 0
+    command = argcheck.parse_command(
+        python=exp.engine.python, engine_kind=exp.engine.kind, launches=launches
+    )
+    returncode, output = _in_image(
+        exp=exp, node=node, runtime=runtime, owner=owner, name="launch-args", command=command
+    )
+    count, refused = argcheck.rejected(output)
+    _append(log, f"[launch args rc={returncode} parsed={count}] {len(launches)} commands", output)
+    if refused:
+        first = refused[0]
+        more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
+        raise SmokeFailed(
+            f"image {runtime.image} on node {node}: its {exp.engine.kind} argument parser "
+            f"rejects the launch command of {first.label}: {first.error[:300]}{more}; log {log}"
+        )
+    if returncode != 0 or count == 0:
+        last = (output.splitlines() or ["(no output)"])[-1][:200]
+        raise SmokeFailed(
+            f"image {runtime.image} on node {node}: could not parse the launch commands with "
+            f"its {exp.engine.kind} argument parser (exit {returncode}, last line: {last}); "
+            f"log {log}"
+        )
+    return count
 
 
 def in_image_launch(*, exp: Experiment, node: str, owner: Owner, name: str, command: str) -> Launch:
@@ -293,14 +361,21 @@ def _check(
 
 
 def build_images(
-    *, exp: Experiment, runtime: DockerRuntime, logs: Mapping[str, Path], owner: Owner
+    *,
+    exp: Experiment,
+    runtime: DockerRuntime,
+    logs: Mapping[str, Path],
+    owner: Owner,
+    launches: Sequence[LaunchArgs] = (),
 ) -> dict[str, dict[str, Any]]:
     """build_image on every node of `logs` at once (the transport's parallel fan-out); the
     evidence per node. When any node fails, SmokeFailed names every failed node (the first
     failure's message first), after all have finished."""
     results = fan_out(
         list(logs),
-        lambda node: build_image(exp=exp, node=node, runtime=runtime, log=logs[node], owner=owner),
+        lambda node: build_image(
+            exp=exp, node=node, runtime=runtime, log=logs[node], owner=owner, launches=launches
+        ),
     )
     failed = {node: r for node, r in results.items() if isinstance(r, BaseException)}
     if failed:

@@ -20,7 +20,7 @@ from servesweep.config.schema import MIN_RETOKENIZED_RATIO
 from servesweep.core.errors import ConfigError, ServesweepError
 from servesweep.measure.cells import run_warmup
 from servesweep.measure.client import client_launch
-from servesweep.serving.engines import base_url, check_experiment
+from servesweep.serving.engines import base_url, check_experiment, launch_targets
 from servesweep.serving.servers import (
     ServerManager,
     connect,
@@ -116,7 +116,9 @@ def cmd_commands(args: argparse.Namespace) -> None:
     manager = ServerManager(exp, paths, cluster=open_cluster(exp, for_commands=True))
     if exp.runtime.containers:
         print("# image: build_images, on every node at once (NODE: each of them)")
-        for line in build_commands(exp=exp, runtime=manager.runtime, owner=manager.owner):
+        for line in build_commands(
+            exp=exp, runtime=manager.runtime, owner=manager.owner, launches=launch_targets(exp)
+        ):
             print(line)
     for spec in server_specs(exp):
         print(manager.commands_script(spec).removeprefix("#!/bin/sh\n"), end="")
