@@ -356,3 +356,94 @@ def test_sglangs_own_parser_in_the_image_rejects_an_unknown_flag_and_value(
         text = str(info.value)
         assert "sglang argument parser rejects the launch command of server config " in text
         assert message in text, text
+
+
+def _pd_exp(python: str):
+    raw = yaml.safe_load((REPO / "config" / "experiments" / "pd_standard_local.yaml").read_text())
+    raw = deep_update(
+        raw,
+        {
+            "runtime": {"kind": "docker", "image": "img:test", "gpus": None},
+            "engine": {"python": python},
+        },
+    )
+    return load_experiment(raw, {})
+
+
+def test_the_routers_own_help_is_smoked_and_must_list_mini_lb(tmp_path: Path, docker: Path) -> None:
+    """The sim router lists --mini-lb; a router without it (smg) fails build_image, not the
+    first start after P and D have loaded."""
+    exp = _pd_exp(sys.executable)
+    assert exp.router is not None and exp.router.mini_lb
+    evidence = build_image(
+        exp=exp, node="p601", runtime=_runtime(exp), log=tmp_path / "a.log", owner=OWNER
+    )
+    assert evidence["router_help"]["mini_lb"] is True
+    # An image whose router has no --mini-lb: its python answers the router's --help alone.
+    python = tmp_path / "python"
+    python.write_text(
+        "#!/bin/sh\n"
+        'if [ "$2" = servesweep.sim.router ]; then echo "usage: smg [--policy P]"; exit 0; fi\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    smg = _pd_exp(str(python))
+    with pytest.raises(SmokeFailed, match="router.mini_lb is set, but the image's router has no"):
+        build_image(
+            exp=smg, node="p601", runtime=_runtime(smg), log=tmp_path / "b.log", owner=OWNER
+        )
+
+
+@pytest.mark.contract
+def test_the_pr_checks_read_the_symbols_the_prs_add_to_the_installed_sglang(
+    tmp_path: Path, docker: Path, monkeypatch: pytest.MonkeyPatch, staged_sglang: Path
+) -> None:
+    """Seed 003's PR checks pass on SGLang 0.5.23 (which holds both PRs) without any patch
+    file; without #31869's symbol the build fails naming the check; #32797's symbol is a guess
+    (recorded, not enforced)."""
+    pd = load_experiment(
+        yaml.safe_load((REPO / "config" / "experiments" / "pd_standard.yaml").read_text()),
+        {},
+        site_dir=REPO / "config" / "site",
+    )
+    checks = [
+        {**c.model_dump(), "command": c.command.replace("python3", sys.executable, 1)}
+        for c in pd.runtime.checks
+        if c.name.startswith("sglang-pr-")
+    ]
+    assert "runtime.checks.sglang-pr-32797" in pd.guesses
+    guess = {"guesses": ["runtime.checks.sglang-pr-32797"]}
+    raw = {**_exp(checks=checks).model_dump(mode="json"), **guess}
+    exp = load_experiment(raw, {})
+    monkeypatch.setenv("PYTHONPATH", str(staged_sglang))
+    evidence = build_image(
+        exp=exp, node="n1", runtime=_runtime(exp), log=tmp_path / "a.log", owner=OWNER
+    )
+    assert [(c["name"], c["output"]) for c in evidence["checks"]] == [
+        ("sglang-pr-31869", "PR 31869 applied"),
+        ("sglang-pr-32797", "PR 32797 applied"),
+    ]
+    older = tmp_path / "older"  # an SGLang tree from before both PRs
+    for rel in (
+        "__init__.py",
+        "srt/disaggregation/decode.py",
+        "srt/managers/scheduler_pp_mixin.py",
+    ):
+        text = (staged_sglang / "sglang" / rel).read_text()
+        text = text.replace("poll_and_all_reduce_pp(", "poll(").replace(
+            "_route_aborts_to_bad(", "x("
+        )
+        (older / "sglang" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (older / "sglang" / rel).write_text(text)
+    monkeypatch.setenv("PYTHONPATH", str(older))
+    with pytest.raises(SmokeFailed, match="failed check sglang-pr-31869 on node n1"):
+        build_image(exp=exp, node="n1", runtime=_runtime(exp), log=tmp_path / "b.log", owner=OWNER)
+    only_32797 = load_experiment(deep_update(raw, {"runtime": {"checks": checks[1:]}}), {})
+    evidence = build_image(
+        exp=only_32797,
+        node="n1",
+        runtime=_runtime(only_32797),
+        log=tmp_path / "c.log",
+        owner=OWNER,
+    )
+    assert evidence["checks"][0]["matched"] is False and evidence["checks"][0]["guess"]

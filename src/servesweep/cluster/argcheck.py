@@ -11,6 +11,10 @@ from dataclasses import dataclass
 
 MARK = "SERVESWEEP-ARGS "
 
+# The PD router's module per engine kind (serving.engines.router_command starts it).
+ROUTER_MODULES = {"sglang": "sglang_router.launch_router", "sim": "servesweep.sim.router"}
+MINI_LB = "--mini-lb"
+
 # The parser of each engine kind: SGLang's own (`ServerArgs.add_cli_args`, as
 # `sglang.srt.server_args.prepare_server_args` builds it), or the sim's.
 PARSERS = {
@@ -83,3 +87,9 @@ def rejected(output: str) -> tuple[int, list[Rejected]]:
         json.loads(line[len(MARK) :]) for line in output.splitlines() if line.startswith(MARK)
     ]
     return len(results), [Rejected(r["label"], r["error"]) for r in results if r["error"]]
+
+
+def router_help(*, python: str, engine_kind: str) -> str:
+    """The router's own `--help` (sglang-router has `--mini-lb` up to 0.3.2; its successor
+    smg has none): smoked in the image before P and D spend a start."""
+    return f"{python} -m {ROUTER_MODULES[engine_kind]} --help"

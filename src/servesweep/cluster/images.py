@@ -155,6 +155,13 @@ def build_commands(
         exp=exp, node=node, owner=owner, name="packages", command=packages_probe(exp)
     )
     lines.append(f"{runtime.oneshot_line(launch, gpus=True)}  # package versions, recorded")
+    if exp.router is not None:
+        command = argcheck.router_help(python=exp.engine.python, engine_kind=exp.engine.kind)
+        launch = in_image_launch(
+            exp=exp, node=node, owner=owner, name="router-help", command=command
+        )
+        wants = f", lists {argcheck.MINI_LB}" if exp.router.mini_lb else ""
+        lines.append(f"{runtime.oneshot_line(launch, gpus=True)}  # router: exit 0{wants}")
     if launches:
         lines.append(
             f"# launch-args: {len(launches)} launch commands parsed in the image by its own "
@@ -232,6 +239,7 @@ def build_image(
     parsed = _parse_launches(
         exp=exp, node=node, runtime=runtime, owner=owner, log=log, launches=launches
     )
+    router = _router_smoke(exp=exp, node=node, runtime=runtime, owner=owner, log=log)
     checks = [
         _check(exp=exp, node=node, runtime=runtime, owner=owner, log=log, check=c)
         for c in exp.runtime.checks
@@ -250,10 +258,39 @@ def build_image(
         "engine_version_guessed": not pinned,
         "packages": packages,
         "launch_commands_parsed": parsed,
+        "router_help": router,
         "smoke": smoke,
         "checks": checks,
         "checked_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
+
+
+def _router_smoke(
+    *, exp: Experiment, node: str, runtime: DockerRuntime, owner: Owner, log: Path
+) -> dict[str, Any] | None:
+    """The PD router's own `--help` in the image: it must run, and list `--mini-lb` when the
+    config asks for it (else that shows only after P and D have loaded); None without one."""
+    if exp.router is None:
+        return None
+    command = argcheck.router_help(python=exp.engine.python, engine_kind=exp.engine.kind)
+    returncode, output = _in_image(
+        exp=exp, node=node, runtime=runtime, owner=owner, name="router-help", command=command
+    )
+    has_mini_lb = argcheck.MINI_LB in output
+    _append(log, f"[router help rc={returncode} mini_lb={has_mini_lb}] {command}", output)
+    if returncode != 0:
+        last = (output.splitlines() or ["(no output)"])[-1][:200]
+        raise SmokeFailed(
+            f"image {runtime.image} on node {node}: the router does not start: `{command}` "
+            f"exited {returncode} (last line: {last}); log {log}"
+        )
+    if exp.router.mini_lb and not has_mini_lb:
+        raise SmokeFailed(
+            f"image {runtime.image} on node {node}: router.mini_lb is set, but the image's "
+            f"router has no {argcheck.MINI_LB} (`{command}`; sglang-router <= 0.3.2 has it, "
+            f"smg has not); log {log}"
+        )
+    return {"command": command, "returncode": returncode, "mini_lb": has_mini_lb}
 
 
 def _parse_launches(

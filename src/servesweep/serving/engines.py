@@ -7,7 +7,7 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from servesweep.cluster.argcheck import LaunchArgs
+from servesweep.cluster.argcheck import MINI_LB, ROUTER_MODULES, LaunchArgs
 from servesweep.cluster.transport import node_address
 from servesweep.config.experiment import Experiment
 from servesweep.config.guesses import ENGINE_VERSION, guessed
@@ -238,13 +238,10 @@ def router_command(exp: Experiment, spec: ServerSpec) -> RankCommand:
     assert router is not None
     prefill, decode = (next(r for r in spec.roles if r.name == n) for n in PD_ROLES)
     bootstrap = prefill.args.disaggregation_bootstrap_port or DEFAULT_BOOTSTRAP_PORT
-    if exp.engine.kind == "sglang":
-        module = ["-m", "sglang_router.launch_router"]
-    else:
-        module = ["-m", "servesweep.sim.router"]
+    module = ["-m", ROUTER_MODULES[exp.engine.kind]]
     argv = [exp.engine.python, *module, "--pd-disaggregation"]
     if router.mini_lb:
-        argv.append("--mini-lb")
+        argv.append(MINI_LB)
     argv += ["--prefill", role_url(exp, prefill), str(bootstrap)]
     argv += ["--decode", role_url(exp, decode)]
     argv += ["--host", server_host(exp), "--port", str(router.port), "--policy", router.policy]
