@@ -4,6 +4,7 @@ know, or a value it rejects, fails in seconds instead of after a 10-minute start
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 from collections.abc import Sequence
@@ -93,3 +94,9 @@ def router_help(*, python: str, engine_kind: str) -> str:
     """The router's own `--help` (sglang-router has `--mini-lb` up to 0.3.2; its successor
     smg has none): smoked in the image before P and D spend a start."""
     return f"{python} -m {ROUTER_MODULES[engine_kind]} --help"
+
+
+def digest(launches: Sequence[LaunchArgs]) -> str:
+    """A key of the set of argument lists (labels aside): equal sets parse alike."""
+    unique = sorted({json.dumps(x.args) for x in launches})
+    return hashlib.sha256(json.dumps(unique).encode()).hexdigest()[:12]

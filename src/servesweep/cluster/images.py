@@ -236,7 +236,7 @@ def build_image(
         _append(log, "[guess] engine.version", note)
         logger.warning("node %s: %s", node, note)
     packages = _packages(exp=exp, node=node, runtime=runtime, owner=owner, log=log)
-    parsed = _parse_launches(
+    parsed = parse_launches(
         exp=exp, node=node, runtime=runtime, owner=owner, log=log, launches=launches
     )
     router = _router_smoke(exp=exp, node=node, runtime=runtime, owner=owner, log=log)
@@ -258,6 +258,7 @@ def build_image(
         "engine_version_guessed": not pinned,
         "packages": packages,
         "launch_commands_parsed": parsed,
+        "launch_args_digest": argcheck.digest(launches) if launches else None,
         "router_help": router,
         "smoke": smoke,
         "checks": checks,
@@ -293,7 +294,7 @@ def _router_smoke(
     return {"command": command, "returncode": returncode, "mini_lb": has_mini_lb}
 
 
-def _parse_launches(
+def parse_launches(
     *,
     exp: Experiment,
     node: str,
