@@ -42,8 +42,17 @@ FAKE_DOCKER = r"""
         print(json.dumps({"Id": "sha256:" + "ab" * 32, "RepoDigests": [image + "@sha256:cd"],
                           "Created": "2026-11-01T00:00:00Z"}))
     elif args[0] == "run":
-        argv = args[args.index(image) + 1:]
-        sys.exit(subprocess.run(argv).returncode)
+        ran = next(a for a in args if a in (image, *bases))
+        argv = args[args.index(ran) + 1:]
+        env = dict(os.environ)  # FAKE_DOCKER_TREES: what each image holds, at one path
+        trees = json.loads(os.environ.get("FAKE_DOCKER_TREES", "{}"))
+        if ran in trees:
+            site = os.environ["FAKE_DOCKER_SITE"]
+            if os.path.lexists(site):
+                os.remove(site)
+            os.symlink(trees[ran], site)
+            env["PYTHONPATH"] = site
+        sys.exit(subprocess.run(argv, env=env).returncode)
     elif args[0] in ("build", "pull"):
         if barrier and args[0] == "build":  # both nodes' builds must be running at once
             open(os.path.join(barrier, str(os.getpid())), "w").close()
@@ -447,3 +456,60 @@ def test_the_pr_checks_read_the_symbols_the_prs_add_to_the_installed_sglang(
         owner=OWNER,
     )
     assert evidence["checks"][0]["matched"] is False and evidence["checks"][0]["guess"]
+
+
+def _site_packages(root: Path, *, sglang: dict[str, str], dists: dict[str, str]) -> Path:
+    """A stand-in image's packages: the sglang package's files, and dist-info per package."""
+    for rel, text in sglang.items():
+        (root / "sglang" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / "sglang" / rel).write_text(text)
+    for name, version in dists.items():
+        info = root / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    return root
+
+
+def test_the_image_contract_records_the_difference_to_the_base_and_fails_on_a_breach(
+    tmp_path: Path, docker: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seed 000's contract: the base's dependency set, exactly two SGLang files changed, the
+    same SGLang tree, no newer sgl-kernel. The base is the Dockerfile's last FROM."""
+    files = {"__init__.py": "", "srt/a.py": "a", "srt/b.py": "b", "srt/c.py": "c"}
+    dists = {"sglang": "0.5.17", "sgl-kernel": "0.3.20", "flashinfer-python": "0.6.1"}
+    base = _site_packages(tmp_path / "base", sglang=files, dists=dists)
+    good = _site_packages(
+        tmp_path / "good",
+        sglang={**files, "srt/a.py": "a2", "srt/b.py": "b2"},
+        dists={**dists, "flashinfer-python": "0.6.1+patched"},
+    )
+    newer_kernel = _site_packages(
+        tmp_path / "bad",
+        sglang={**files, "srt/a.py": "a2", "srt/b.py": "b2", "srt/c.py": "c2"},
+        dists={**dists, "sgl-kernel": "0.3.21"},
+    )
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text("FROM lmsysorg/sglang:v0.5.17 AS build\nFROM phase4:base\nRUN true\n")
+    monkeypatch.setenv("FAKE_DOCKER_BASES", "phase4:base")
+    contract = {"packages_may_change": ["flashinfer-python"], "sglang_files_changed": 2}
+    exp = _exp(
+        build={"dockerfile": str(dockerfile), "context": str(tmp_path), "contract": contract}
+    )
+    paths = {"phase4:base": str(base), "img:test": str(good)}
+    monkeypatch.setenv("FAKE_DOCKER_SITE", str(tmp_path / "site-packages"))
+    monkeypatch.setenv("FAKE_DOCKER_TREES", json.dumps(paths))
+    evidence = build_image(
+        exp=exp, node="n1", runtime=_runtime(exp), log=tmp_path / "a.log", owner=OWNER
+    )
+    held = evidence["contract"]
+    assert held["base"] == "phase4:base"
+    assert held["delta"]["packages"] == {"flashinfer-python": ["0.6.1", "0.6.1+patched"]}
+    assert sorted(held["delta"]["sglang_files"]) == ["srt/a.py", "srt/b.py"]
+    assert all(len(h) == 16 for pair in held["delta"]["sglang_files"].values() for h in pair)
+    monkeypatch.setenv("FAKE_DOCKER_TREES", json.dumps({**paths, "img:test": str(newer_kernel)}))
+    with pytest.raises(SmokeFailed) as info:
+        build_image(exp=exp, node="n1", runtime=_runtime(exp), log=tmp_path / "b.log", owner=OWNER)
+    text = str(info.value)
+    assert "breaks runtime.build.contract against its base phase4:base" in text
+    assert "package sgl-kernel changed 0.3.20 -> 0.3.21" in text
+    assert "3 sglang files differ, the contract says 2" in text

@@ -3,6 +3,7 @@ image, run its smoke commands and content checks, keep evidence keyed by the ima
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import json
 import logging
@@ -12,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from servesweep.cluster import argcheck
+from servesweep.cluster import argcheck, contract
 from servesweep.cluster.argcheck import LaunchArgs
 from servesweep.cluster.owner import Owner
 from servesweep.cluster.runtime import DockerRuntime, Launch, owner_dir
@@ -168,6 +169,12 @@ def build_commands(
             f"{exp.engine.kind} argument parser (servesweep.cluster.argcheck); a rejected flag "
             f"fails here, before any start"
         )
+    if build is not None and build.contract is not None:
+        base = build.contract.base or (build.base.image if build.base else "the Dockerfile's FROM")
+        lines.append(
+            f"# contract: packages and sglang files of {base} and of {runtime.image} compared "
+            f"(servesweep.cluster.contract); a breach of runtime.build.contract fails here"
+        )
     for check in exp.runtime.checks:
         launch = in_image_launch(
             exp=exp, node=node, owner=owner, name=f"check-{check.name}", command=check.command
@@ -240,6 +247,7 @@ def build_image(
         exp=exp, node=node, runtime=runtime, owner=owner, log=log, launches=launches
     )
     router = _router_smoke(exp=exp, node=node, runtime=runtime, owner=owner, log=log)
+    held = _contract(exp=exp, node=node, runtime=runtime, owner=owner, log=log)
     checks = [
         _check(exp=exp, node=node, runtime=runtime, owner=owner, log=log, check=c)
         for c in exp.runtime.checks
@@ -260,10 +268,68 @@ def build_image(
         "launch_commands_parsed": parsed,
         "launch_args_digest": argcheck.digest(launches) if launches else None,
         "router_help": router,
+        "contract": held,
         "smoke": smoke,
         "checks": checks,
         "checked_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
+
+
+def _inventory(
+    *, exp: Experiment, node: str, runtime: DockerRuntime, owner: Owner, image: str, name: str
+) -> dict[str, Any]:
+    """Packages and sglang files of `image` on `node` (SmokeFailed when unreadable)."""
+    other = copy.copy(runtime)
+    other.image = image
+    command = contract.inventory_probe(exp.engine.python)
+    returncode, output = _in_image(
+        exp=exp, node=node, runtime=other, owner=owner, name=name, command=command
+    )
+    try:
+        found = json.loads(output.splitlines()[-1]) if returncode == 0 and output else None
+    except json.JSONDecodeError:
+        found = None
+    if not isinstance(found, dict):
+        last = (output.splitlines() or ["(no output)"])[-1][:200]
+        raise SmokeFailed(
+            f"image {image} on node {node}: its inventory (packages, sglang files) could not be "
+            f"read (exit {returncode}, last line: {last})"
+        )
+    return found
+
+
+def _contract(
+    *, exp: Experiment, node: str, runtime: DockerRuntime, owner: Owner, log: Path
+) -> dict[str, Any] | None:
+    """The image's difference to its base (runtime.build.contract): recorded; SmokeFailed
+    naming each breach of what must not change. None without a contract."""
+    build = exp.runtime.build
+    if build is None or build.contract is None:
+        return None
+    base = build.contract.base or (build.base.image if build.base else None)
+    if base is None and build.dockerfile:
+        res = runtime.transport.run(node, f"cat {shlex.quote(build.dockerfile)}", timeout=60)
+        base = contract.last_from(res.stdout) if res.ok else None
+    if base is None:
+        raise SmokeFailed(
+            f"image {runtime.image} on node {node}: runtime.build.contract has no base image "
+            f"and the last FROM of runtime.build.dockerfile cannot be read (give "
+            f"runtime.build.contract.base); log {log}"
+        )
+    diff = contract.delta(
+        _inventory(exp=exp, node=node, runtime=runtime, owner=owner, image=base, name="base-inv"),
+        _inventory(
+            exp=exp, node=node, runtime=runtime, owner=owner, image=runtime.image, name="inv"
+        ),
+    )
+    found = contract.breaches(build.contract, diff)
+    _append(log, f"[contract against {base}: {len(found)} breaches]", json.dumps(diff, indent=1))
+    if found:
+        raise SmokeFailed(
+            f"image {runtime.image} on node {node} breaks runtime.build.contract against its "
+            f"base {base}: {'; '.join(found[:5])}; log {log}"
+        )
+    return {"base": base, "delta": diff}
 
 
 def _router_smoke(
