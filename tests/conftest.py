@@ -14,6 +14,7 @@ if str(ROOT) not in sys.path:  # `tests.support` without relying on the invocati
     sys.path.insert(0, str(ROOT))
 
 from tests.support.sglang_bench import WheelNotFound, find_wheel, stage_bench  # noqa: E402
+from tests.support.sglang_server import stage_sglang  # noqa: E402
 from tests.support.tokenizer import build_tokenizer, sim_words  # noqa: E402
 
 # What bench_serving 0.5.23 imports besides the stdlib (SGLANG.md section 2); datasets is stubbed.
@@ -34,6 +35,19 @@ def staged_bench(tmp_path_factory: pytest.TempPathFactory) -> Path:
             pytest.fail(f"no sglang wheel: {exc}", pytrace=False)
         pytest.skip(f"no sglang wheel: {exc}")
     return stage_bench(wheel=wheel, dest=tmp_path_factory.mktemp("sglang_bench"))
+
+
+@pytest.fixture(scope="session")
+def staged_sglang(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SGLang's whole package from the sglang wheel plus import stubs (its real argument parser
+    without a GPU); tests.support.sglang_server.sglang_env puts it on PYTHONPATH."""
+    try:
+        wheel = find_wheel()
+    except WheelNotFound as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"no sglang wheel: {exc}", pytrace=False)
+        pytest.skip(f"no sglang wheel: {exc}")
+    return stage_sglang(wheel=wheel, dest=tmp_path_factory.mktemp("sglang_server"))
 
 
 @pytest.fixture(scope="session")

@@ -141,11 +141,16 @@ def test_matrix_over_ssh_docker_with_sudo(
                 "returncode": 0,
                 "output": "3",
                 "matched": True,
+                "guess": False,
             }
         ]
+        # Every launch command parsed in the image by its own parser, before any start.
+        assert evidence["launch_commands_parsed"] > 0
+        assert evidence["packages"]["sglang"] is None  # the sim's image holds no SGLang
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert [i["node"] for i in manifest["images"]] == SWEEPERS
     assert all(i["checks"][0]["output"] == "3" for i in manifest["images"])
+    assert all(i["evidence"]["image_key"] == images.name for i in manifest["images"])
     # A new run id with the same image builds nothing.
     again = run_snakemake(
         tmp_path, "-n", "all", "--configfile", str(cfg), env={"RUN_ID": "it-cluster-again"}

@@ -435,3 +435,24 @@ def test_a_keyed_server_with_its_radix_cache_on_is_flushed_before_each_cell(
         manager.stop_all(reason="test")
     assert (read_record(paths.raw(cell)).model_extra or {})["servesweep_cache_flushed"] is True
     assert "Cache flushed successfully!" in log.read_text()
+
+
+def test_a_guessed_evidence_pattern_is_counted_never_enforced(tmp_path: Path) -> None:
+    """The sim's server never logs this line: the guessed pattern records 0 and the cell
+    stands; the same pattern, confirmed (not in `guesses`), makes the cell invalid."""
+    exp, paths, manager, cell = _setup(tmp_path)
+    never = {"rdma_ack": {"pattern": "RDMA ready ack never logged", "role": "server"}}
+    guessed = load_experiment(
+        {**exp.model_dump(mode="json"), "evidence": never, "guesses": ["evidence.rdma_ack"]}, {}
+    )
+    confirmed = guessed.model_copy(update={"guesses": []})
+    try:
+        run_cell(exp=guessed, cell=cell, manager=manager, **_files(paths, cell))
+        record = read_record(paths.raw(cell))
+        assert (record.model_extra or {})["servesweep_evidence"] == {"rdma_ack": 0}
+        paths.raw(cell).unlink()
+        with pytest.raises(CellFailed, match="rdma_ack \\(server logs, window cell\\): 0 < 1"):
+            run_cell(exp=confirmed, cell=cell, manager=manager, **_files(paths, cell))
+    finally:
+        manager.stop_all(reason="test")
+    assert not paths.raw(cell).exists()

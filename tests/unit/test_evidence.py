@@ -79,3 +79,17 @@ def test_local_pd_config_requires_both_sides() -> None:
     exp = load_experiment_file(PD_LOCAL)
     roles = {p.role for p in exp.evidence.values() if p.min_per_cell > 0}
     assert roles == {"prefill", "decode"}
+
+
+def test_a_guessed_pattern_is_observed_not_enforced() -> None:
+    rank_logs = logs(
+        {"prefill": ["KV transfer done: room=1", "state slice transfer"], "decode": []}
+    )
+    counts = evidence.count(PATTERNS, rank_logs)
+    required = evidence.enforced(PATTERNS, ["evidence.d_ack"])
+    assert sorted(required) == ["p_mode", "p_slice"]
+    evidence.check(required, counts, cell="pd/case~a/r1", logs=rank_logs)  # d_ack: 0 < 2
+    assert evidence.columns(PATTERNS) == ["evidence_p_slice", "evidence_p_mode", "evidence_d_ack"]
+    seed = load_experiment_file(ROOT / "config" / "experiments" / "pd_standard.yaml")
+    assert sorted(evidence.enforced(seed.evidence, seed.guesses)) == ["p_state_slice_transfer"]
+    assert "d_rdma_ready_ack" in seed.evidence  # still counted, a results.csv column

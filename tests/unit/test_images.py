@@ -18,7 +18,9 @@ from servesweep.cluster.transport import LocalTransport
 from servesweep.config.load import load_experiment
 from servesweep.config.matrix import image_key
 from servesweep.core.errors import SmokeFailed
-from tests.helpers import DEFAULT_CONFIG, deep_update
+from servesweep.serving.engines import launch_targets
+from tests.helpers import DEFAULT_CONFIG, REPO, deep_update
+from tests.support.sglang_server import sglang_env
 
 OWNER = Owner(user="tester", host="h", checkout="0123456789ab")
 
@@ -40,8 +42,17 @@ FAKE_DOCKER = r"""
         print(json.dumps({"Id": "sha256:" + "ab" * 32, "RepoDigests": [image + "@sha256:cd"],
                           "Created": "2026-11-01T00:00:00Z"}))
     elif args[0] == "run":
-        argv = args[args.index(image) + 1:]
-        sys.exit(subprocess.run(argv).returncode)
+        ran = next(a for a in args if a in (image, *bases))
+        argv = args[args.index(ran) + 1:]
+        env = dict(os.environ)  # FAKE_DOCKER_TREES: what each image holds, at one path
+        trees = json.loads(os.environ.get("FAKE_DOCKER_TREES", "{}"))
+        if ran in trees:
+            site = os.environ["FAKE_DOCKER_SITE"]
+            if os.path.lexists(site):
+                os.remove(site)
+            os.symlink(trees[ran], site)
+            env["PYTHONPATH"] = site
+        sys.exit(subprocess.run(argv, env=env).returncode)
     elif args[0] in ("build", "pull"):
         if barrier and args[0] == "build":  # both nodes' builds must be running at once
             open(os.path.join(barrier, str(os.getpid())), "w").close()
@@ -202,3 +213,303 @@ def test_every_node_builds_at_once_and_the_key_follows_the_content(
         build={"dockerfile": "/ctx/Dockerfile", "context": "/ctx", "build_args": {"A": "1"}}
     )
     assert image_key(rebuilt) != image_key(exp)
+
+
+def test_a_guessed_version_and_check_are_recorded_not_enforced(
+    tmp_path: Path, docker: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = tmp_path / "pkgs" / "sglang"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('__version__ = "0.5.17"\n')
+    dist = tmp_path / "pkgs" / "sglang-0.5.17.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.17\n")
+    monkeypatch.setenv("PYTHONPATH", str(fake.parent))
+    check = {"name": "patched-wheel", "command": "echo 0.6.1", "expect": r"\+"}
+    raw = deep_update(
+        _exp(checks=[check]).model_dump(mode="json"),
+        {
+            "engine": {"kind": "sglang"},
+            "guesses": ["engine.version", "runtime.checks.patched-wheel"],
+        },
+    )
+    guessed = load_experiment(raw, {})
+    evidence = build_image(
+        exp=guessed, node="n1", runtime=_runtime(guessed), log=tmp_path / "a.log", owner=OWNER
+    )
+    assert evidence["engine_version"] == "0.5.17" and evidence["engine_version_guessed"]
+    assert evidence["packages"]["sglang"] == "0.5.17"  # read from the image's metadata
+    assert evidence["checks"][0]["matched"] is False and evidence["checks"][0]["guess"]
+    assert (
+        "engine.version 0.5.23 is a guess; the image has SGLang 0.5.17"
+        in (tmp_path / "a.log").read_text()
+    )
+    pinned = load_experiment({**raw, "guesses": ["runtime.checks.patched-wheel"]}, {})
+    with pytest.raises(SmokeFailed, match="has SGLang 0.5.17, but engine.version pins 0.5.23"):
+        build_image(
+            exp=pinned, node="n1", runtime=_runtime(pinned), log=tmp_path / "b.log", owner=OWNER
+        )
+    confirmed = load_experiment({**raw, "guesses": ["engine.version"]}, {})
+    with pytest.raises(SmokeFailed, match="failed check patched-wheel on node n1"):
+        build_image(
+            exp=confirmed,
+            node="n1",
+            runtime=_runtime(confirmed),
+            log=tmp_path / "c.log",
+            owner=OWNER,
+        )
+
+
+def test_mooncake_is_accepted_by_its_family_and_the_evidence_names_the_member(
+    tmp_path: Path, docker: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pd = yaml.safe_load((REPO / "config" / "experiments" / "pd_standard.yaml").read_text())
+    check = next(c for c in pd["runtime"]["checks"] if c["name"].startswith("mooncake"))
+    check = {**check, "command": check["command"].replace("python3", sys.executable, 1)}
+    pkgs = tmp_path / "pkgs"
+    dist = pkgs / "mooncake_transfer_engine_cuda13-0.3.12.post1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: mooncake-transfer-engine-cuda13\nVersion: 0.3.12.post1\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(pkgs))
+    exp = _exp(checks=[check])
+    evidence = build_image(
+        exp=exp, node="n1", runtime=_runtime(exp), log=tmp_path / "a.log", owner=OWNER
+    )
+    assert evidence["checks"][0]["output"] == "mooncake-transfer-engine-cuda13 0.3.12.post1"
+    assert evidence["packages"]["mooncake"] == ["mooncake-transfer-engine-cuda13==0.3.12.post1"]
+
+
+def test_every_launch_command_is_parsed_in_the_image_before_any_start(
+    tmp_path: Path, docker: Path
+) -> None:
+    """The sim's own parser, run in the "image" by the same probe as SGLang's on the cluster:
+    an unknown flag fails build_image with the server config and the flag."""
+    exp = _exp()
+    launches = launch_targets(exp)
+    assert launches and all("--model-path" in x.args for x in launches)
+    evidence = build_image(
+        exp=exp,
+        node="n1",
+        runtime=_runtime(exp),
+        log=tmp_path / "a.log",
+        owner=OWNER,
+        launches=launches,
+    )
+    assert evidence["launch_commands_parsed"] == len({json.dumps(x.args) for x in launches})
+    bad = load_experiment(
+        deep_update(exp.model_dump(mode="json"), {"server": {"extra_args": ["--bogus-flag"]}}), {}
+    )
+    with pytest.raises(SmokeFailed) as info:
+        build_image(
+            exp=bad,
+            node="n1",
+            runtime=_runtime(bad),
+            log=tmp_path / "b.log",
+            owner=OWNER,
+            launches=launch_targets(bad),
+        )
+    text = str(info.value)
+    assert "rejects the launch command of server config" in text
+    assert "unrecognized arguments: --bogus-flag" in text and "node n1" in text
+
+
+@pytest.mark.contract
+def test_sglangs_own_parser_in_the_image_rejects_an_unknown_flag_and_value(
+    tmp_path: Path, docker: Path, monkeypatch: pytest.MonkeyPatch, staged_sglang: Path
+) -> None:
+    """SGLang 0.5.23's real ServerArgs parser (from its wheel) parses seed 000's commands in
+    the "image"; a flag it does not know, a value it rejects, and a flag it removed fail
+    build_image in seconds, naming the server config and the flag."""
+    for key, value in sglang_env(staged=staged_sglang).items():
+        monkeypatch.setenv(key, value)
+    seed = yaml.safe_load((REPO / "config" / "experiments" / "moe_prefill_gate.yaml").read_text())
+    raw = deep_update(
+        _exp().model_dump(mode="json"),
+        {"engine": {"kind": "sglang"}, "server": seed["server"], "matrix": seed["matrix"]},
+    )
+    raw["server"]["tp_size"] = raw["server"]["ep_size"] = 8  # the stand-in's one node
+    exp = load_experiment(raw, {})
+    launches = launch_targets(exp)
+    assert {x.args[x.args.index("--moe-runner-backend") + 1] for x in launches} == {
+        "marlin",
+        "flashinfer_mxfp4",
+    }
+    evidence = build_image(
+        exp=exp,
+        node="n1",
+        runtime=_runtime(exp),
+        log=tmp_path / "a.log",
+        owner=OWNER,
+        launches=launches,
+    )
+    assert evidence["engine_version"] == "0.5.23"
+    assert evidence["launch_commands_parsed"] == len({json.dumps(x.args) for x in launches})
+    cases = {
+        "--bogus-flag": "unrecognized arguments: --bogus-flag",
+        "--cuda-graph-max-bs=8": "ambiguous option: --cuda-graph-max-bs",  # removed in 0.5.20
+        "--kv-cache-dtype=int3": "argument --kv-cache-dtype: invalid choice: 'int3'",
+    }
+    for i, (flag, message) in enumerate(cases.items()):
+        bad = load_experiment(deep_update(raw, {"server": {"extra_args": [flag]}}), {})
+        with pytest.raises(SmokeFailed) as info:
+            build_image(
+                exp=bad,
+                node="n1",
+                runtime=_runtime(bad),
+                log=tmp_path / f"b{i}.log",
+                owner=OWNER,
+                launches=launch_targets(bad),
+            )
+        text = str(info.value)
+        assert "sglang argument parser rejects the launch command of server config " in text
+        assert message in text, text
+
+
+def _pd_exp(python: str):
+    raw = yaml.safe_load((REPO / "config" / "experiments" / "pd_standard_local.yaml").read_text())
+    raw = deep_update(
+        raw,
+        {
+            "runtime": {"kind": "docker", "image": "img:test", "gpus": None},
+            "engine": {"python": python},
+        },
+    )
+    return load_experiment(raw, {})
+
+
+def test_the_routers_own_help_is_smoked_and_must_list_mini_lb(tmp_path: Path, docker: Path) -> None:
+    """The sim router lists --mini-lb; a router without it (smg) fails build_image, not the
+    first start after P and D have loaded."""
+    exp = _pd_exp(sys.executable)
+    assert exp.router is not None and exp.router.mini_lb
+    evidence = build_image(
+        exp=exp, node="p601", runtime=_runtime(exp), log=tmp_path / "a.log", owner=OWNER
+    )
+    assert evidence["router_help"]["mini_lb"] is True
+    # An image whose router has no --mini-lb: its python answers the router's --help alone.
+    python = tmp_path / "python"
+    python.write_text(
+        "#!/bin/sh\n"
+        'if [ "$2" = servesweep.sim.router ]; then echo "usage: smg [--policy P]"; exit 0; fi\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    smg = _pd_exp(str(python))
+    with pytest.raises(SmokeFailed, match="router.mini_lb is set, but the image's router has no"):
+        build_image(
+            exp=smg, node="p601", runtime=_runtime(smg), log=tmp_path / "b.log", owner=OWNER
+        )
+
+
+@pytest.mark.contract
+def test_the_pr_checks_read_the_symbols_the_prs_add_to_the_installed_sglang(
+    tmp_path: Path, docker: Path, monkeypatch: pytest.MonkeyPatch, staged_sglang: Path
+) -> None:
+    """Seed 003's PR checks pass on SGLang 0.5.23 (which holds both PRs) without any patch
+    file; without #31869's symbol the build fails naming the check; #32797's symbol is a guess
+    (recorded, not enforced)."""
+    pd = load_experiment(
+        yaml.safe_load((REPO / "config" / "experiments" / "pd_standard.yaml").read_text()),
+        {},
+        site_dir=REPO / "config" / "site",
+    )
+    checks = [
+        {**c.model_dump(), "command": c.command.replace("python3", sys.executable, 1)}
+        for c in pd.runtime.checks
+        if c.name.startswith("sglang-pr-")
+    ]
+    assert "runtime.checks.sglang-pr-32797" in pd.guesses
+    guess = {"guesses": ["runtime.checks.sglang-pr-32797"]}
+    raw = {**_exp(checks=checks).model_dump(mode="json"), **guess}
+    exp = load_experiment(raw, {})
+    monkeypatch.setenv("PYTHONPATH", str(staged_sglang))
+    evidence = build_image(
+        exp=exp, node="n1", runtime=_runtime(exp), log=tmp_path / "a.log", owner=OWNER
+    )
+    assert [(c["name"], c["output"]) for c in evidence["checks"]] == [
+        ("sglang-pr-31869", "PR 31869 applied"),
+        ("sglang-pr-32797", "PR 32797 applied"),
+    ]
+    older = tmp_path / "older"  # an SGLang tree from before both PRs
+    for rel in (
+        "__init__.py",
+        "srt/disaggregation/decode.py",
+        "srt/managers/scheduler_pp_mixin.py",
+    ):
+        text = (staged_sglang / "sglang" / rel).read_text()
+        text = text.replace("poll_and_all_reduce_pp(", "poll(").replace(
+            "_route_aborts_to_bad(", "x("
+        )
+        (older / "sglang" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (older / "sglang" / rel).write_text(text)
+    monkeypatch.setenv("PYTHONPATH", str(older))
+    with pytest.raises(SmokeFailed, match="failed check sglang-pr-31869 on node n1"):
+        build_image(exp=exp, node="n1", runtime=_runtime(exp), log=tmp_path / "b.log", owner=OWNER)
+    only_32797 = load_experiment(deep_update(raw, {"runtime": {"checks": checks[1:]}}), {})
+    evidence = build_image(
+        exp=only_32797,
+        node="n1",
+        runtime=_runtime(only_32797),
+        log=tmp_path / "c.log",
+        owner=OWNER,
+    )
+    assert evidence["checks"][0]["matched"] is False and evidence["checks"][0]["guess"]
+
+
+def _site_packages(root: Path, *, sglang: dict[str, str], dists: dict[str, str]) -> Path:
+    """A stand-in image's packages: the sglang package's files, and dist-info per package."""
+    for rel, text in sglang.items():
+        (root / "sglang" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / "sglang" / rel).write_text(text)
+    for name, version in dists.items():
+        info = root / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    return root
+
+
+def test_the_image_contract_records_the_difference_to_the_base_and_fails_on_a_breach(
+    tmp_path: Path, docker: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seed 000's contract: the base's dependency set, exactly two SGLang files changed, the
+    same SGLang tree, no newer sgl-kernel. The base is the Dockerfile's last FROM."""
+    files = {"__init__.py": "", "srt/a.py": "a", "srt/b.py": "b", "srt/c.py": "c"}
+    dists = {"sglang": "0.5.17", "sgl-kernel": "0.3.20", "flashinfer-python": "0.6.1"}
+    base = _site_packages(tmp_path / "base", sglang=files, dists=dists)
+    good = _site_packages(
+        tmp_path / "good",
+        sglang={**files, "srt/a.py": "a2", "srt/b.py": "b2"},
+        dists={**dists, "flashinfer-python": "0.6.1+patched"},
+    )
+    newer_kernel = _site_packages(
+        tmp_path / "bad",
+        sglang={**files, "srt/a.py": "a2", "srt/b.py": "b2", "srt/c.py": "c2"},
+        dists={**dists, "sgl-kernel": "0.3.21"},
+    )
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text("FROM lmsysorg/sglang:v0.5.17 AS build\nFROM phase4:base\nRUN true\n")
+    monkeypatch.setenv("FAKE_DOCKER_BASES", "phase4:base")
+    contract = {"packages_may_change": ["flashinfer-python"], "sglang_files_changed": 2}
+    exp = _exp(
+        build={"dockerfile": str(dockerfile), "context": str(tmp_path), "contract": contract}
+    )
+    paths = {"phase4:base": str(base), "img:test": str(good)}
+    monkeypatch.setenv("FAKE_DOCKER_SITE", str(tmp_path / "site-packages"))
+    monkeypatch.setenv("FAKE_DOCKER_TREES", json.dumps(paths))
+    evidence = build_image(
+        exp=exp, node="n1", runtime=_runtime(exp), log=tmp_path / "a.log", owner=OWNER
+    )
+    held = evidence["contract"]
+    assert held["base"] == "phase4:base"
+    assert held["delta"]["packages"] == {"flashinfer-python": ["0.6.1", "0.6.1+patched"]}
+    assert sorted(held["delta"]["sglang_files"]) == ["srt/a.py", "srt/b.py"]
+    assert all(len(h) == 16 for pair in held["delta"]["sglang_files"].values() for h in pair)
+    monkeypatch.setenv("FAKE_DOCKER_TREES", json.dumps({**paths, "img:test": str(newer_kernel)}))
+    with pytest.raises(SmokeFailed) as info:
+        build_image(exp=exp, node="n1", runtime=_runtime(exp), log=tmp_path / "b.log", owner=OWNER)
+    text = str(info.value)
+    assert "breaks runtime.build.contract against its base phase4:base" in text
+    assert "package sgl-kernel changed 0.3.20 -> 0.3.21" in text
+    assert "3 sglang files differ, the contract says 2" in text

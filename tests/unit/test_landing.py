@@ -167,3 +167,17 @@ def test_labels_carry_units():
     assert labels.value_text(207786.6, "input_tps") == "207,787 tok/s"
     assert labels.value_text(0.02374, "joules_per_input_token") == "0.0237 J/tok"
     assert labels.sim_note({"kind": "sglang"}) == ""
+
+
+def test_a_guessed_version_and_the_guesses_are_on_the_first_page(tmp_path: Path):
+    manifest = {
+        **MANIFEST,
+        "engine": {"kind": "sglang", "version_pinned": "0.5.23", "version_guessed": True,
+                   "image": "img:1"},
+        "guesses": [{"key": "engine.version", "value": "0.5.23"},
+                    {"key": "evidence.d_rdma_ready_ack", "value": {}}],
+    }  # fmt: skip
+    builds = [{"engine_version": "0.5.17", "image_id": "sha256:ff"}]
+    html = page(manifest=manifest, builds=builds, plots=[])
+    assert "0.5.23 guessed; the image has 0.5.17" in html
+    assert "engine.version, evidence.d_rdma_ready_ack" in html

@@ -38,3 +38,35 @@ def test_git_sha_outside_git_is_unknown(tmp_path: Path) -> None:
     assert git_sha(tmp_path) == "unknown"
     assert len(git_sha(REPO).split("+")[0]) == 40
     assert package_versions()["servesweep"]
+
+
+def test_the_manifest_carries_the_image_evidence_and_the_guesses(tmp_path: Path) -> None:
+    """results/.images/ lies outside the run folder: a copied run folder must still hold the
+    image's digests, checks, packages and launch-command parse."""
+    import json
+
+    exp = load_experiment_file(REPO / "config" / "experiments" / "moe_prefill_gate.yaml")
+    paths = RunPaths(tmp_path / exp.run_id)
+    evidence = {
+        "node": "601",
+        "image": exp.runtime.image,
+        "image_id": "sha256:ab",
+        "repo_digests": ["img@sha256:cd"],
+        "engine_version": "0.5.17",
+        "engine_version_guessed": True,
+        "packages": {"sglang": "0.5.17", "mooncake": []},
+        "launch_commands_parsed": 4,
+        "smoke": [{"command": "x", "returncode": 0, "output": "0.5.17"}],
+        "checks": [{"name": "c", "expect": "y", "output": "n", "matched": False, "guess": True}],
+    }
+    build = paths.images(exp) / "601.json"
+    build.parent.mkdir(parents=True)
+    build.write_text(json.dumps(evidence))
+    pools = pool_plan(exp=exp, paths=paths, results_dir=tmp_path)
+    manifest = build_manifest(exp=exp, server_info=[], repo=REPO, pools=pools, builds=[build])
+    image = manifest["images"][0]
+    assert image["evidence"] == evidence
+    assert image["packages"]["sglang"] == "0.5.17" and image["engine_version_guessed"]
+    assert image["checks"][0]["guess"] is True and image["launch_commands_parsed"] == 4
+    assert manifest["engine"]["version_guessed"] is True
+    assert {"key": "engine.version", "value": "0.5.23"} in manifest["guesses"]

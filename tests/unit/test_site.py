@@ -59,8 +59,10 @@ def test_commands_warns_on_guesses_and_unresolved_aliases(
     monkeypatch.delenv("SUDO_PASSWORD_FILE", raising=False)
     assert main(["commands", "--configfile", str(PD)]) == 0
     err = capsys.readouterr().err.splitlines()
-    assert "warning: engine.model_path = '/data/models/Kimi-K3' is a guess" in err[3]
-    assert sum("is a guess" in line for line in err) == 8  # runtime.build.base too
+    assert "warning: evidence.d_rdma_ready_ack = " in err[0] and "pd_standard.yaml" in err[0]
+    assert "warning: engine.model_path = '/data/models/Kimi-K3' is a guess" in err[5]
+    assert "rtx6000d.yaml" in err[5]
+    assert sum("is a guess" in line for line in err) == 10  # runtime.build.base too
     aliases = [line for line in err if "no ssh alias resolves" in line]
     assert len(aliases) == 8 and "601:20000 would be used" in aliases[0]
 
@@ -70,3 +72,37 @@ def test_the_default_site_folder_is_the_checkouts() -> None:
 
     assert Path(__file__).resolve().parents[2] / "config" / "site" == DEFAULT_SITE_DIR
     assert DEFAULT_SITE_DIR.is_dir()
+
+
+@pytest.mark.parametrize("name", ["moe_prefill_gate", "pd_standard", "pd_pp1_control"])
+def test_every_real_config_lists_its_guesses_in_commands(
+    name: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SUDO_PASSWORD", raising=False)
+    monkeypatch.delenv("SUDO_PASSWORD_FILE", raising=False)
+    path = REPO / "config" / "experiments" / f"{name}.yaml"
+    exp = load_experiment_file(path, {})
+    assert main(["commands", "--configfile", str(path)]) == 0
+    err = capsys.readouterr().err
+    for key in exp.guesses:
+        assert f"warning: {key} = " in err, key
+    # seed 000's image tag, Dockerfile, model mount and path, NCCL_IB_HCA, ports, version
+    expected = {"runtime.image", "runtime.mounts", "engine.model_path", "engine.version"}
+    expected |= {"engine.port", "engine.dist_init_port"}
+    if name == "moe_prefill_gate":
+        expected |= {"runtime.build.dockerfile", "runtime.env.NCCL_IB_HCA"}
+    else:
+        expected |= {"evidence.d_rdma_ready_ack"}
+    assert expected <= set(exp.guesses)
+
+
+def test_a_guess_must_name_a_config_key_and_enters_lists_by_name(tmp_path: Path) -> None:
+    from servesweep.config.guesses import lookup
+
+    data = {"runtime": {"checks": [{"name": "mooncake-0.3.12.post1", "expect": "x"}]}}
+    assert lookup(data, "runtime.checks.mooncake-0.3.12.post1.expect") == (True, "x")
+    assert lookup(data, "runtime.checks.other") == (False, None)
+    raw = yaml.safe_load(PD.read_text())
+    raw["guesses"] = ["engine.no_such_key"]
+    with pytest.raises(ConfigError, match="guesses.*'engine.no_such_key' names no config key"):
+        load_experiment(raw, {}, site_dir=PD.parents[1] / "site")

@@ -77,6 +77,11 @@ def identity(
          if s.get("engine_version_reported")}
     )  # fmt: skip
     version = f"{engine.get('version_pinned')} pinned"
+    if engine.get("version_guessed"):
+        found = sorted({str(b["engine_version"]) for b in builds if b.get("engine_version")})
+        version = f"{engine.get('version_pinned')} guessed"
+        if found:
+            version += f"; the image has {', '.join(found)}"
     if reported:
         version += f"; servers report {', '.join(reported)}"
     digests = sorted({d for b in builds for d in b.get("repo_digests") or []})
@@ -96,6 +101,11 @@ def identity(
             f"{nodes} ({cluster.get('transport', '?')}, "
             f"{cluster.get('gpus_per_node', '?')} GPUs per node)",
         ),  # fmt: skip
+        (
+            "guesses",
+            ", ".join(g["key"] for g in manifest.get("guesses") or [])
+            or "none (every value confirmed)",
+        ),  # observed and recorded, never enforced (servesweep.config.guesses)
         ("commit", str(manifest.get("git_sha", "?"))),
         ("written", str(manifest.get("written_at", "?"))),
     ]

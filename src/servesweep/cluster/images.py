@@ -3,21 +3,28 @@ image, run its smoke commands and content checks, keep evidence keyed by the ima
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import json
+import logging
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from servesweep.cluster import argcheck, contract
+from servesweep.cluster.argcheck import LaunchArgs
 from servesweep.cluster.owner import Owner
 from servesweep.cluster.runtime import DockerRuntime, Launch, owner_dir
 from servesweep.cluster.transport import fan_out
 from servesweep.config.experiment import Experiment
+from servesweep.config.guesses import ENGINE_VERSION, guessed
 from servesweep.config.matrix import image_key
 from servesweep.config.schema import BaseImage, ImageBuild, ImageCheck
 from servesweep.core.errors import SmokeFailed
+
+logger = logging.getLogger(__name__)
 
 BUILD_TIMEOUT_S = 7200.0
 SMOKE_TIMEOUT_S = 600.0
@@ -27,6 +34,43 @@ def version_probe(exp: Experiment) -> str:
     """A smoke command printing the engine version inside the image."""
     module = "sglang" if exp.engine.kind == "sglang" else "servesweep"
     return f"{exp.engine.python} -c 'import {module}; print({module}.__version__)'"
+
+
+# The image's package versions, from their metadata (no import): SGLang, its kernels, FlashInfer,
+# the router, and which member of the Mooncake family (`mooncake-transfer-engine`, `-cuda13`,
+# `-efa`, `-non-cuda`) is installed. One JSON line.
+PACKAGES_PROBE = (
+    "import importlib.metadata as m, json, re; "
+    "d = {re.sub(r'[-_.]+', '-', x.metadata['Name'] or '').lower(): x.version "
+    "for x in m.distributions()}; "
+    "w = ['sglang', 'sgl-kernel', 'flashinfer-python', 'flashinfer-cubin', "
+    "'flashinfer-jit-cache', 'sglang-router', 'torch']; "
+    "o = {n: d.get(n) for n in w}; "
+    "o['mooncake'] = sorted(n + '==' + v for n, v in d.items() "
+    "if n.startswith('mooncake-transfer-engine')); "
+    "print(json.dumps(o))"
+)
+
+
+def packages_probe(exp: Experiment) -> str:
+    """A command printing the image's package versions as one JSON line."""
+    return f"{exp.engine.python} -c {shlex.quote(PACKAGES_PROBE)}"
+
+
+def _packages(
+    *, exp: Experiment, node: str, runtime: DockerRuntime, owner: Owner, log: Path
+) -> dict[str, Any]:
+    """The image's package versions (recorded, never compared): {} when unreadable."""
+    command = packages_probe(exp)
+    returncode, output = _in_image(
+        exp=exp, node=node, runtime=runtime, owner=owner, name="packages", command=command
+    )
+    _append(log, f"[packages rc={returncode}] {command}", output)
+    try:
+        found = json.loads(output.splitlines()[-1]) if returncode == 0 and output else {}
+    except json.JSONDecodeError:
+        found = {}
+    return found if isinstance(found, dict) else {}
 
 
 def _append(log: Path, title: str, text: str) -> None:
@@ -79,9 +123,16 @@ def docker_get_args(*, spec: ImageBuild | BaseImage, image: str) -> str:
     return f"pull {quoted}"
 
 
-def build_commands(*, exp: Experiment, runtime: DockerRuntime, owner: Owner) -> list[str]:
+def build_commands(
+    *,
+    exp: Experiment,
+    runtime: DockerRuntime,
+    owner: Owner,
+    launches: Sequence[LaunchArgs] = (),
+) -> list[str]:
     """What build_images runs on every node (at once), as shell lines: the base image when
-    missing, the build or pull, then each smoke command and content check in the image."""
+    missing, the build or pull, then each smoke command, the package probe, the parse of every
+    launch command by the image's own parser, and each content check in the image."""
     lines = []
     build = exp.runtime.build
     prefix = runtime.docker_prefix()
@@ -101,6 +152,29 @@ def build_commands(*, exp: Experiment, runtime: DockerRuntime, owner: Owner) -> 
             exp=exp, node=node, owner=owner, name=f"smoke-{i}", command=command
         )
         lines.append(f"{runtime.oneshot_line(launch, gpus=True)}  # smoke: exit 0")
+    launch = in_image_launch(
+        exp=exp, node=node, owner=owner, name="packages", command=packages_probe(exp)
+    )
+    lines.append(f"{runtime.oneshot_line(launch, gpus=True)}  # package versions, recorded")
+    if exp.router is not None:
+        command = argcheck.router_help(python=exp.engine.python, engine_kind=exp.engine.kind)
+        launch = in_image_launch(
+            exp=exp, node=node, owner=owner, name="router-help", command=command
+        )
+        wants = f", lists {argcheck.MINI_LB}" if exp.router.mini_lb else ""
+        lines.append(f"{runtime.oneshot_line(launch, gpus=True)}  # router: exit 0{wants}")
+    if launches:
+        lines.append(
+            f"# launch-args: {len(launches)} launch commands parsed in the image by its own "
+            f"{exp.engine.kind} argument parser (servesweep.cluster.argcheck); a rejected flag "
+            f"fails here, before any start"
+        )
+    if build is not None and build.contract is not None:
+        base = build.contract.base or (build.base.image if build.base else "the Dockerfile's FROM")
+        lines.append(
+            f"# contract: packages and sglang files of {base} and of {runtime.image} compared "
+            f"(servesweep.cluster.contract); a breach of runtime.build.contract fails here"
+        )
     for check in exp.runtime.checks:
         launch = in_image_launch(
             exp=exp, node=node, owner=owner, name=f"check-{check.name}", command=check.command
@@ -121,9 +195,16 @@ def _acquire(*, exp: Experiment, node: str, runtime: DockerRuntime, log: Path) -
 
 
 def build_image(
-    *, exp: Experiment, node: str, runtime: DockerRuntime, log: Path, owner: Owner
+    *,
+    exp: Experiment,
+    node: str,
+    runtime: DockerRuntime,
+    log: Path,
+    owner: Owner,
+    launches: Sequence[LaunchArgs] = (),
 ) -> dict[str, Any]:
-    """Get the image onto `node`, smoke it, return the evidence (raises SmokeFailed)."""
+    """Get the image onto `node`, smoke it, parse every launch command in `launches` with the
+    image's own engine parser, run the checks; return the evidence (raises SmokeFailed)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a") as fh:  # the job's own log lines (logsetup.job_logging) share the file
         fh.write(f"# build_image node {node} image {runtime.image}\n")
@@ -151,11 +232,22 @@ def build_image(
                 f"(exit {returncode}): {command}; log {log}"
             )
     reported = smoke[0]["output"].splitlines()[-1] if smoke[0]["output"] else None
+    pinned = not guessed(exp.guesses, ENGINE_VERSION)
     if exp.engine.kind == "sglang" and reported != exp.engine.version:
-        raise SmokeFailed(
-            f"image {runtime.image} on node {node} has SGLang {reported}, but engine.version pins "
-            f"{exp.engine.version} (flags are chosen per version); log {log}"
-        )
+        if pinned:
+            raise SmokeFailed(
+                f"image {runtime.image} on node {node} has SGLang {reported}, but engine.version "
+                f"pins {exp.engine.version} (flags are chosen per version); log {log}"
+            )
+        note = f"engine.version {exp.engine.version} is a guess; the image has SGLang {reported}"
+        _append(log, "[guess] engine.version", note)
+        logger.warning("node %s: %s", node, note)
+    packages = _packages(exp=exp, node=node, runtime=runtime, owner=owner, log=log)
+    parsed = parse_launches(
+        exp=exp, node=node, runtime=runtime, owner=owner, log=log, launches=launches
+    )
+    router = _router_smoke(exp=exp, node=node, runtime=runtime, owner=owner, log=log)
+    held = _contract(exp=exp, node=node, runtime=runtime, owner=owner, log=log)
     checks = [
         _check(exp=exp, node=node, runtime=runtime, owner=owner, log=log, check=c)
         for c in exp.runtime.checks
@@ -171,10 +263,139 @@ def build_image(
         "method": method,
         "engine_version": reported,
         "engine_version_pinned": exp.engine.version,
+        "engine_version_guessed": not pinned,
+        "packages": packages,
+        "launch_commands_parsed": parsed,
+        "launch_args_digest": argcheck.digest(launches) if launches else None,
+        "router_help": router,
+        "contract": held,
         "smoke": smoke,
         "checks": checks,
         "checked_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
+
+
+def _inventory(
+    *, exp: Experiment, node: str, runtime: DockerRuntime, owner: Owner, image: str, name: str
+) -> dict[str, Any]:
+    """Packages and sglang files of `image` on `node` (SmokeFailed when unreadable)."""
+    other = copy.copy(runtime)
+    other.image = image
+    command = contract.inventory_probe(exp.engine.python)
+    returncode, output = _in_image(
+        exp=exp, node=node, runtime=other, owner=owner, name=name, command=command
+    )
+    try:
+        found = json.loads(output.splitlines()[-1]) if returncode == 0 and output else None
+    except json.JSONDecodeError:
+        found = None
+    if not isinstance(found, dict):
+        last = (output.splitlines() or ["(no output)"])[-1][:200]
+        raise SmokeFailed(
+            f"image {image} on node {node}: its inventory (packages, sglang files) could not be "
+            f"read (exit {returncode}, last line: {last})"
+        )
+    return found
+
+
+def _contract(
+    *, exp: Experiment, node: str, runtime: DockerRuntime, owner: Owner, log: Path
+) -> dict[str, Any] | None:
+    """The image's difference to its base (runtime.build.contract): recorded; SmokeFailed
+    naming each breach of what must not change. None without a contract."""
+    build = exp.runtime.build
+    if build is None or build.contract is None:
+        return None
+    base = build.contract.base or (build.base.image if build.base else None)
+    if base is None and build.dockerfile:
+        res = runtime.transport.run(node, f"cat {shlex.quote(build.dockerfile)}", timeout=60)
+        base = contract.last_from(res.stdout) if res.ok else None
+    if base is None:
+        raise SmokeFailed(
+            f"image {runtime.image} on node {node}: runtime.build.contract has no base image "
+            f"and the last FROM of runtime.build.dockerfile cannot be read (give "
+            f"runtime.build.contract.base); log {log}"
+        )
+    diff = contract.delta(
+        _inventory(exp=exp, node=node, runtime=runtime, owner=owner, image=base, name="base-inv"),
+        _inventory(
+            exp=exp, node=node, runtime=runtime, owner=owner, image=runtime.image, name="inv"
+        ),
+    )
+    found = contract.breaches(build.contract, diff)
+    _append(log, f"[contract against {base}: {len(found)} breaches]", json.dumps(diff, indent=1))
+    if found:
+        raise SmokeFailed(
+            f"image {runtime.image} on node {node} breaks runtime.build.contract against its "
+            f"base {base}: {'; '.join(found[:5])}; log {log}"
+        )
+    return {"base": base, "delta": diff}
+
+
+def _router_smoke(
+    *, exp: Experiment, node: str, runtime: DockerRuntime, owner: Owner, log: Path
+) -> dict[str, Any] | None:
+    """The PD router's own `--help` in the image: it must run, and list `--mini-lb` when the
+    config asks for it (else that shows only after P and D have loaded); None without one."""
+    if exp.router is None:
+        return None
+    command = argcheck.router_help(python=exp.engine.python, engine_kind=exp.engine.kind)
+    returncode, output = _in_image(
+        exp=exp, node=node, runtime=runtime, owner=owner, name="router-help", command=command
+    )
+    has_mini_lb = argcheck.MINI_LB in output
+    _append(log, f"[router help rc={returncode} mini_lb={has_mini_lb}] {command}", output)
+    if returncode != 0:
+        last = (output.splitlines() or ["(no output)"])[-1][:200]
+        raise SmokeFailed(
+            f"image {runtime.image} on node {node}: the router does not start: `{command}` "
+            f"exited {returncode} (last line: {last}); log {log}"
+        )
+    if exp.router.mini_lb and not has_mini_lb:
+        raise SmokeFailed(
+            f"image {runtime.image} on node {node}: router.mini_lb is set, but the image's "
+            f"router has no {argcheck.MINI_LB} (`{command}`; sglang-router <= 0.3.2 has it, "
+            f"smg has not); log {log}"
+        )
+    return {"command": command, "returncode": returncode, "mini_lb": has_mini_lb}
+
+
+def parse_launches(
+    *,
+    exp: Experiment,
+    node: str,
+    runtime: DockerRuntime,
+    owner: Owner,
+    log: Path,
+    launches: Sequence[LaunchArgs],
+) -> int:
+    """Parse every launch command with the image's own parser (SGLang's ServerArgs, or the
+    sim's); how many were parsed, or SmokeFailed naming the server config and the flag."""
+    if not launches:
+        return 0
+    command = argcheck.parse_command(
+        python=exp.engine.python, engine_kind=exp.engine.kind, launches=launches
+    )
+    returncode, output = _in_image(
+        exp=exp, node=node, runtime=runtime, owner=owner, name="launch-args", command=command
+    )
+    count, refused = argcheck.rejected(output)
+    _append(log, f"[launch args rc={returncode} parsed={count}] {len(launches)} commands", output)
+    if refused:
+        first = refused[0]
+        more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
+        raise SmokeFailed(
+            f"image {runtime.image} on node {node}: its {exp.engine.kind} argument parser "
+            f"rejects the launch command of {first.label}: {first.error[:300]}{more}; log {log}"
+        )
+    if returncode != 0 or count == 0:
+        last = (output.splitlines() or ["(no output)"])[-1][:200]
+        raise SmokeFailed(
+            f"image {runtime.image} on node {node}: could not parse the launch commands with "
+            f"its {exp.engine.kind} argument parser (exit {returncode}, last line: {last}); "
+            f"log {log}"
+        )
+    return count
 
 
 def in_image_launch(*, exp: Experiment, node: str, owner: Owner, name: str, command: str) -> Launch:
@@ -218,7 +439,15 @@ def _check(
     )
     matched = returncode == 0 and re.search(check.expect, output, flags=re.M) is not None
     _append(log, f"[check {check.name} rc={returncode} matched={matched}] {check.command}", output)
-    if not matched:
+    guess = guessed(exp.guesses, f"runtime.checks.{check.name}")
+    if not matched and guess:
+        logger.warning(
+            "node %s: check %s (a guess, observed only) does not match %r",
+            node,
+            check.name,
+            check.expect,
+        )
+    elif not matched:
         last = (output.splitlines() or ["(no output)"])[-1][:200]
         raise SmokeFailed(
             f"image {runtime.image} failed check {check.name} on node {node}: output does not "
@@ -230,19 +459,27 @@ def _check(
         "expect": check.expect,
         "returncode": returncode,
         "output": output,
-        "matched": True,
+        "matched": matched,
+        "guess": guess,
     }
 
 
 def build_images(
-    *, exp: Experiment, runtime: DockerRuntime, logs: Mapping[str, Path], owner: Owner
+    *,
+    exp: Experiment,
+    runtime: DockerRuntime,
+    logs: Mapping[str, Path],
+    owner: Owner,
+    launches: Sequence[LaunchArgs] = (),
 ) -> dict[str, dict[str, Any]]:
     """build_image on every node of `logs` at once (the transport's parallel fan-out); the
     evidence per node. When any node fails, SmokeFailed names every failed node (the first
     failure's message first), after all have finished."""
     results = fan_out(
         list(logs),
-        lambda node: build_image(exp=exp, node=node, runtime=runtime, log=logs[node], owner=owner),
+        lambda node: build_image(
+            exp=exp, node=node, runtime=runtime, log=logs[node], owner=owner, launches=launches
+        ),
     )
     failed = {node: r for node, r in results.items() if isinstance(r, BaseException)}
     if failed:

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from servesweep.config.guesses import unknown as unknown_guesses
 from servesweep.config.schema import (
     NAME_PATTERN,
     PD_ROLES,
@@ -63,10 +64,16 @@ class Experiment(Strict):
     repeats: int = Field(default=1, ge=1)
     baseline: dict[str, Any] = Field(default_factory=dict)
     reference: ReferenceConfig | None = None
+    # Dotted keys of values nobody has confirmed on the cluster (servesweep.config.guesses):
+    # listed, observed and recorded, never enforced. A site file's guesses join them.
+    guesses: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _check_combinations(self) -> Experiment:
         self._check_roles()
+        missing = unknown_guesses(self.model_dump(mode="json"), self.guesses)
+        if missing:
+            raise ValueError(f"guesses: {missing[0]!r} names no config key")
         node_pools(self)
         for axes in combinations(self.matrix.server):
             for role in role_layouts(self):

@@ -149,6 +149,7 @@ def workload_key(workload: Workload) -> str:
 def measured_config(exp: Experiment) -> str:
     """The experiment as JSON without the reach fields (the manifest's rerun trigger)."""
     data = exp.model_dump(mode="json")
+    data.pop("guesses", None)  # confirming a guess changes no measurement
     for key in REACH_ENGINE_FIELDS:
         data["engine"].pop(key, None)
     for key in REACH_RUNTIME_FIELDS:

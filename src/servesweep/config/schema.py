@@ -138,6 +138,23 @@ class ImageCheck(Strict):
     expect: Regex
 
 
+class ImageContract(Strict):
+    """What the built image may differ in from the image it is built FROM (seed 000: the same
+    dependency set, exactly two SGLang source files, the same SGLang tree). build_images
+    records the difference (packages, SGLang files with hashes) and fails on a breach."""
+
+    # The image compared against: default runtime.build.base.image, else the last FROM of
+    # runtime.build.dockerfile (read on the node).
+    base: str | None = None
+    # Distributions whose version may differ (normalized names, e.g. flashinfer-python);
+    # any other added, removed or changed distribution is a breach (sgl-kernel included).
+    packages_may_change: list[str] = Field(default_factory=list)
+    # Exactly this many files under the sglang package differ (added, removed or changed);
+    # null: any number (recorded only).
+    sglang_files_changed: int | None = Field(default=None, ge=0)
+    same_sglang_tree: bool = True  # the sglang package stays where the base has it
+
+
 class ImageBuild(Strict):
     """How `build_images` gets the image onto every node (paths are on the nodes)."""
 
@@ -146,6 +163,7 @@ class ImageBuild(Strict):
     build_args: dict[str, str] = Field(default_factory=dict)
     pull: bool = False
     base: BaseImage | None = None
+    contract: ImageContract | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ImageBuild:

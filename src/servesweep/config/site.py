@@ -46,12 +46,18 @@ def read_site(name: str, site_dir: str | Path | None = None) -> tuple[dict[str, 
 
 
 def apply_site(raw: Mapping[str, Any], site_dir: str | Path | None = None) -> dict[str, Any]:
-    """The experiment over its site file: experiment values win, `site` stays as the name."""
+    """The experiment over its site file: experiment values win, `site` stays as the name;
+    `guesses` holds the experiment's own and the site's guesses it still takes."""
     name = raw.get(SITE_KEY)
     if not name:
         return dict(raw)
     site, _ = read_site(str(name), site_dir)
-    return _merge(site, raw)
+    merged = _merge(site, raw)
+    own = raw.get(GUESSES_KEY) or []
+    if isinstance(own, list):  # else the schema names the key
+        taken = [key for key, _, _ in guessed_values(raw, site_dir) if key not in own]
+        merged[GUESSES_KEY] = [*own, *taken]
+    return merged
 
 
 def _lookup(data: Mapping[str, Any], dotted: str) -> tuple[bool, Any]:

@@ -361,7 +361,11 @@ def run_cell(
         counts = evidence.cell_counts(
             exp.evidence, before=marks, after=evidence.count(exp.evidence, logs)
         )
-        evidence.check(exp.evidence, counts, cell=cell.key, logs=logs)
+        required = evidence.enforced(exp.evidence, exp.guesses)
+        observed = {k: p for k, p in exp.evidence.items() if k not in required}
+        for short in evidence.shortfalls(observed, counts):
+            logger.warning("cell %s: guessed evidence, observed only: %s", cell.key, short)
+        evidence.check(required, counts, cell=cell.key, logs=logs)
         _check_requests(exp=exp, manager=manager, record=record, cell=cell.key, state=state)
         snapshot = before + after + window + samples
         warn_gpu_gaps(snapshot, paths=manager.paths, cell=cell.key)

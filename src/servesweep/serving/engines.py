@@ -7,10 +7,12 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from servesweep.cluster.argcheck import MINI_LB, ROUTER_MODULES, LaunchArgs
 from servesweep.cluster.transport import node_address
 from servesweep.config.experiment import Experiment
+from servesweep.config.guesses import ENGINE_VERSION, guessed
 from servesweep.config.load import env_var_of
-from servesweep.config.matrix import RoleSpec, ServerSpec
+from servesweep.config.matrix import RoleSpec, ServerSpec, server_specs
 from servesweep.config.schema import PD_ROLES
 from servesweep.core.errors import ConfigError
 
@@ -56,7 +58,10 @@ def moe_runners(version: str) -> list[str]:
 
 
 def check_supported(exp: Experiment, spec: ServerSpec) -> None:
-    """Refuse arguments the pinned SGLang version would reject at launch."""
+    """Refuse arguments the pinned SGLang version would reject at launch. A guessed version
+    refuses nothing here: build_images parses every command with the image's own parser."""
+    if guessed(exp.guesses, ENGINE_VERSION):
+        return
     for role in spec.roles:
         runner = role.args.moe_runner_backend
         if runner is not None and runner not in moe_runners(exp.engine.version):
@@ -233,13 +238,10 @@ def router_command(exp: Experiment, spec: ServerSpec) -> RankCommand:
     assert router is not None
     prefill, decode = (next(r for r in spec.roles if r.name == n) for n in PD_ROLES)
     bootstrap = prefill.args.disaggregation_bootstrap_port or DEFAULT_BOOTSTRAP_PORT
-    if exp.engine.kind == "sglang":
-        module = ["-m", "sglang_router.launch_router"]
-    else:
-        module = ["-m", "servesweep.sim.router"]
+    module = ["-m", ROUTER_MODULES[exp.engine.kind]]
     argv = [exp.engine.python, *module, "--pd-disaggregation"]
     if router.mini_lb:
-        argv.append("--mini-lb")
+        argv.append(MINI_LB)
     argv += ["--prefill", role_url(exp, prefill), str(bootstrap)]
     argv += ["--decode", role_url(exp, decode)]
     argv += ["--host", server_host(exp), "--port", str(router.port), "--policy", router.policy]
@@ -299,3 +301,22 @@ def check_experiment(
         if var is None:
             raise
         raise ConfigError(f"env {var}={(env or {})[var]!r}: {exc}") from None
+
+
+def launch_targets(exp: Experiment) -> list[LaunchArgs]:
+    """Every server launch command of the run (each server config, role and rank) as the
+    arguments its engine's parser sees (build_images parses them in the image); the router
+    has its own parser (smoked by `--help`)."""
+    module = "sglang.launch_server" if exp.engine.kind == "sglang" else "servesweep.sim"
+    out = []
+    for spec in server_specs(exp):
+        for cmd in rank_commands(exp, spec):
+            if cmd.role == ROUTER_ROLE:
+                continue
+            out.append(
+                LaunchArgs(
+                    label=f"server config {spec.id}, {cmd.role} rank {cmd.rank} (node {cmd.node})",
+                    args=cmd.argv[cmd.argv.index(module) + 1 :],
+                )
+            )
+    return out

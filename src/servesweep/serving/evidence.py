@@ -4,9 +4,10 @@ logs, and call a cell-repeat below a pattern's minimum invalid with a one-line r
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from servesweep.config.guesses import guessed
 from servesweep.config.schema import EvidencePattern
 from servesweep.core.errors import CellFailed
 
@@ -75,6 +76,14 @@ def check(
             f"cell {cell}: invalid: log evidence below its minimum: {'; '.join(short)}; "
             f"logs: {where}"
         )
+
+
+def enforced(
+    patterns: Mapping[str, EvidencePattern], guesses: Sequence[str]
+) -> dict[str, EvidencePattern]:
+    """The patterns a cell must meet: a guessed one (`evidence.<name>` in `guesses`) is
+    counted and reported, never enforced, until the site confirms it."""
+    return {name: p for name, p in patterns.items() if not guessed(guesses, f"evidence.{name}")}
 
 
 def columns(patterns: Mapping[str, EvidencePattern]) -> list[str]:

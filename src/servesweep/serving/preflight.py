@@ -16,6 +16,7 @@ from servesweep.config.matrix import ServerSpec, server_specs
 from servesweep.config.paths import RunPaths
 from servesweep.config.schema import PD_ROLES
 from servesweep.core.errors import PreflightFailed
+from servesweep.serving import launchcheck
 from servesweep.serving.engines import listening_ports
 from servesweep.serving.servers import ServerManager
 from servesweep.serving.state import ServerState
@@ -286,6 +287,7 @@ def run_preflight(*, exp: Experiment, manager: ServerManager) -> dict[str, Any]:
     checks["model"] = model_present(exp=exp, manager=manager)
     checks["engine_versions"] = engine_versions(exp=exp, manager=manager)
     checks["gpus"] = gpus_idle(exp=exp, manager=manager)
+    checks["launch_args"] = launchcheck.check_launch_args(exp=exp, manager=manager)
     if manager.cluster.containers:
         fmt = shlex.quote("{{.Id}}")
         for node in exp.cluster.nodes:

@@ -15,6 +15,7 @@ from servesweep.cluster.owner import current_owner
 from servesweep.cluster.secrets import Secret
 from servesweep.cluster.transport import node_address
 from servesweep.config.experiment import Experiment
+from servesweep.config.guesses import guess_values
 from servesweep.config.load import load_experiment_file
 from servesweep.config.matrix import cell_repeats, server_specs
 from servesweep.config.paths import RunPaths
@@ -23,7 +24,7 @@ from servesweep.core.errors import ConfigError, ServesweepError
 from servesweep.core.files import write_json_atomic
 from servesweep.measure.cells import lock_holder, run_warmup
 from servesweep.measure.client import client_files, client_launch
-from servesweep.serving.engines import base_url, check_experiment, keyed
+from servesweep.serving.engines import base_url, check_experiment, keyed, launch_targets
 from servesweep.serving.preflight import run_preflight
 from servesweep.serving.servers import (
     ServerManager,
@@ -136,7 +137,9 @@ def cmd_commands(args: argparse.Namespace) -> None:
     manager = ServerManager(exp, paths, cluster=open_cluster(exp, for_commands=True))
     if exp.runtime.containers:
         print("# image: build_images, on every node at once (NODE: each of them)")
-        for line in build_commands(exp=exp, runtime=manager.runtime, owner=manager.owner):
+        for line in build_commands(
+            exp=exp, runtime=manager.runtime, owner=manager.owner, launches=launch_targets(exp)
+        ):
             print(line)
     for spec in server_specs(exp):
         print(manager.commands_script(spec).removeprefix("#!/bin/sh\n"), end="")
@@ -165,7 +168,8 @@ def cmd_commands(args: argparse.Namespace) -> None:
 
 
 def config_warnings(path: str, exp: Experiment) -> list[str]:
-    """Values still marked as guesses in the site file, and nodes no ssh alias resolves."""
+    """Every value still marked as a guess (the config's own `guesses`, then those it takes
+    from its site file), and nodes no ssh alias resolves."""
     import yaml
 
     from servesweep.config.load import site_dir_of
@@ -173,10 +177,11 @@ def config_warnings(path: str, exp: Experiment) -> list[str]:
 
     with open(path) as fh:
         raw = yaml.safe_load(fh) or {}
+    from_site = {key: where for key, _, where in guessed_values(raw, site_dir_of(path))}
     out = [
-        f"{key} = {value!r} is a guess ({where}): confirm it on the cluster, then drop it "
-        f"from its guesses"
-        for key, value, where in guessed_values(raw, site_dir_of(path))
+        f"{key} = {value!r} is a guess ({from_site.get(key, path)}): confirm it on the "
+        f"cluster, then drop it from its guesses"
+        for key, value in guess_values(exp)
     ]
     if not exp.cluster.local:
         for node in exp.cluster.nodes:

@@ -15,6 +15,7 @@ from servesweep.cluster.images import version_probe
 from servesweep.cluster.runtime import Launch, owner_dir
 from servesweep.cluster.transport import node_address
 from servesweep.config.experiment import AUTO_PORT, Experiment
+from servesweep.config.guesses import ENGINE_VERSION, guess_values, guessed
 from servesweep.config.matrix import server_specs
 from servesweep.core.errors import TransportError
 from servesweep.serving.engines import listening_ports
@@ -84,10 +85,11 @@ def check_image(exp: Experiment, manager: ServerManager, node: str) -> Check:
         ok = result.ok and bool(version)
         detail = f"{image} {res.stdout.strip()[:19]}; servesweep {version or '?'} (sim)"
     else:
-        ok = result.ok and version == exp.engine.version
+        pinned = not guessed(exp.guesses, ENGINE_VERSION)
+        ok = result.ok and (version == exp.engine.version or (bool(version) and not pinned))
         detail = (
             f"{image} {res.stdout.strip()[:19]}; sglang {version or '?'} "
-            f"(engine.version {exp.engine.version})"
+            f"(engine.version {exp.engine.version}{'' if pinned else ', a guess: observed'})"
         )
     return Check(node, "image", "ok" if ok else "fail", detail)
 
@@ -248,4 +250,12 @@ def run_doctor(*, exp: Experiment, manager: ServerManager, results: Path) -> lis
 
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(exp.cluster.nodes)))) as pool:
         per_node = list(pool.map(node_checks, exp.cluster.nodes))
-    return [c for checks in per_node for c in checks] + [local_disk(results)]
+    return [c for checks in per_node for c in checks] + [local_disk(results), *guess_lines(exp)]
+
+
+def guess_lines(exp: Experiment) -> list[Check]:
+    """One line per value of the config still marked as a guess (status `guess`: no failure)."""
+    return [
+        Check("(config)", "guess", "guess", f"{key} = {value!r}: confirm it on the cluster")
+        for key, value in guess_values(exp)
+    ]

@@ -26,6 +26,7 @@ from servesweep.core.files import write_json_atomic, write_text_atomic
 from servesweep.measure import provenance
 from servesweep.measure.cells import cell_lock, check_prerequisites, server_lock
 from servesweep.measure.cells import run_cell as run_cell_repeat
+from servesweep.serving.engines import launch_targets
 from servesweep.serving.preflight import run_preflight
 from servesweep.serving.servers import connect
 
@@ -41,12 +42,19 @@ def experiment(config: Mapping[str, Any]) -> tuple[Experiment, RunPaths]:
 def build_images(
     *, config: Mapping[str, Any], logs: Sequence[PathLike], out: Sequence[PathLike]
 ) -> None:
-    """Rule build_images: on every node at once, base image, image, smoke and content checks;
-    one evidence file per node (`out`, in cluster.nodes order, beside its log in `logs`)."""
+    """Rule build_images: on every node at once, base image, image, smoke, every launch command
+    parsed by the image's own engine parser, and content checks; one evidence file per node
+    (`out`, in cluster.nodes order, beside its log in `logs`)."""
     exp, paths = experiment(config)
     node_logs = {node: Path(log) for node, log in zip(exp.cluster.nodes, logs, strict=True)}
     with connect(exp, paths) as manager:
-        evidence = build_all(exp=exp, runtime=manager.runtime, logs=node_logs, owner=manager.owner)
+        evidence = build_all(
+            exp=exp,
+            runtime=manager.runtime,
+            logs=node_logs,
+            owner=manager.owner,
+            launches=launch_targets(exp),
+        )
     for node, path in zip(exp.cluster.nodes, out, strict=True):
         write_json_atomic(path, evidence[node])
 

@@ -15,6 +15,7 @@ from typing import Any
 from servesweep import __version__
 from servesweep.cluster.pools import PoolPlan, pooled_specs
 from servesweep.config.experiment import Experiment
+from servesweep.config.guesses import ENGINE_VERSION, guess_values, guessed
 
 PACKAGES = ("servesweep", "snakemake", "pydantic", "pandas", "aiohttp", "paramiko", "seaborn")
 
@@ -65,12 +66,19 @@ def image_records(builds: Sequence[Path]) -> list[dict[str, Any]]:
                 "base": data.get("base"),
                 "method": data.get("method"),
                 "engine_version": data.get("engine_version"),
+                "engine_version_guessed": data.get("engine_version_guessed", False),
+                "packages": data.get("packages", {}),
+                "launch_commands_parsed": data.get("launch_commands_parsed"),
+                "router_help": data.get("router_help"),
                 "smoke": [{"command": s["command"], "output": s["output"]} for s in data["smoke"]],
                 "checks": [
-                    {k: c[k] for k in ("name", "expect", "output", "matched")}
+                    {k: c.get(k) for k in ("name", "expect", "output", "matched", "guess")}
                     for c in data.get("checks", [])
                 ],
                 "checked_at": data.get("checked_at"),
+                # The whole evidence file, verbatim: results/.images/ lies outside the run
+                # folder, so a copied run folder carries its image evidence here.
+                "evidence": data,
             }
         )
     return out
@@ -125,11 +133,13 @@ def build_manifest(
             # simulated seconds x time_scale = wall seconds (None for a real engine)
             "time_scale": exp.engine.sim.time_scale if exp.engine.kind == "sim" else None,
             "version_pinned": exp.engine.version,
+            "version_guessed": guessed(exp.guesses, ENGINE_VERSION),
             "image": exp.runtime.image,
         },
         "images": image_records(builds),
         "pools": pools.to_dict()["pools"],
         "servers": servers,
         "superseded": list(superseded),
+        "guesses": [{"key": k, "value": v} for k, v in guess_values(exp)],
         "config": exp.model_dump(mode="json"),
     }
