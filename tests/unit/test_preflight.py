@@ -194,3 +194,14 @@ def test_the_sims_nodes_answer_the_gpu_probe_a_foreign_process_fails_preflight(
         f"node local: GPU 3 busy: pid {foreign.pid} sleep 1024 MiB; memory used 1034 MiB "
         "(limit 1024 MiB, preflight.gpu_idle_max_memory_mib)"
     )
+
+
+def test_a_guessed_engine_version_is_observed_not_enforced(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _fake(bin_dir, "fakepython", "echo 0.5.16\n")
+    m = _real_engine_manager(tmp_path, str(bin_dir / "fakepython"))
+    with pytest.raises(PreflightFailed, match="sglang 0.5.16 is installed, engine.version pins"):
+        engine_versions(exp=m.exp, manager=m)
+    guessing = m.exp.model_copy(update={"guesses": ["engine.version"]})
+    assert engine_versions(exp=guessing, manager=m) == {"local": "0.5.16"}

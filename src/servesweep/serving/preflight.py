@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import shlex
 from typing import Any
 
@@ -12,6 +13,7 @@ from servesweep.cluster.pools import narrow, node_pools
 from servesweep.cluster.runtime import label_env
 from servesweep.cluster.transport import node_address
 from servesweep.config.experiment import AUTO_PORT, Experiment
+from servesweep.config.guesses import ENGINE_VERSION, guessed
 from servesweep.config.matrix import ServerSpec, server_specs
 from servesweep.config.paths import RunPaths
 from servesweep.config.schema import PD_ROLES
@@ -22,6 +24,7 @@ from servesweep.serving.servers import ServerManager
 from servesweep.serving.state import ServerState
 
 PROBE_TIMEOUT_S = 30.0
+logger = logging.getLogger(__name__)
 
 
 def pd_agreement(spec: ServerSpec) -> dict[str, Any]:
@@ -133,7 +136,8 @@ VERSION_PROBE = "import importlib.metadata as m; print(m.version('sglang'))"
 
 def engine_versions(*, exp: Experiment, manager: ServerManager) -> dict[str, str]:
     """The SGLang version installed on every node, for plain processes (a docker image's is
-    read by build_images); PreflightFailed when it is not the pinned `engine.version`."""
+    read by build_images); PreflightFailed when it is not the pinned `engine.version` (a guessed
+    one is observed: a warning, the found version recorded)."""
     if exp.engine.kind != "sglang" or manager.cluster.containers:
         return {}
     found = {}
@@ -147,9 +151,16 @@ def engine_versions(*, exp: Experiment, manager: ServerManager) -> dict[str, str
                 f"({(res.stderr.strip().splitlines() or ['no output'])[-1][:160]})"
             )
         if version != exp.engine.version:
-            raise PreflightFailed(
-                f"node {node}: sglang {version} is installed, engine.version pins "
-                f"{exp.engine.version}"
+            if not guessed(exp.guesses, ENGINE_VERSION):
+                raise PreflightFailed(
+                    f"node {node}: sglang {version} is installed, engine.version pins "
+                    f"{exp.engine.version}"
+                )
+            logger.warning(
+                "node %s: engine.version %s is a guess; sglang %s is installed",
+                node,
+                exp.engine.version,
+                version,
             )
         found[node] = version
     return found
