@@ -111,9 +111,20 @@ class Experiment(Strict):
         return self
 
     def _check_roles(self) -> None:
-        auto = "auto" in (self.engine.port, self.engine.dist_init_port)
+        ports = {
+            "engine.port": self.engine.port,
+            "engine.dist_init_port": self.engine.dist_init_port,
+        }
+        for name, role in self.roles.items():
+            ports |= {
+                f"roles.{name}.port": role.port,
+                f"roles.{name}.dist_init_port": role.dist_init_port,
+            }
+        if self.router is not None:
+            ports["router.port"] = self.router.port
+        auto = [key for key, port in ports.items() if port == "auto"]
         if auto and not self.cluster.local:
-            raise ValueError("engine.port: 'auto' needs cluster.transport local (give a number)")
+            raise ValueError(f"{auto[0]}: 'auto' needs cluster.transport local (give a number)")
         if not self.roles:
             if self.router is not None:
                 raise ValueError("router: needs roles prefill and decode")
@@ -265,8 +276,12 @@ def role_layouts(exp: Experiment) -> list[RoleLayout]:
             RoleLayout(
                 name,
                 tuple(role.nodes),
-                role.port or port_number(exp.engine.port),
-                role.dist_init_port or port_number(exp.engine.dist_init_port),
+                port_number(role.port if role.port is not None else exp.engine.port),
+                port_number(
+                    role.dist_init_port
+                    if role.dist_init_port is not None
+                    else exp.engine.dist_init_port
+                ),
                 base,
             )
         )

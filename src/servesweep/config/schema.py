@@ -312,7 +312,7 @@ class RouterConfig(Strict):
     """The PD router (SGLang's mini load balancer) in front of prefill and decode."""
 
     node: str
-    port: int = Field(default=31000, ge=1, le=65535)
+    port: Port | Literal["auto"] = 31000  # "auto": a free port at start (local transport only)
     policy: Literal["random", "round_robin"] = "random"
     mini_lb: bool = True
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from servesweep.cluster.argcheck import MINI_LB, ROUTER_MODULES, LaunchArgs
 from servesweep.cluster.transport import node_address
-from servesweep.config.experiment import Experiment
+from servesweep.config.experiment import Experiment, port_number
 from servesweep.config.guesses import ENGINE_VERSION, guessed
 from servesweep.config.load import env_var_of
 from servesweep.config.matrix import RoleSpec, ServerSpec, server_specs
@@ -164,7 +164,7 @@ def listening_ports(exp: Experiment, spec: ServerSpec) -> list[tuple[str, int]]:
             bootstrap = role.args.disaggregation_bootstrap_port or DEFAULT_BOOTSTRAP_PORT
             ports.append((role.nodes[0], bootstrap))
     if spec.router is not None:
-        ports.append((spec.router.node, spec.router.port))
+        ports.append((spec.router.node, port_number(spec.router.port)))
     return list(dict.fromkeys(ports))
 
 

@@ -644,7 +644,10 @@ def resolve_ports(spec: ServerSpec) -> ServerSpec:
         )
         for role in spec.roles
     )
-    return dataclasses.replace(spec, roles=roles)
+    router = spec.router
+    if router is not None and router.port == "auto":
+        router = router.model_copy(update={"port": free_port()})
+    return dataclasses.replace(spec, roles=roles, router=router)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
