@@ -228,7 +228,8 @@ def key_plots(
     return {f"{labels.label(m)}: {what}": plots[m] for m in picked}
 
 
-def _image(path: Path, caption: str) -> str:
+def image_figure(path: Path, caption: str) -> str:
+    """A PNG embedded (base64) as a <figure> with its caption."""
     # lines of 76: docutils refuses lines over 10,000 characters, and a URL parser drops the
     # newlines inside a data: URL
     data = base64.encodebytes(path.read_bytes()).decode().strip()
@@ -242,7 +243,7 @@ def _raw(block: str) -> str:
     return ".. raw:: html\n\n" + "".join(f"   {line}\n" for line in block.splitlines()) + "\n"
 
 
-def landing_page(
+def answer_parts(
     *,
     summary: Mapping[str, Any],
     manifest: Mapping[str, Any],
@@ -251,17 +252,16 @@ def landing_page(
     plots: Sequence[tuple[str, Path]],
     builds: Sequence[Mapping[str, Any]] = (),
     events: Sequence[tuple[str, str, Mapping[str, str]]] = (),
-    method_rst: str = "",
-) -> str:
-    """The landing page as reStructuredText (see the module docstring): `metrics` for the
-    tables, `plots` (caption, PNG) embedded, `method_rst` appended."""
+) -> list[str]:
+    """The answer as HTML blocks (the landing page's and report.html's first part): the sim
+    banner, identity, deltas, medians per cell, warnings, key plots."""
     run_id = str(manifest.get("run_id") or summary.get("run_id") or "?")
     ident = identity(run_id=run_id, manifest=manifest, builds=builds)
     engine = manifest.get("engine") or {}
     scale = ((manifest.get("config") or {}).get("engine") or {}).get("sim", {}).get("time_scale")
     sim = labels.sim_note({"kind": engine.get("kind"), "time_scale": scale})
     baseline = ", ".join(f"{k}={v}" for k, v in (summary.get("baseline") or {}).items())
-    parts = [STYLE, "<div id='servesweep-answer'>"]
+    parts = []
     if sim:
         parts.append(
             f"<p class='sim'><b>{_e(sim)}.</b> Figures are not those of real GPUs; "
@@ -292,7 +292,41 @@ def landing_page(
     )
     if plots:
         parts.append("<h2 id='plots'>Key plots</h2>")
-        parts.extend(_image(path, caption) for caption, path in plots)
+        parts.extend(image_figure(path, caption) for caption, path in plots)
+    log.info(
+        "answer of run %s: %d delta rows, %d warnings, %d plots",
+        run_id,
+        len(rows),
+        len(found),
+        len(plots),
+    )
+    return parts
+
+
+def landing_page(
+    *,
+    summary: Mapping[str, Any],
+    manifest: Mapping[str, Any],
+    results: pd.DataFrame,
+    metrics: Sequence[str],
+    plots: Sequence[tuple[str, Path]],
+    builds: Sequence[Mapping[str, Any]] = (),
+    events: Sequence[tuple[str, str, Mapping[str, str]]] = (),
+    method_rst: str = "",
+) -> str:
+    """The landing page as reStructuredText (see the module docstring): `metrics` for the
+    tables, `plots` (caption, PNG) embedded, `method_rst` appended."""
+    run_id = str(manifest.get("run_id") or summary.get("run_id") or "?")
+    parts = [STYLE, "<div id='servesweep-answer'>"]
+    parts += answer_parts(
+        summary=summary,
+        manifest=manifest,
+        results=results,
+        metrics=metrics,
+        plots=plots,
+        builds=builds,
+        events=events,
+    )
     parts.append(
         "<h2 id='more'>More</h2><p>Every plot and table is in the menu on the left "
         "(<a href=\"javascript:app.showCategory('Tables')\">Tables</a>: results.csv, "
@@ -300,13 +334,6 @@ def landing_page(
         "are coarse: <a href='#how-uncertain-the-numbers-are'>the method</a>, below.</p>"
     )
     parts.append("</div>")
-    log.info(
-        "landing page of run %s: %d delta rows, %d warnings, %d plots",
-        run_id,
-        len(rows),
-        len(found),
-        len(plots),
-    )
     # The heading is a section of its own beside the method's: with a single top-level section
     # docutils would lift the method's title above everything as the document title.
     title = "".join("\\" + c if c in "_*`|\\" else c for c in f"Run {run_id}: what it measured")
