@@ -31,8 +31,8 @@ def rst_to_html(text: str) -> str:
     dependency)."""
     from docutils.core import publish_parts
 
-    overrides = {"report_level": 5, "halt_level": 5, "initial_header_level": 2}
-    return publish_parts(text, writer_name="html5", settings_overrides=overrides)["body"]
+    overrides = {"report_level": 5, "halt_level": 5, "doctitle_xform": False}
+    return publish_parts(text, writer="html5", settings_overrides=overrides)["html_body"]
 
 
 def report_html(

@@ -73,7 +73,7 @@ def finished_line(
     state = json.loads(progress.read_text())
     planned = [Path(p) for p in state.get("planned") or []]
     done = sum(p.exists() for p in planned) + (Path(raw) not in planned)
-    record = read_record(raw)
+    record = read_record(raw, keys=("median_ttft_ms", "input_throughput"))
     return cell_line(
         cell=cell,
         ttft_p50_ms=record.median_ttft_ms,
