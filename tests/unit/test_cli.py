@@ -122,3 +122,13 @@ def test_nodes_reads_the_log_and_the_labels(
     assert main(args) == 1
     out = capsys.readouterr().out
     assert "server C (pool 1) started on cli-nodes-3 held by fp a of pool 0" in out
+
+
+def test_version(capsys):
+    from servesweep import __version__
+    from servesweep.workflow.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out == f"servesweep {__version__}\n"

@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from servesweep import __version__
 from servesweep.cluster.access import open_cluster
 from servesweep.cluster.images import build_commands
 from servesweep.cluster.transport import node_address
@@ -40,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     common.add_argument("--results", default="results", help="results directory")
     parser = argparse.ArgumentParser(prog="servesweep", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"servesweep {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, text in (
         ("down", "stop this run's servers and this config's services (yours only)"),
