@@ -167,3 +167,12 @@ def test_labels_carry_units():
     assert labels.value_text(207786.6, "input_tps") == "207,787 tok/s"
     assert labels.value_text(0.02374, "joules_per_input_token") == "0.0237 J/tok"
     assert labels.sim_note({"kind": "sglang"}) == ""
+
+
+def test_the_sim_note_says_the_sim_runs_faster():
+    note = labels.sim_note({"kind": "sim", "time_scale": 0.005})
+    assert note == (
+        "SIMULATED engine (time scale 0.005: wall-clock times of a sim that runs 200x faster "
+        "than simulated time)"
+    )
+    assert "x wall time" not in note

@@ -81,8 +81,8 @@ def sim_note(engine: Mapping[str, Any]) -> str:
         return ""
     scale = engine.get("time_scale")
     return (
-        f"SIMULATED engine (time scale {scale:g}: wall-clock times of a sim whose clock runs "
-        f"{scale:g} x wall time)"
+        f"SIMULATED engine (time scale {scale:g}: wall-clock times of a sim that runs "
+        f"{1 / scale:.3g}x faster than simulated time)"
         if scale
         else "SIMULATED engine (time scale 0: no simulated compute)"
     )

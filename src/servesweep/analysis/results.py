@@ -138,7 +138,7 @@ def engine_figures(
     metrics: Mapping[str, Any], *, engine_kind: str, time_scale: float | None
 ) -> dict[str, Any]:
     """ENGINE_COLUMNS and SIM_COLUMNS of one row: for a sim at a time scale > 0 its figures
-    back in simulated time (the sim's clock runs `time_scale` x wall time); NaN otherwise."""
+    back in simulated time (a simulated second takes `time_scale` wall seconds); NaN otherwise."""
     scale = time_scale if engine_kind == "sim" and time_scale else math.nan
     out: dict[str, Any] = {"engine_kind": engine_kind, "sim_time_scale": scale}
     for c in SIM_LATENCIES:
