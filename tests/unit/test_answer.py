@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from servesweep.analysis import answer
+from servesweep.analysis import answer, labels
 
 
 def _metric(delta, low, high, verdict):
@@ -72,7 +72,7 @@ def block(**changes) -> str:
     [(-0.04, "0.0"), (0.04, "0.0"), (-0.0, "0.0"), (-0.06, "-0.1"), (5.25, "+5.2"), (None, "n/a")],
 )
 def test_a_percentage_that_rounds_to_zero_has_no_sign(value, text):
-    assert answer.pct(value) == text
+    assert labels.pct(value) == text
 
 
 def test_the_block_gives_each_cell_its_change_interval_and_verdict():

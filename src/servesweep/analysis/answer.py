@@ -21,20 +21,12 @@ MAX_CELLS = 12
 MAX_FAILED = 5
 
 
-def pct(value: float | None) -> str:
-    """A % figure with one decimal and its sign; a value that rounds to zero is `0.0`, never
-    `-0.0` or `+0.0` (a bound printed `-0.0` beside `worse` reads as a contradiction)."""
-    if value is None:
-        return "n/a"
-    text = f"{value:+.1f}"
-    return "0.0" if text in ("+0.0", "-0.0") else text
-
-
 def change_text(metric: Mapping[str, Any]) -> str:
     """`-5.6% [-5.9, -4.4] better`: the change, its interval and the verdict."""
-    change = pct(metric.get("delta_pct"))
+    change = labels.pct(metric.get("delta_pct"))
     low, high = metric.get("ci_low"), metric.get("ci_high")
-    interval = f" [{pct(low)}, {pct(high)}]" if low is not None and high is not None else ""
+    known = low is not None and high is not None
+    interval = f" [{labels.pct(low)}, {labels.pct(high)}]" if known else ""
     return f"{change}%{interval} {metric.get('verdict') or stats.UNKNOWN}"
 
 

@@ -75,6 +75,15 @@ def value_text(value: float | None, column: str) -> str:
     return f"{text} {u}".strip()
 
 
+def pct(value: float | None) -> str:
+    """A % figure with one decimal and its sign; a value that rounds to zero is `0.0`, never
+    `-0.0` or `+0.0` (a bound printed `-0.0` beside `worse` reads as a contradiction)."""
+    if value is None:
+        return "n/a"
+    text = f"{value:+.1f}"
+    return "0.0" if text in ("+0.0", "-0.0") else text
+
+
 def sim_note(engine: Mapping[str, Any]) -> str:
     """'' for a real engine; for the sim: that it is simulated, at which time scale."""
     if engine.get("kind") != "sim":

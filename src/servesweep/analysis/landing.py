@@ -128,11 +128,11 @@ def _delta_table(rows: Sequence[Mapping[str, Any]], baseline: str) -> str:
             )
             cell = f"<td rowspan='{span - i}'>{_e(r['cell'])}</td>"
         interval = (
-            f"[{r['ci_low']:+.1f}, {r['ci_high']:+.1f}]%"
+            f"[{labels.pct(r['ci_low'])}, {labels.pct(r['ci_high'])}]%"
             if r.get("ci_low") is not None and r.get("ci_high") is not None
             else "none"
         )
-        change = "n/a" if r.get("delta_pct") is None else f"{r['delta_pct']:+.1f}%"
+        change = "n/a" if r.get("delta_pct") is None else f"{labels.pct(r['delta_pct'])}%"
         verdict = r.get("verdict") or stats.UNKNOWN
         color = VERDICT_COLORS.get(verdict, "#000")
         body.append(
@@ -148,7 +148,9 @@ def _delta_table(rows: Sequence[Mapping[str, Any]], baseline: str) -> str:
     return (
         f"<p>Each cell against its twin with baseline {_e(baseline)}: medians over repeats, "
         "change = 100 x (candidate - baseline) / baseline, its 95% bootstrap interval, and "
-        "the verdict (better/worse only when the interval excludes 0).</p>"
+        "the verdict: better/worse only when the interval excludes 0 and the p-value adjusted "
+        "over all tests of this table and summary.json (Benjamini-Hochberg, 5% false-discovery "
+        "rate; see the method) is below 5%.</p>"
         f"<table id='deltas'><thead>{head}</thead><tbody>{''.join(body)}</tbody></table>{more}"
     )
 

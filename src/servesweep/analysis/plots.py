@@ -108,9 +108,9 @@ def _largest(rows: pd.DataFrame, limit: int = MAX_DELTA_ROWS) -> tuple[pd.DataFr
 
 
 def _interval_text(delta: float, low: float, high: float, verdict: str) -> str:
-    text = f"{delta:+.1f}%"
+    text = f"{labels.pct(delta)}%"
     if np.isfinite(low) and np.isfinite(high):
-        text += f" [{low:+.1f}, {high:+.1f}]"
+        text += f" [{labels.pct(low)}, {labels.pct(high)}]"
     return f"{text} {verdict}"
 
 
