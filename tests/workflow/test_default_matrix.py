@@ -25,6 +25,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cfg = experiment_file(workdir, {"run_id": RUN})
     proc = run_snakemake(workdir, "--cores", "1", "all", "--configfile", str(cfg))
     assert proc.returncode == 0, proc.stderr[-4000:]
+    (workdir / "console.txt").write_text(proc.stdout + proc.stderr)
     return workdir / "results" / RUN
 
 
@@ -51,6 +52,24 @@ def test_every_cell_repeat_has_its_files(run_dir: Path) -> None:
         assert (run_dir / name).stat().st_size > 0
     assert len(list(run_dir.glob("plots/*.png"))) == 9
     assert (run_dir / "plots" / "energy_goodput_vs_concurrency.png").stat().st_size > 0
+
+
+def test_the_console_has_a_line_per_cell_and_ends_with_the_answer(run_dir: Path) -> None:
+    console = (run_dir.parents[1] / "console.txt").read_text()
+    cells = [line for line in console.splitlines() if line.startswith("[")]
+    assert len([c for c in cells if "/24] " in c and " ETA " in c]) == 24, cells
+    assert any(c.startswith("[24/24] ") for c in cells)
+    tail = console.splitlines()[-40:]
+    answer = next(i for i, line in enumerate(tail) if line.startswith("== servesweep: the answer"))
+    block = "\n".join(tail[answer:])
+    assert "moe_runner_backend=flashinfer_mxfp4 vs baseline moe_runner_backend=marlin" in block
+    assert "verdicts over" in block and "-0.0" not in block
+    for name in ("results.csv", "summary.json", "report.html"):
+        assert f"results/{RUN}/{name}" in block
+    page = (run_dir / "report.html").read_text()
+    assert page.index("id='deltas'") < page.index("id='all-plots'") < page.index("id='method'")
+    df = pd.read_csv(run_dir / "results.csv")
+    assert set(df["gpu_status"]) == {"simulated"}
 
 
 def test_full_matrix_starts_each_server_config_once(run_dir: Path) -> None:
