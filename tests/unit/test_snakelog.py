@@ -84,3 +84,19 @@ def test_snakemake_with_a_missing_configfile_prints_one_servesweep_line(tmp_path
         "servesweep: ConfigError: config file config/experiments/nope.yaml: "
         "No such file or directory"
     ) in lines
+
+
+def test_the_profiles_use_the_plugin_and_quiet_mode():
+    import yaml
+
+    default = yaml.safe_load((REPO / "profiles" / "default" / "config.yaml").read_text())
+    assert default["logger"] == ["servesweep"]
+    quiet = yaml.safe_load((REPO / "profiles" / "quiet" / "config.yaml").read_text())
+    assert {"rules", "progress"} <= set(quiet["quiet"])
+
+
+def test_snakemake_finds_the_plugin():
+    from snakemake_interface_logger_plugins.registry import LoggerPluginRegistry
+
+    plugin = LoggerPluginRegistry().get_plugin("servesweep")
+    assert plugin.log_handler.__module__ == "snakemake_logger_plugin_servesweep"
