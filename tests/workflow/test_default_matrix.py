@@ -25,7 +25,8 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cfg = experiment_file(workdir, {"run_id": RUN})
     proc = run_snakemake(workdir, "--cores", "1", "all", "--configfile", str(cfg))
     assert proc.returncode == 0, proc.stderr[-4000:]
-    (workdir / "console.txt").write_text(proc.stdout + proc.stderr)
+    (workdir / "stdout.txt").write_text(proc.stdout)
+    (workdir / "stderr.txt").write_text(proc.stderr)
     return workdir / "results" / RUN
 
 
@@ -55,13 +56,15 @@ def test_every_cell_repeat_has_its_files(run_dir: Path) -> None:
 
 
 def test_the_console_has_a_line_per_cell_and_ends_with_the_answer(run_dir: Path) -> None:
-    console = (run_dir.parents[1] / "console.txt").read_text()
-    cells = [line for line in console.splitlines() if line.startswith("[")]
+    # the cell lines on stderr beside Snakemake's log; the answer last on stdout
+    stderr = (run_dir.parents[1] / "stderr.txt").read_text()
+    cells = [line for line in stderr.splitlines() if line.startswith("[")]
     assert len([c for c in cells if "/24] " in c and " ETA " in c]) == 24, cells
     assert any(c.startswith("[24/24] ") for c in cells)
-    tail = console.splitlines()[-40:]
-    answer = next(i for i, line in enumerate(tail) if line.startswith("== servesweep: the answer"))
-    block = "\n".join(tail[answer:])
+    stdout = (run_dir.parents[1] / "stdout.txt").read_text().splitlines()
+    answer = max(i for i, line in enumerate(stdout) if line.startswith("== servesweep: the answer"))
+    block = "\n".join(stdout[answer:])
+    assert stdout[-1] == f"  report        results/{RUN}/report.html"
     assert "moe_runner_backend=flashinfer_mxfp4 vs baseline moe_runner_backend=marlin" in block
     assert "verdicts over" in block and "-0.0" not in block
     for name in ("results.csv", "summary.json", "report.html"):
