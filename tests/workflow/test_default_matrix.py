@@ -243,6 +243,7 @@ def test_every_declared_log_is_written(run_dir: Path) -> None:
         "plot_results.log",
         "write_manifest.log",
         "write_landing_page.log",
+        "write_report.log",
     }
     cell_logs = sorted(run_dir.glob("logs/run_cell/*/*/r*.log"))
     bench_logs = sorted(run_dir.glob("bench/*/*/r*.log"))
