@@ -15,6 +15,7 @@ include: "rules/common.smk"
 include: "rules/cells.smk"
 include: "rules/analysis.smk"
 include: "rules/compare.smk"
+include: "rules/report.smk"
 
 
 # The report opens on the run's answer (results/<run>/report.rst) once it is written.
@@ -32,10 +33,11 @@ rule all:
         plots=[*DELTA_PLOTS.values(), *METRIC_VS_PLOTS.values()],
         manifest=PATHS.manifest,
         landing=PATHS.landing_rst,
+        report=PATHS.report_html,
         cases=all_case_tables(),
     # A message instead of Snakemake's listing of every input (several KB at 24 cells).
     message:
-        f"run {EXP.run_id}: {len(RAW_FILES)} cell-repeats, results.csv, summary.json, plots"
+        f"run {EXP.run_id}: {len(RAW_FILES)} cell-repeats, results.csv, summary.json, plots, report.html"
 
 
 onstart:
@@ -45,10 +47,12 @@ onstart:
     supersede_replaced()
     unthrottle_scheduler(workflow)
     hangup_like_sigterm()
+    start_progress()
 
 
 onsuccess:
     stop_servers("workflow finished")
+    print_answer()
 
 
 onerror:

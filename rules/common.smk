@@ -4,6 +4,7 @@ import os
 import sys
 from pathlib import Path
 
+from servesweep.analysis import answer
 from servesweep.analysis.compare import run_inputs
 from servesweep.analysis.landing import key_plots
 from servesweep.analysis.reference import load_reference
@@ -15,6 +16,7 @@ from servesweep.config.paths import RunPaths, aggregate_cells
 from servesweep.core.errors import ConfigError
 from servesweep.measure.provenance import measured_with
 from servesweep.serving.engines import check_experiment
+from servesweep.workflow import progress
 from servesweep.workflow.logsetup import hangup_like_sigterm
 from servesweep.workflow.plan import dry_run_requested, pool_plan, summary_at_exit
 from servesweep.workflow.ratelimit import unthrottle_scheduler
@@ -264,6 +266,24 @@ def remove_partial_files():
     from servesweep.measure.client import remove_run_partials
 
     remove_run_partials(PATHS.root, events=EventLog(PATHS.orchestrator_log))
+
+
+def start_progress():
+    """onstart: the cell-repeats this run has to write; each prints its line when done."""
+    progress.start(
+        path=PATHS.progress, planned=[p for p in RAW_FILES if not os.path.exists(p)]
+    )
+
+
+def print_answer():
+    """onsuccess: the run's answer, warnings and file paths, last on the console."""
+    answer.print_answer(
+        summary_json=PATHS.summary_json,
+        results_csv=PATHS.results_csv,
+        report_html=PATHS.report_html,
+        metrics=PLOT_METRICS,
+        events=PATHS.orchestrator_log,
+    )
 
 
 def report_missing():

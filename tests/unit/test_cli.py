@@ -215,3 +215,36 @@ def test_down_refuses_while_a_run_measures_on_the_service(
     assert main(args) == 0  # the cell is done: down stops the service
     assert "stopped 1 server set(s)" in capsys.readouterr().out
     assert not paths.service_record(fp).exists()
+
+
+def test_version(capsys):
+    from servesweep import __version__
+    from servesweep.workflow.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out == f"servesweep {__version__}\n"
+
+
+def test_nodes_counts_only_this_checkouts_servers():
+    from servesweep.cluster.pools import label_overlaps
+    from servesweep.cluster.runtime import Labelled
+    from servesweep.workflow.cli import others_line, split_by_owner
+
+    def server(owner: str, run: str, fp: str) -> Labelled:
+        labels = {"owner": owner, "run": run, "fingerprint": fp, "node": "local"}
+        return Labelled(node="local", handle=f"{owner}-{fp}", labels=labels)
+
+    me = "me@host:/work/wt-answer/results"
+    found = [server(me, "r1", "a"), server("bob@host:/x", "sim-b", "b")]
+    found.append(server("eve@host:/y", "sim-e", "c"))
+    ours, others = split_by_owner(found, owner=me)
+    assert [o.handle for o in ours] == [f"{me}-a"]
+    assert label_overlaps(ours) == []  # not "node local: 3 server sets"
+    assert len(label_overlaps(found)) == 1  # what `nodes` counted before
+    assert others_line(others) == (
+        "info: 2 server processes of other owners on the nodes (not counted): "
+        "local: bob@host:/x run sim-b; local: eve@host:/y run sim-e"
+    )
+    assert others_line([]) is None

@@ -239,6 +239,7 @@ def test_a_run_against_itself_is_within_noise(runs):
     for c in same["cells"]:
         for metric, m in c["metrics"].items():
             assert m["delta_pct"] == 0 and m["verdict"] == "within noise", metric
+            assert m["p_adjusted"] >= 0.05, metric
 
 
 def test_without_per_request_data_and_with_a_missing_raw_file(runs, tmp_path):

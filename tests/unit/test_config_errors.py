@@ -399,3 +399,12 @@ def test_overrides_alone_say_how_to_keep_the_default():
         load_experiment({"run_id": "x"}, {})
     message = str(info.value)
     assert "\n" not in message and "--configfile config/config.yaml" in message
+
+
+def test_an_empty_run_id_is_an_error():
+    from servesweep.config.load import apply_env
+
+    with pytest.raises(ConfigError, match="env RUN_ID='': empty"):
+        apply_env({"run_id": "a"}, {"RUN_ID": ""})
+    assert apply_env({"run_id": "a"}, {"RUN_ID": "b"})["run_id"] == "b"
+    assert apply_env({"run_id": "a"}, {})["run_id"] == "a"

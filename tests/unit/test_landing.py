@@ -181,3 +181,12 @@ def test_a_guessed_version_and_the_guesses_are_on_the_first_page(tmp_path: Path)
     html = page(manifest=manifest, builds=builds, plots=[])
     assert "0.5.23 guessed; the image has 0.5.17" in html
     assert "engine.version, evidence.d_rdma_ready_ack" in html
+
+
+def test_the_sim_note_says_the_sim_runs_faster():
+    note = labels.sim_note({"kind": "sim", "time_scale": 0.005})
+    assert note == (
+        "SIMULATED engine (time scale 0.005: wall-clock times of a sim that runs 200x faster "
+        "than simulated time)"
+    )
+    assert "x wall time" not in note

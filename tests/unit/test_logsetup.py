@@ -26,6 +26,9 @@ with job_logging(log):
         raise KeyError("bug")
     if kind == "ctrl-c":
         raise KeyboardInterrupt
+    if kind == "console":
+        from servesweep.workflow.logsetup import console
+        console("[1/2] a cell done")
 print("after", file=sys.stderr)
 """
 
@@ -75,3 +78,10 @@ def test_a_bug_keeps_its_traceback_in_the_log(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert "job failed" in log and "KeyError: 'bug'" in log
     assert "KeyError: 'bug'" in proc.stderr
+
+
+def test_console_reaches_the_terminal_from_inside_the_job(tmp_path: Path) -> None:
+    proc, log = _job(tmp_path, "console")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == "[1/2] a cell done\nafter\n"
+    assert "console: [1/2] a cell done" in log

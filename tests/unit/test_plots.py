@@ -365,3 +365,69 @@ def test_energy_and_goodput_page(default, tmp_path):
     flagged = plots.plot_energy_goodput(data.assign(client_saturated=True), x="concurrency")
     assert f"CLIENT SATURATED in {len(data)} cell-repeat(s)" in flagged.get_suptitle()
     plots.save_figure(fig, tmp_path / "energy_goodput_vs_concurrency.png")
+
+
+def _inside(fig: Figure) -> None:
+    """Every line and dot of every panel lies inside that panel's y limits (read after a draw,
+    as the saved PNG shows them)."""
+    fig.canvas.draw()
+    for ax in fig.axes:
+        low, high = ax.get_ylim()
+        ys = [y for line in ax.lines for y in np.asarray(line.get_ydata(), dtype=float)]
+        ys += list(points(ax)[:, 1])
+        assert all(low <= y <= high for y in ys if np.isfinite(y)), (ax.get_title(), low, high)
+
+
+def _two_chunks(high_panel: int) -> pd.DataFrame:
+    """input_tps per (backend, chunk, concurrency, repeat): the `high_panel` chunk ~3x higher,
+    flashinfer above marlin (the winner)."""
+    rows = []
+    for chunk in (8192, 16384):
+        scale = 3.0 if chunk == high_panel else 1.0
+        for backend, gain in (("marlin", 1.0), ("flashinfer_mxfp4", 1.1)):
+            for c in (8, 16):
+                for r in (1, 2, 3):
+                    rows.append(
+                        {
+                            "moe_runner_backend": backend,
+                            "chunked_prefill_size": chunk,
+                            "concurrency": c,
+                            "repeat": r,
+                            "input_tps": 1000.0 * scale * gain * (1 + c / 100) + r,
+                            "gpu_power_mean_w": 100.0 * scale * gain + r,
+                        }
+                    )
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("high_panel", [8192, 16384])
+def test_metric_vs_panels_sharing_y_show_every_line(high_panel):
+    data = _two_chunks(high_panel)
+    fig = plots.plot_metric_vs(
+        data, metric="input_tps", x="concurrency", hue="moe_runner_backend",
+        col="chunked_prefill_size",
+    )  # fmt: skip
+    _inside(fig)
+    low, high = fig.axes[0].get_ylim()
+    assert low == 0 and high >= data["input_tps"].max()
+    # the winner's line (flashinfer, the highest) is drawn in full in the higher panel
+    lines = [line.get_ydata() for ax in fig.axes for line in ax.lines]
+    top = max(max(y) for y in lines if len(y))
+    assert top <= high
+
+
+def test_energy_page_has_a_panel_per_chunk_size_not_one_pooled_line():
+    data = _two_chunks(16384).assign(gpu_source="simulated")
+    fig = plots.plot_energy_goodput(
+        data, x="concurrency", hue="moe_runner_backend", col="chunked_prefill_size"
+    )
+    assert "a panel per chunked_prefill_size" in fig.get_suptitle()
+    power = [ax for ax in fig.axes if "GPU power" in ax.get_title() or "power" in ax.get_title()]
+    assert [ax.get_title().split(":")[0] for ax in power] == [
+        "chunked_prefill_size=8192",
+        "chunked_prefill_size=16384",
+    ]
+    for ax, chunk in zip(power, (8192, 16384), strict=True):
+        expected = data.loc[data["chunked_prefill_size"] == chunk, "gpu_power_mean_w"]
+        assert sorted(points(ax)[:, 1]) == pytest.approx(sorted(expected))
+    _inside(fig)

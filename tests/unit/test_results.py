@@ -100,6 +100,20 @@ def test_the_builtin_keeps_its_in_window_rule_beside_the_process_figures():
     assert results._saturated(m, SaturationConfig(cpu_pct=90)) is False
 
 
+def test_a_loop_lag_small_against_the_ttft_does_not_flag_the_builtin():
+    # the default run on a shared 2-core host: CPU 3.5%, lag p99 9 ms, TTFT p50 600 ms
+    idle = {"client_cpu_pct": 3.5, "client_loop_lag_p99_ms": 9.0, "ttft_p50_ms": 600.0}
+    assert results.lag_limit_ms(idle, SaturationConfig()) == 30.0
+    assert results._saturated(idle, SaturationConfig()) is False
+    assert results._saturated({**idle, "client_loop_lag_p99_ms": 31.0}, SaturationConfig())
+    assert results._saturated({**idle, "client_cpu_pct": 95.0}, SaturationConfig()) is True
+    # short TTFTs: the configured limit (5 ms) still holds
+    fast = {**idle, "ttft_p50_ms": 20.0, "client_loop_lag_p99_ms": 6.0}
+    assert results.lag_limit_ms(fast, SaturationConfig()) == 5.0
+    assert results._saturated(fast, SaturationConfig()) is True
+    assert results._saturated({**fast, "ttft_p50_ms": math.nan}, SaturationConfig()) is True
+
+
 # ---------------------------------------------------------------- collect_results
 
 

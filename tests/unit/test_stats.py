@@ -360,3 +360,46 @@ def test_method_block():
     assert any("drift" in a for a in block["limits"])
     assert "contains 0" in block["verdict_rule"]
     assert math.isclose(block["level"], 0.95)
+
+
+# ---------------------------------------------------------------- multiplicity
+
+
+def test_bootstrap_p_value_agrees_with_the_interval():
+    rng = np.random.default_rng(1)
+    shifted = rng.normal(3.0, 1.0, 2000)  # interval excludes 0
+    assert stats.p_value(shifted) < 0.05
+    low, _ = stats.interval(shifted)
+    assert low > 0
+    centred = rng.normal(0.0, 1.0, 2000)
+    assert stats.p_value(centred) > 0.5
+    assert stats.p_value(np.array([np.nan])) is None
+    assert stats.p_value(np.array([1.0, 2.0])) == 0.0
+
+
+def test_benjamini_hochberg_adjusted_p_values():
+    # the textbook example: p sorted 0.01, 0.02, 0.03, 0.04, 0.05 -> all 0.05
+    assert stats.fdr_adjusted([0.05, 0.01, 0.03, 0.02, 0.04]) == pytest.approx([0.05] * 5)
+    assert stats.fdr_adjusted([0.001, 0.5]) == pytest.approx([0.002, 0.5])
+    assert stats.fdr_adjusted([]) == []
+
+
+def test_one_chance_finding_among_many_tests_is_within_noise():
+    # a run against an identical run: 60 tests, one reads -0.4% [-1.6, -0.04] worse (p 0.04)
+    tests = [{"p_value": 0.04, "verdict": stats.WORSE}]
+    tests += [{"p_value": 0.2 + i / 100, "verdict": stats.NOISE} for i in range(59)]
+    tests.append({"p_value": None, "verdict": stats.UNKNOWN})
+    assert stats.control_fdr(tests) == 1
+    assert tests[0]["verdict"] == stats.NOISE and tests[0]["p_adjusted"] > 0.05
+    assert "p_adjusted" not in tests[-1]
+    # real changes (p 0 in every replicate) survive, however many tests there are
+    real = [{"p_value": 0.0, "verdict": stats.BETTER} for _ in range(49)]
+    real += [{"p_value": 0.5, "verdict": stats.NOISE} for _ in range(11)]
+    assert stats.control_fdr(real) == 0
+    assert [t["verdict"] for t in real].count(stats.BETTER) == 49
+
+
+def test_the_method_names_the_multiplicity_control():
+    described = stats.method(bootstrap=stats.DEFAULT, repeats=[3, 3])
+    assert "Benjamini-Hochberg" in described["multiplicity"]
+    assert "adjusted" in described["verdict_rule"]

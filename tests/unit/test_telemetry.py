@@ -369,3 +369,29 @@ def test_gpu_figures_of_frame_records_with_missing_values():
     records = telemetry.snapshot_frame(rows).to_dict("records")  # pd.NA where missing
     assert gpufigures.snapshot_figures(records) == gpufigures.snapshot_figures(rows)
     assert gpufigures.snapshot_figures(records)["gpu_count"] == 8
+
+
+def test_the_sims_figures_say_simulated_not_unavailable():
+    # a default sim run's GPU file: snapshots without nvidia-smi, the sim's curve in the window
+    snapshot = [
+        {"node": "local", "phase": p, "status": "unavailable",
+         "detail": "nvidia-smi not found on node local"}
+        for p in ("before", "after")
+    ]  # fmt: skip
+    window = [
+        {"phase": "window-start", "timestamp": "2026/12/02 06:31:25.000"},
+        {"phase": "window-end", "timestamp": "2026/12/02 06:31:27.000"},
+    ]
+    samples = [
+        {"node": "local", "phase": "sample", "status": "simulated",
+         "detail": "simulated: follows the sim's /get_load, not measured",
+         "timestamp": f"2026/12/02 06:31:2{s}.000", "index": float(i),
+         "utilization_gpu_pct": 100.0, "power_draw_w": 600.0, "power_limit_w": 700.0}
+        for s in range(4, 9) for i in range(8)
+    ]  # fmt: skip
+    figures = gpufigures.gpu_figures(snapshot + window + samples)
+    assert figures["gpu_source"] == "simulated"
+    assert figures["gpu_status"] == "simulated"
+    assert figures["gpu_power_mean_w"] == pytest.approx(4800.0)
+    # a real node without nvidia-smi and no samples stays unavailable
+    assert gpufigures.gpu_figures(snapshot + window)["gpu_status"] == "unavailable"

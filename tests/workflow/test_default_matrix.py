@@ -25,6 +25,8 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cfg = experiment_file(workdir, {"run_id": RUN})
     proc = run_snakemake(workdir, "--cores", "1", "all", "--configfile", str(cfg))
     assert proc.returncode == 0, proc.stderr[-4000:]
+    (workdir / "stdout.txt").write_text(proc.stdout)
+    (workdir / "stderr.txt").write_text(proc.stderr)
     return workdir / "results" / RUN
 
 
@@ -51,6 +53,26 @@ def test_every_cell_repeat_has_its_files(run_dir: Path) -> None:
         assert (run_dir / name).stat().st_size > 0
     assert len(list(run_dir.glob("plots/*.png"))) == 9
     assert (run_dir / "plots" / "energy_goodput_vs_concurrency.png").stat().st_size > 0
+
+
+def test_the_console_has_a_line_per_cell_and_ends_with_the_answer(run_dir: Path) -> None:
+    # the cell lines on stderr beside Snakemake's log; the answer last on stdout
+    stderr = (run_dir.parents[1] / "stderr.txt").read_text()
+    cells = [line for line in stderr.splitlines() if line.startswith("[")]
+    assert len([c for c in cells if "/24] " in c and " ETA " in c]) == 24, cells
+    assert any(c.startswith("[24/24] ") for c in cells)
+    stdout = (run_dir.parents[1] / "stdout.txt").read_text().splitlines()
+    answer = max(i for i, line in enumerate(stdout) if line.startswith("== servesweep: the answer"))
+    block = "\n".join(stdout[answer:])
+    assert stdout[-1] == f"  report        results/{RUN}/report.html"
+    assert "moe_runner_backend=flashinfer_mxfp4 vs baseline moe_runner_backend=marlin" in block
+    assert "verdicts over" in block and "-0.0" not in block
+    for name in ("results.csv", "summary.json", "report.html"):
+        assert f"results/{RUN}/{name}" in block
+    page = (run_dir / "report.html").read_text()
+    assert page.index("id='deltas'") < page.index("id='all-plots'") < page.index("id='method'")
+    df = pd.read_csv(run_dir / "results.csv")
+    assert set(df["gpu_status"]) == {"simulated"}
 
 
 def test_full_matrix_starts_each_server_config_once(run_dir: Path) -> None:
@@ -221,6 +243,7 @@ def test_every_declared_log_is_written(run_dir: Path) -> None:
         "plot_results.log",
         "write_manifest.log",
         "write_landing_page.log",
+        "write_report.log",
     }
     cell_logs = sorted(run_dir.glob("logs/run_cell/*/*/r*.log"))
     bench_logs = sorted(run_dir.glob("bench/*/*/r*.log"))

@@ -208,6 +208,7 @@ def _cell_entry(
             "ci_low": d["ci_low"],
             "ci_high": d["ci_high"],
             "verdict": d["verdict"],
+            "p_value": d["p_value"],
             "better": d["better"],
             "resampled": kinds.pop() if len(kinds) == 1 else "mixed",
         }
@@ -249,6 +250,7 @@ def compare_runs(
         )
         for key in common
     ]
+    stats.control_fdr([m for e in entries for m in e["metrics"].values()], level=bootstrap.level)
     fingerprints: dict[str, dict[str, Any]] = {}
     for e in entries:
         fingerprints.setdefault(

@@ -75,14 +75,23 @@ def value_text(value: float | None, column: str) -> str:
     return f"{text} {u}".strip()
 
 
+def pct(value: float | None) -> str:
+    """A % figure with one decimal and its sign; a value that rounds to zero is `0.0`, never
+    `-0.0` or `+0.0` (a bound printed `-0.0` beside `worse` reads as a contradiction)."""
+    if value is None:
+        return "n/a"
+    text = f"{value:+.1f}"
+    return "0.0" if text in ("+0.0", "-0.0") else text
+
+
 def sim_note(engine: Mapping[str, Any]) -> str:
     """'' for a real engine; for the sim: that it is simulated, at which time scale."""
     if engine.get("kind") != "sim":
         return ""
     scale = engine.get("time_scale")
     return (
-        f"SIMULATED engine (time scale {scale:g}: wall-clock times of a sim whose clock runs "
-        f"{scale:g} x wall time)"
+        f"SIMULATED engine (time scale {scale:g}: wall-clock times of a sim that runs "
+        f"{1 / scale:.3g}x faster than simulated time)"
         if scale
         else "SIMULATED engine (time scale 0: no simulated compute)"
     )

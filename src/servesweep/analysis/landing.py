@@ -138,11 +138,11 @@ def _delta_table(rows: Sequence[Mapping[str, Any]], baseline: str) -> str:
             )
             cell = f"<td rowspan='{span - i}'>{_e(r['cell'])}</td>"
         interval = (
-            f"[{r['ci_low']:+.1f}, {r['ci_high']:+.1f}]%"
+            f"[{labels.pct(r['ci_low'])}, {labels.pct(r['ci_high'])}]%"
             if r.get("ci_low") is not None and r.get("ci_high") is not None
             else "none"
         )
-        change = "n/a" if r.get("delta_pct") is None else f"{r['delta_pct']:+.1f}%"
+        change = "n/a" if r.get("delta_pct") is None else f"{labels.pct(r['delta_pct'])}%"
         verdict = r.get("verdict") or stats.UNKNOWN
         color = VERDICT_COLORS.get(verdict, "#000")
         body.append(
@@ -158,7 +158,9 @@ def _delta_table(rows: Sequence[Mapping[str, Any]], baseline: str) -> str:
     return (
         f"<p>Each cell against its twin with baseline {_e(baseline)}: medians over repeats, "
         "change = 100 x (candidate - baseline) / baseline, its 95% bootstrap interval, and "
-        "the verdict (better/worse only when the interval excludes 0).</p>"
+        "the verdict: better/worse only when the interval excludes 0 and the p-value adjusted "
+        "over all tests of this table and summary.json (Benjamini-Hochberg, 5% false-discovery "
+        "rate; see the method) is below 5%.</p>"
         f"<table id='deltas'><thead>{head}</thead><tbody>{''.join(body)}</tbody></table>{more}"
     )
 
@@ -238,7 +240,8 @@ def key_plots(
     return {f"{labels.label(m)}: {what}": plots[m] for m in picked}
 
 
-def _image(path: Path, caption: str) -> str:
+def image_figure(path: Path, caption: str) -> str:
+    """A PNG embedded (base64) as a <figure> with its caption."""
     # lines of 76: docutils refuses lines over 10,000 characters, and a URL parser drops the
     # newlines inside a data: URL
     data = base64.encodebytes(path.read_bytes()).decode().strip()
@@ -252,7 +255,7 @@ def _raw(block: str) -> str:
     return ".. raw:: html\n\n" + "".join(f"   {line}\n" for line in block.splitlines()) + "\n"
 
 
-def landing_page(
+def answer_parts(
     *,
     summary: Mapping[str, Any],
     manifest: Mapping[str, Any],
@@ -261,17 +264,16 @@ def landing_page(
     plots: Sequence[tuple[str, Path]],
     builds: Sequence[Mapping[str, Any]] = (),
     events: Sequence[tuple[str, str, Mapping[str, str]]] = (),
-    method_rst: str = "",
-) -> str:
-    """The landing page as reStructuredText (see the module docstring): `metrics` for the
-    tables, `plots` (caption, PNG) embedded, `method_rst` appended."""
+) -> list[str]:
+    """The answer as HTML blocks (the landing page's and report.html's first part): the sim
+    banner, identity, deltas, medians per cell, warnings, key plots."""
     run_id = str(manifest.get("run_id") or summary.get("run_id") or "?")
     ident = identity(run_id=run_id, manifest=manifest, builds=builds)
     engine = manifest.get("engine") or {}
     scale = ((manifest.get("config") or {}).get("engine") or {}).get("sim", {}).get("time_scale")
     sim = labels.sim_note({"kind": engine.get("kind"), "time_scale": scale})
     baseline = ", ".join(f"{k}={v}" for k, v in (summary.get("baseline") or {}).items())
-    parts = [STYLE, "<div id='servesweep-answer'>"]
+    parts = []
     if sim:
         parts.append(
             f"<p class='sim'><b>{_e(sim)}.</b> Figures are not those of real GPUs; "
@@ -302,7 +304,41 @@ def landing_page(
     )
     if plots:
         parts.append("<h2 id='plots'>Key plots</h2>")
-        parts.extend(_image(path, caption) for caption, path in plots)
+        parts.extend(image_figure(path, caption) for caption, path in plots)
+    log.info(
+        "answer of run %s: %d delta rows, %d warnings, %d plots",
+        run_id,
+        len(rows),
+        len(found),
+        len(plots),
+    )
+    return parts
+
+
+def landing_page(
+    *,
+    summary: Mapping[str, Any],
+    manifest: Mapping[str, Any],
+    results: pd.DataFrame,
+    metrics: Sequence[str],
+    plots: Sequence[tuple[str, Path]],
+    builds: Sequence[Mapping[str, Any]] = (),
+    events: Sequence[tuple[str, str, Mapping[str, str]]] = (),
+    method_rst: str = "",
+) -> str:
+    """The landing page as reStructuredText (see the module docstring): `metrics` for the
+    tables, `plots` (caption, PNG) embedded, `method_rst` appended."""
+    run_id = str(manifest.get("run_id") or summary.get("run_id") or "?")
+    parts = [STYLE, "<div id='servesweep-answer'>"]
+    parts += answer_parts(
+        summary=summary,
+        manifest=manifest,
+        results=results,
+        metrics=metrics,
+        plots=plots,
+        builds=builds,
+        events=events,
+    )
     parts.append(
         "<h2 id='more'>More</h2><p>Every plot and table is in the menu on the left "
         "(<a href=\"javascript:app.showCategory('Tables')\">Tables</a>: results.csv, "
@@ -310,13 +346,6 @@ def landing_page(
         "are coarse: <a href='#how-uncertain-the-numbers-are'>the method</a>, below.</p>"
     )
     parts.append("</div>")
-    log.info(
-        "landing page of run %s: %d delta rows, %d warnings, %d plots",
-        run_id,
-        len(rows),
-        len(found),
-        len(plots),
-    )
     # The heading is a section of its own beside the method's: with a single top-level section
     # docutils would lift the method's title above everything as the document title.
     title = "".join("\\" + c if c in "_*`|\\" else c for c in f"Run {run_id}: what it measured")

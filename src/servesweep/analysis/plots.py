@@ -108,9 +108,9 @@ def _largest(rows: pd.DataFrame, limit: int = MAX_DELTA_ROWS) -> tuple[pd.DataFr
 
 
 def _interval_text(delta: float, low: float, high: float, verdict: str) -> str:
-    text = f"{delta:+.1f}%"
+    text = f"{labels.pct(delta)}%"
     if np.isfinite(low) and np.isfinite(high):
-        text += f" [{low:+.1f}, {high:+.1f}]"
+        text += f" [{labels.pct(low)}, {labels.pct(high)}]"
     return f"{text} {verdict}"
 
 
@@ -320,8 +320,20 @@ def _draw_series(
         if hasattr(handle, "set_markeredgecolor"):
             handle.set_markeredgecolor(handle.get_color())
     sns.scatterplot(data=data, s=22, ax=ax, legend=False, zorder=3, edgecolor="none", **common)
-    ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
+
+
+def _y_from_zero(axes: Sequence[Axes], values: pd.Series) -> None:
+    """y from zero (or the lowest value, if negative) to above the highest of `values`, set
+    once every panel sharing the axis is drawn: a limit set while drawing the first panel
+    freezes its top, and a higher line in a later panel is cut off."""
+    finite = pd.to_numeric(values, errors="coerce").dropna()
+    if finite.empty:
+        return
+    low, high = min(0.0, float(finite.min())), max(0.0, float(finite.max()))
+    pad = 0.05 * (high - low) or 1.0
+    for ax in axes:
+        ax.set_ylim(low if low == 0 else low - pad, high + pad)
 
 
 def plot_metric_vs(
@@ -379,6 +391,7 @@ def plot_metric_vs(
         ax.set_title(f"{col}={panel}" if panel is not None else "", fontsize=10)
         ax.set_xlabel(labels.label(x))
         ax.set_ylabel(labels.label(metric))
+    _y_from_zero(axes, data[metric])
     return fig
 
 
@@ -394,43 +407,67 @@ ENERGY_PAGE_METRICS = (
 
 
 def plot_energy_goodput(
-    results: pd.DataFrame, *, x: str = "concurrency", hue: str | None = None
+    results: pd.DataFrame,
+    *,
+    x: str = "concurrency",
+    hue: str | None = None,
+    col: str | None = None,
 ) -> Figure:
-    """Energy, efficiency and goodput against a client axis, one panel a metric (medians over
-    repeats, dots = repeats). The title says where the power came from (`gpu_source`):
-    figures of the local sim are simulated, never measured."""
+    """Energy, efficiency and goodput against a client axis: a row per metric, a panel per
+    value of `col` (as the metric-vs plots: cells of different `col` are never pooled into
+    one line), a colour per value of `hue`; medians over repeats, dots = repeats. The title
+    says where the power came from (`gpu_source`): figures of the local sim are simulated,
+    never measured."""
     metrics = ENERGY_PAGE_METRICS
-    fig = Figure(figsize=(13, 7.5), layout="constrained")
-    axes = fig.subplots(2, 3, squeeze=False).ravel()
+    data = results.copy()
+    if hue and hue in data.columns:
+        data[hue] = data[hue].map(str)
+    else:
+        hue = None
+    col = col if col and col in data.columns else None
+    panels = list(dict.fromkeys(data[col])) if col and not data.empty else [None]
+    fig = Figure(
+        figsize=(max(6.5, 1.5 + 4.2 * len(panels)), 2.6 * len(metrics) + 1.2),
+        layout="constrained",
+    )
+    grid = fig.subplots(len(metrics), len(panels), squeeze=False, sharey="row")
     sources = sorted({str(v) for v in results.get("gpu_source", pd.Series(dtype=str)).dropna()})
     saturated = results.get("client_saturated", pd.Series(dtype=object))
     n_saturated = int((saturated.astype(str) == "True").sum())
     fig.suptitle(
         f"Energy and goodput vs {labels.label(x)} (GPU power: {', '.join(sources) or 'none'}); "
         "dots = repeats, line with open circles = median"
+        + (f"; a panel per {col}" if col else "")
         + _sim_title(labels.engine_of(results))
         + (f"\nCLIENT SATURATED in {n_saturated} cell-repeat(s): client_saturated in results.csv"
            if n_saturated else "")
     )  # fmt: skip
-    data = results.copy()
-    if hue and hue in data.columns:
-        data[hue] = data[hue].map(str)
-    else:
-        hue = None
-    for ax, metric in zip(axes, metrics, strict=False):
-        sub = data.dropna(subset=[metric]) if metric in data.columns else data.iloc[:0]
+    for row, metric in zip(grid, metrics, strict=True):
+        values = data.dropna(subset=[metric]) if metric in data.columns else data.iloc[:0]
+        order = list(dict.fromkeys(values[hue])) if hue else None
         better = _direction(metric) or "see docs/energy.md"
-        ax.set_title(f"{labels.label(metric)} ({better} is better)", fontsize=10)
-        if sub.empty or x not in sub.columns:
-            why = " (no SLO configured)" if "slo" in metric or "goodput" in metric else ""
-            _message(ax, f"no {labels.label(metric)} values{why}")
-            continue
-        order = list(dict.fromkeys(sub[hue])) if hue else None
-        _draw_series(
-            ax, sub, metric=metric, x=x, hue=hue, hue_order=order, palette=None, legend=True
-        )
-        ax.set_xlabel(labels.label(x))
-        ax.set_ylabel(labels.label(metric))
+        for j, (ax, panel) in enumerate(zip(row, panels, strict=True)):
+            sub = values if panel is None else values[values[col] == panel]
+            where = f"{col}={panel}: " if panel is not None else ""
+            ax.set_title(f"{where}{labels.label(metric)} ({better} is better)", fontsize=9)
+            if sub.empty or x not in sub.columns:
+                why = " (no SLO configured)" if "slo" in metric or "goodput" in metric else ""
+                _message(ax, f"no {labels.label(metric)} values{why}")
+                continue
+            _draw_series(
+                ax,
+                sub,
+                metric=metric,
+                x=x,
+                hue=hue,
+                hue_order=order,
+                palette=None,
+                legend=j == len(panels) - 1,
+            )
+            ax.set_xlabel(labels.label(x))
+            ax.set_ylabel(labels.label(metric))
+        if not values.empty:
+            _y_from_zero(row, values[metric])
     return fig
 
 
@@ -472,4 +509,4 @@ def write_run_plots(
         save_figure(plot_metric_vs(results, metric=metric, x=x, hue=hue, col=col), path)
     if energy is not None:
         assert x is not None, "the energy page needs a client axis"
-        save_figure(plot_energy_goodput(results, x=x, hue=hue), energy)
+        save_figure(plot_energy_goodput(results, x=x, hue=hue, col=col), energy)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -398,12 +398,55 @@ def verdict(
 
 @dataclass(frozen=True)
 class Delta:
-    """A % delta of a candidate vs a baseline with its bootstrap interval and verdict."""
+    """A % delta of a candidate vs a baseline with its bootstrap interval, verdict and
+    two-sided bootstrap p-value (before control_fdr)."""
 
     low: float | None
     high: float | None
     verdict: str
     coarse: bool
+    p_value: float | None = None
+
+
+def p_value(deltas: np.ndarray) -> float | None:
+    """Two-sided bootstrap p-value of a % delta being 0: twice the share of replicates on the
+    smaller side of 0 (at most 1); below 1 - level exactly when the percentile interval
+    excludes 0. None without finite replicates."""
+    finite = deltas[np.isfinite(deltas)]
+    if finite.size == 0:
+        return None
+    below, above = float(np.mean(finite <= 0.0)), float(np.mean(finite >= 0.0))
+    return min(1.0, 2.0 * min(below, above))
+
+
+def fdr_adjusted(p_values: Sequence[float]) -> list[float]:
+    """Benjamini-Hochberg adjusted p-values (step-up), in the order given."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted = [1.0] * m
+    running = 1.0
+    for rank in range(m, 0, -1):
+        i = order[rank - 1]
+        running = min(running, p_values[i] * m / rank)
+        adjusted[i] = min(1.0, running)
+    return adjusted
+
+
+def control_fdr(tests: Sequence[MutableMapping[str, Any]], *, level: float = LEVEL) -> int:
+    """The verdicts of one comparison's tests (dicts with `p_value`, `verdict`) under a
+    false-discovery rate of 1 - level (MULTIPLICITY): each gets `p_adjusted`, and a
+    better/worse whose adjusted p-value is not below 1 - level becomes within noise. Returns
+    how many were downgraded."""
+    tested = [t for t in tests if t.get("p_value") is not None and t.get("verdict") != UNKNOWN]
+    downgraded = 0
+    for test, adjusted in zip(
+        tested, fdr_adjusted([float(t["p_value"]) for t in tested]), strict=True
+    ):
+        test["p_adjusted"] = adjusted
+        if test["verdict"] in (BETTER, WORSE) and adjusted >= 1.0 - level:
+            test["verdict"] = NOISE
+            downgraded += 1
+    return downgraded
 
 
 def compare_replicates(
@@ -419,17 +462,28 @@ def compare_replicates(
     coarse = candidate.coarse or baseline.coarse
     if not (candidate.spread_known and baseline.spread_known):
         return Delta(None, None, UNKNOWN, coarse)  # a zero-width interval would be a lie
-    bounds = interval(delta_pct(candidate.values, baseline.values), level=level)
+    deltas = delta_pct(candidate.values, baseline.values)
+    bounds = interval(deltas, level=level)
     low, high = bounds if bounds else (None, None)
-    return Delta(low, high, verdict(low=low, high=high, better=better), coarse)
+    return Delta(low, high, verdict(low=low, high=high, better=better), coarse, p_value(deltas))
 
 
 # ---------------------------------------------------------------- method description
 
 VERDICT_RULE = (
-    "within noise if the bootstrap interval of the % delta contains 0; otherwise better or "
+    "within noise if the bootstrap interval of the % delta contains 0, or if its p-value "
+    "adjusted over the comparison's tests (multiplicity) is not below 5%; otherwise better or "
     "worse by the metric's direction (lower is better for latencies, higher for throughputs); "
     "unknown when a median is missing or a side has one repeat and no per-request data"
+)
+MULTIPLICITY = (
+    "Benjamini-Hochberg false-discovery rate of 5% over every cell-metric test of one "
+    "comparison (summary.json: every candidate cell against its baseline twin; a comparison "
+    "of two runs: every common cell): each test's two-sided bootstrap p-value (twice the share "
+    "of delta replicates on the smaller side of 0) is adjusted (p_adjusted), and better/worse "
+    "needs an adjusted p-value below 5%, so among the better/worse verdicts of a comparison at "
+    "most 5% are expected to be false. Intervals stay marginal 95% intervals: one that "
+    "excludes 0 can still read within noise"
 )
 DIRECTION = (
     "delta_pct = 100 x (candidate - baseline) / baseline of the medians over repeats, so its "
@@ -495,6 +549,7 @@ def method(
         ),
         "direction": DIRECTION,
         "verdict_rule": VERDICT_RULE,
+        "multiplicity": MULTIPLICITY,
         "verdicts": list(VERDICTS),
         "assumptions": [
             "requests are i.i.d. within a repeat (they share the server's queue, so at high "

@@ -222,6 +222,7 @@ def compare(
         "ci_low": None,
         "ci_high": None,
         "verdict": stats.UNKNOWN,
+        "p_value": None,
     }
     if cand is None or base is None:
         return out
@@ -234,6 +235,7 @@ def compare(
         candidate_replicates, baseline_replicates, better=better, level=level
     )
     out["ci_low"], out["ci_high"], out["verdict"] = delta.low, delta.high, delta.verdict
+    out["p_value"] = delta.p_value
     return out
 
 
@@ -553,11 +555,19 @@ def baseline_deltas(
     requests: RequestData | None = None,
     bootstrap: stats.Bootstrap | None = stats.DEFAULT,
 ) -> tuple[list[dict[str, Any]], str | None]:
-    """Deltas of every non-baseline cell vs its baseline twin, and a note when there are none."""
+    """Deltas of every non-baseline cell vs its baseline twin (verdicts under control_fdr over
+    all of them, as in summarize), and a note when there are none."""
     _, deltas, note = _analyse(
         _cells_of_groups(groups), baseline=dict(baseline), requests=requests, bootstrap=bootstrap
     )
+    _control_fdr(deltas, bootstrap)
     return deltas, note
+
+
+def _control_fdr(deltas: Sequence[Mapping[str, Any]], bootstrap: stats.Bootstrap | None) -> None:
+    """Every delta's verdicts under one false-discovery rate (stats.control_fdr)."""
+    if bootstrap is not None:
+        stats.control_fdr([m for d in deltas for m in d["metrics"].values()], level=bootstrap.level)
 
 
 def _resampled(cells: Sequence[Mapping[str, Any]]) -> dict[str, str | None]:
@@ -591,6 +601,7 @@ def summarize(
     entries, deltas, note = _analyse(
         cells, baseline=dict(baseline), requests=requests, bootstrap=bootstrap
     )
+    _control_fdr(deltas, bootstrap)
     run_ids = sorted({str(r) for r in results["run_id"]}) if "run_id" in results else []
     summary: dict[str, Any] = {
         "run_id": run_ids[0] if len(run_ids) == 1 else None,

@@ -57,7 +57,11 @@ def apply_env(raw: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
     """Return a copy of the raw config with RUN_ID, SUITE, CLIENT_KIND, EP_SIZE and the *_CSV
     axes applied."""
     data = json.loads(json.dumps(dict(raw), default=str))
-    if env.get("RUN_ID"):
+    if "RUN_ID" in env:
+        if not env["RUN_ID"].strip():
+            raise ConfigError(
+                "env RUN_ID='': empty (unset it to keep the config's run_id, or name the run)"
+            )
         data["run_id"] = env["RUN_ID"]
     if env.get("SUITE"):
         data["suite"] = env["SUITE"]

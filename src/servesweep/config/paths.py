@@ -204,6 +204,16 @@ class RunPaths:
         return self.root / "report.rst"
 
     @property
+    def report_html(self) -> Path:
+        """The run's standalone HTML report (rule write_report)."""
+        return self.root / "report.html"
+
+    @property
+    def progress(self) -> Path:
+        """The cell-repeats a run has to write and its start time (servesweep.workflow.progress)."""
+        return self.logs / "progress.json"
+
+    @property
     def logscan_json(self) -> Path:
         return self.root / "logscan.json"
 

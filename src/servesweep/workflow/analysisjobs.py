@@ -11,7 +11,8 @@ from typing import Any
 
 from servesweep.analysis import compare
 from servesweep.analysis.casetable import case_table, markdown_table
-from servesweep.analysis.landing import landing_page
+from servesweep.analysis.htmlreport import report_html
+from servesweep.analysis.landing import answer_parts, image_figure, landing_page
 from servesweep.analysis.reference import load_reference, reference_table
 from servesweep.analysis.results import collect_results as collect
 from servesweep.analysis.results import (
@@ -181,6 +182,44 @@ def write_landing_page(
         plots=[(caption, Path(p)) for caption, p in plots],
         builds=[json.loads(Path(b).read_text()) for b in builds],
         events=[e for path in events for e in read_events(path)],
+        method_rst=Path(method).read_text(),
+    )
+    write_text_atomic(out, page)
+
+
+def write_report(
+    *,
+    summary_json: PathLike,
+    results_csv: PathLike,
+    manifest_json: PathLike,
+    builds: Sequence[PathLike],
+    events: Sequence[PathLike],
+    method: PathLike,
+    metrics: Sequence[str],
+    key_plots: Sequence[tuple[str, PathLike]],
+    plots: Sequence[PathLike],
+    tables: Sequence[PathLike],
+    out: PathLike,
+) -> None:
+    """Rule write_report: report.html, the answer first (servesweep.analysis.htmlreport);
+    `plots`: every plot of the run; `tables`: files the page links to (beside it)."""
+    summary = json.loads(Path(summary_json).read_text())
+    manifest = json.loads(Path(manifest_json).read_text())
+    answer = answer_parts(
+        summary=summary,
+        manifest=manifest,
+        results=read_results_csv(results_csv),
+        metrics=list(metrics),
+        plots=[(caption, Path(p)) for caption, p in key_plots],
+        builds=[json.loads(Path(b).read_text()) for b in builds],
+        events=[e for path in events for e in read_events(path)],
+    )
+    here = Path(out).parent
+    page = report_html(
+        run_id=str(manifest.get("run_id") or summary.get("run_id") or "?"),
+        answer=answer,
+        plots=[(Path(p).stem, image_figure(Path(p), Path(p).stem)) for p in plots],
+        tables=[(Path(t).name, os.path.relpath(t, here)) for t in tables],
         method_rst=Path(method).read_text(),
     )
     write_text_atomic(out, page)

@@ -6,12 +6,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
+from servesweep import __version__
 from servesweep.cluster.access import open_cluster
 from servesweep.cluster.images import build_commands
 from servesweep.cluster.images import build_images as build_all
 from servesweep.cluster.owner import current_owner
+from servesweep.cluster.runtime import Labelled
 from servesweep.cluster.secrets import Secret
 from servesweep.cluster.transport import node_address
 from servesweep.config.experiment import Experiment
@@ -51,6 +54,7 @@ def _parser() -> argparse.ArgumentParser:
         "Snakemake there uses it, so any folder finds the same servers; else ./results)",
     )
     parser = argparse.ArgumentParser(prog="servesweep", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"servesweep {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, text in (
         ("down", "stop this run's servers and this config's services (yours only)"),
@@ -211,8 +215,40 @@ def cmd_plan(args: argparse.Namespace) -> None:
     print(make_plan(exp=exp, paths=paths, results_dir=Path(args.results)).render(), end="")
 
 
+def split_by_owner(
+    found: Sequence[Labelled], *, owner: str
+) -> tuple[list[Labelled], list[Labelled]]:
+    """(ours, others') of server processes found on the nodes, by their `owner` label: only
+    ours can be this checkout's overlap; the others are other users' or checkouts' servers
+    (on a shared machine, their sims)."""
+    from servesweep.cluster.owner import OWNER_LABEL
+
+    ours = [item for item in found if item.labels.get(OWNER_LABEL) == owner]
+    return ours, [item for item in found if item.labels.get(OWNER_LABEL) != owner]
+
+
+def others_line(others: Sequence[Labelled]) -> str | None:
+    """One information line on other owners' server processes (None if there are none)."""
+    from servesweep.cluster.owner import OWNER_LABEL, RUN_LABEL
+
+    if not others:
+        return None
+    held = sorted(
+        {
+            f"{item.labels.get('node', item.node)}: {item.labels.get(OWNER_LABEL, '?')} "
+            f"run {item.labels.get(RUN_LABEL, '?')}"
+            for item in others
+        }
+    )
+    return (
+        f"info: {len(others)} server processes of other owners on the nodes (not counted): "
+        + "; ".join(held)
+    )
+
+
 def cmd_nodes(args: argparse.Namespace) -> int:
-    """One line per node that held two server sets (log, labels); 1 if any, else 0."""
+    """One line per node that held two of this checkout's server sets (log, labels); 1 if
+    any, else 0. Other owners' servers on the nodes are listed as information."""
     from servesweep.cluster.owner import KIND_LABEL, SERVER_KIND
     from servesweep.cluster.pools import label_overlaps, node_overlaps
     from servesweep.core.events import read_events
@@ -228,13 +264,17 @@ def cmd_nodes(args: argparse.Namespace) -> int:
             for item in manager.runtime.labelled(node, {KIND_LABEL: SERVER_KIND})
             if item.labels.get("node", node) == node
         ]
-    problems += label_overlaps(found)
+        ours, others = split_by_owner(found, owner=manager.owner.label)
+    problems += label_overlaps(ours)
     for line in problems:
         print(line)
+    info = others_line(others)
+    if info:
+        print(info)
     starts = sum(e == "start" for _, e, _ in events)
     print(
         f"run {exp.run_id}: {starts} server starts in {paths.orchestrator_log}, "
-        f"{len(found)} server processes on the nodes now; "
+        f"{len(ours)} of this checkout's server processes on the nodes now; "
         f"times a node held two server sets: {len(problems)}"
     )
     return 1 if problems else 0

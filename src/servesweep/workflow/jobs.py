@@ -29,6 +29,8 @@ from servesweep.measure.cells import run_cell as run_cell_repeat
 from servesweep.serving.engines import launch_targets
 from servesweep.serving.preflight import run_preflight
 from servesweep.serving.servers import connect
+from servesweep.workflow import progress
+from servesweep.workflow.logsetup import console
 
 PathLike = str | Path
 
@@ -149,3 +151,6 @@ def run_cell(
                 first = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
                 write_text_atomic(stopped, f"cell {cell.key} failed: {first}\n")
             raise
+    line = progress.finished_line(path=paths.progress, cell=cell.key, raw=raw)
+    if line:
+        console(line)

@@ -22,6 +22,20 @@ HOST_ERRNOS = frozenset(
     {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.EMFILE}
 )
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# The terminal's stderr while job_logging sends fd 2 to the rule's log (console() writes there).
+_terminal: int | None = None
+
+
+def console(line: str) -> None:
+    """One line on the terminal (Snakemake's console), also inside job_logging, where stderr
+    is the rule's log; the log gets it too."""
+    logger.info("console: %s", line)
+    data = (line.rstrip("\n") + "\n").encode()
+    if _terminal is None:
+        sys.stderr.write(data.decode())
+        sys.stderr.flush()
+    else:
+        os.write(_terminal, data)
 
 
 def _raise_terminated(signum: int, _frame: object) -> None:
@@ -72,7 +86,9 @@ def job_logging(log_path: str | Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     failure: tuple[str, int] | None = None
     sys.stderr.flush()
+    global _terminal
     terminal = os.dup(2)
+    _terminal = terminal
     root = logging.getLogger()
     path.write_text("")  # this run of the job only; then O_APPEND, so writers can share it
     with open(path, "a", buffering=1) as fh:
@@ -103,6 +119,7 @@ def job_logging(log_path: str | Path) -> Iterator[None]:
             sys.stderr.flush()
             os.dup2(terminal, 2)
             os.close(terminal)
+            _terminal = None
     if failure is not None:
         print(failure[0], file=sys.stderr, flush=True)
         sys.exit(failure[1])

@@ -1,0 +1,179 @@
+"""The answer block a run prints last: per candidate, its change against the baseline, the
+warnings that matter, and where the files are."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from servesweep.analysis import labels, stats
+from servesweep.analysis.summary import SUMMARY_METRICS, cell_label
+
+log = logging.getLogger(__name__)
+
+# Cells listed per candidate; the report and summary.json have them all.
+MAX_CELLS = 12
+MAX_FAILED = 5
+
+
+def change_text(metric: Mapping[str, Any]) -> str:
+    """`-5.6% [-5.9, -4.4] better`: the change, its interval and the verdict."""
+    change = labels.pct(metric.get("delta_pct"))
+    low, high = metric.get("ci_low"), metric.get("ci_high")
+    known = low is not None and high is not None
+    interval = f" [{labels.pct(low)}, {labels.pct(high)}]" if known else ""
+    return f"{change}%{interval} {metric.get('verdict') or stats.UNKNOWN}"
+
+
+def primary_metrics(metrics: Sequence[str]) -> list[str]:
+    """The first latency and the first throughput among `metrics` (config plots.metrics)."""
+    picked = [
+        next((m for m in metrics if SUMMARY_METRICS.get(m) == d), None) for d in ("lower", "higher")
+    ]
+    found = [m for m in picked if m]
+    return found or list(metrics[:2])
+
+
+def _candidates(
+    deltas: Sequence[Mapping[str, Any]], axis: str | None
+) -> dict[str, list[Mapping[str, Any]]]:
+    """Deltas grouped by the candidate's value of the baseline axis, in summary order."""
+    out: dict[str, list[Mapping[str, Any]]] = {}
+    for delta in deltas:
+        value = (delta.get("axes") or {}).get(axis) if axis else None
+        out.setdefault(str(value), []).append(delta)
+    return out
+
+
+def _table(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [
+        indent + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+        for r in rows
+    ]
+
+
+def warnings(
+    *, summary: Mapping[str, Any], results: pd.DataFrame, events: Sequence[tuple[str, str, Any]]
+) -> list[str]:
+    """The warnings a user must see before trusting the answer: client-saturated cells,
+    invalid (failed) cell attempts, fatal server-log findings."""
+    out = []
+    if "client_saturated" in results.columns and len(results):
+        flagged = results[results["client_saturated"].astype(str) == "True"]
+        if len(flagged):
+            cells = sorted({f"{r.server_id}/{r.client_id}" for r in flagged.itertuples()})
+            out.append(
+                f"client saturated in {len(flagged)} of {len(results)} cell-repeats "
+                f"({', '.join(cells[:3])}{' ...' if len(cells) > 3 else ''}): the load "
+                "generator, not the server, may have set the pace"
+            )
+    failed = [fields for _, kind, fields in events if kind == "cell-failed"]
+    for fields in failed[:MAX_FAILED]:
+        out.append(
+            f"invalid cell attempt {fields.get('cell', '?')}: {fields.get('error', '?')} "
+            "(not in results.csv)"
+        )
+    if len(failed) > MAX_FAILED:
+        out.append(f"... and {len(failed) - MAX_FAILED} more invalid cell attempts")
+    fatal = (summary.get("log_scan") or {}).get("fatal_findings")
+    if fatal:
+        out.append(f"server logs: {fatal} fatal finding(s) (logscan.json)")
+    return out
+
+
+def answer_block(
+    *,
+    summary: Mapping[str, Any],
+    results: pd.DataFrame,
+    metrics: Sequence[str],
+    files: Sequence[tuple[str, str]],
+    events: Sequence[tuple[str, str, Any]] = (),
+) -> str:
+    """The run's answer as console text: per candidate against its baseline, the change and
+    interval of the primary metrics per cell and the verdict counts over every compared
+    metric; the warnings that matter; `files` as (name, path)."""
+    run_id = summary.get("run_id") or "?"
+    sim = labels.sim_note(summary.get("engine") or {})
+    lines = [f"== servesweep: the answer of run {run_id}" + (f" ({sim})" if sim else "")]
+    baseline = dict(summary.get("baseline") or {})
+    axis = next(iter(baseline), None)
+    deltas = summary.get("deltas") or []
+    primary = primary_metrics(metrics)
+    if not deltas:
+        why = summary.get("note") or "no candidate cell has a baseline twin"
+        lines.append(f"No deltas: {why}. Medians per cell are in summary.json and the report.")
+    for value, group in _candidates(deltas, axis).items():
+        n = sorted({d.get("n_candidate") for d in group} | {d.get("n_baseline") for d in group})
+        lines.append(
+            f"{axis}={value} vs baseline {axis}={baseline.get(axis)}: {len(group)} cells, "
+            f"medians of {'/'.join(str(x) for x in n)} repeats"
+        )
+        rows = [["cell", *(labels.label(m) for m in primary)]]
+        for delta in group[:MAX_CELLS]:
+            axes = {k: v for k, v in (delta.get("axes") or {}).items() if k != axis}
+            rows.append(
+                [
+                    cell_label(axes) or str(delta.get("label")),
+                    *(change_text((delta.get("metrics") or {}).get(m) or {}) for m in primary),
+                ]
+            )
+        lines += _table(rows)
+        if len(group) > MAX_CELLS:
+            lines.append(f"  ... and {len(group) - MAX_CELLS} more cells (summary.json)")
+        verdicts = Counter(
+            m.get("verdict") or stats.UNKNOWN
+            for d in group
+            for m in (d.get("metrics") or {}).values()
+        )
+        counted = ", ".join(f"{verdicts[v]} {v}" for v in stats.VERDICTS if verdicts[v])
+        total = sum(verdicts.values())
+        lines.append(f"  verdicts over {total} cell-metric comparisons: {counted or 'none'}")
+    found = warnings(summary=summary, results=results, events=events)
+    lines.append("Warnings:" + ("" if found else " none"))
+    lines += [f"  - {w}" for w in found]
+    width = max(len(name) for name, _ in files) if files else 0
+    lines.append("Files:")
+    lines += [f"  {name.ljust(width)}  {path}" for name, path in files]
+    return "\n".join(lines) + "\n"
+
+
+def print_answer(
+    *,
+    summary_json: str | Path,
+    results_csv: str | Path,
+    report_html: str | Path,
+    metrics: Sequence[str],
+    events: str | Path | None = None,
+) -> str:
+    """The answer block of a finished run from its files (the workflow's `onsuccess`), printed
+    and returned; a short line only if the run has no summary yet (a single cell targeted)."""
+    from servesweep.analysis.results import read_results_csv
+    from servesweep.analysis.summary import read_summary
+    from servesweep.core.events import read_events
+
+    files = [
+        ("results.csv", str(results_csv)),
+        ("summary.json", str(summary_json)),
+        ("report", str(report_html)),
+    ]
+    if not Path(summary_json).exists() or not Path(results_csv).exists():
+        text = "servesweep: no summary yet; `snakemake --cores 1 all` writes " + ", ".join(
+            p for _, p in files
+        )
+        print(text, flush=True)
+        return text
+    text = answer_block(
+        summary=read_summary(summary_json),
+        results=read_results_csv(results_csv),
+        metrics=metrics,
+        files=[(n, p) for n, p in files if Path(p).exists()],
+        events=read_events(events) if events else [],
+    )
+    print(text, end="", flush=True)
+    return text

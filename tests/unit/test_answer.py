@@ -1,0 +1,129 @@
+"""The answer block a run prints last (servesweep.analysis.answer)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from servesweep.analysis import answer, labels
+
+
+def _metric(delta, low, high, verdict):
+    return {"delta_pct": delta, "ci_low": low, "ci_high": high, "verdict": verdict}
+
+
+def _delta(chunk, conc, ttft, tps, extra_verdict="within noise"):
+    return {
+        "axes": {
+            "moe_runner_backend": "flashinfer_mxfp4",
+            "chunked_prefill_size": chunk,
+            "concurrency": conc,
+        },
+        "label": f"moe_runner_backend=flashinfer_mxfp4, chunked_prefill_size={chunk}",
+        "n_candidate": 3,
+        "n_baseline": 3,
+        "metrics": {
+            "ttft_p50_ms": ttft,
+            "input_tps": tps,
+            "ttft_p99_ms": _metric(1.0, -0.5, 2.5, extra_verdict),
+        },
+    }
+
+
+SUMMARY = {
+    "run_id": "moe-prefill-sim",
+    "engine": {"kind": "sim", "time_scale": 0.005},
+    "baseline": {"moe_runner_backend": "marlin"},
+    "deltas": [
+        _delta(8192, 8, _metric(-5.6, -5.9, -4.4, "better"), _metric(5.2, 4.5, 6.1, "better")),
+        _delta(
+            16384, 16, _metric(-0.4, -1.6, -0.04, "worse"), _metric(0.3, -0.2, 0.9, "within noise")
+        ),
+    ],
+    "note": None,
+    "log_scan": {"fatal_findings": 0},
+}
+RESULTS = pd.DataFrame(
+    {
+        "server_id": ["a", "b", "b"],
+        "client_id": ["concurrency~8"] * 3,
+        "client_saturated": [False, True, True],
+    }
+)
+FILES = [("results.csv", "results/r/results.csv"), ("report", "results/r/report.html")]
+
+
+def block(**changes) -> str:
+    args = {
+        "summary": SUMMARY,
+        "results": RESULTS,
+        "metrics": ["ttft_p50_ms", "ttft_p99_ms", "input_tps"],
+        "files": FILES,
+        **changes,
+    }
+    return answer.answer_block(**args)
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(-0.04, "0.0"), (0.04, "0.0"), (-0.0, "0.0"), (-0.06, "-0.1"), (5.25, "+5.2"), (None, "n/a")],
+)
+def test_a_percentage_that_rounds_to_zero_has_no_sign(value, text):
+    assert labels.pct(value) == text
+
+
+def test_the_block_gives_each_cell_its_change_interval_and_verdict():
+    text = block()
+    lines = text.splitlines()
+    assert lines[0].startswith("== servesweep: the answer of run moe-prefill-sim (SIMULATED")
+    assert (
+        "moe_runner_backend=flashinfer_mxfp4 vs baseline moe_runner_backend=marlin: 2 cells, "
+        "medians of 3 repeats" in text
+    )
+    row = next(line for line in lines if "chunked_prefill_size=8192, concurrency=8" in line)
+    assert "-5.6% [-5.9, -4.4] better" in row and "+5.2% [+4.5, +6.1] better" in row
+    # the primary metrics: the first latency and the first throughput, not TTFT p99
+    assert "TTFT p50 [ms]" in text and "input throughput [tok/s]" in text
+    assert "TTFT p99" not in text
+    # a bound that rounds to zero is never "-0.0" beside "worse"
+    assert "-0.4% [-1.6, 0.0] worse" in text and "-0.0" not in text
+    assert "verdicts over 6 cell-metric comparisons: 2 better, 1 worse, 3 within noise" in text
+
+
+def test_the_block_ends_with_the_warnings_and_the_paths():
+    events = [("t", "cell-failed", {"cell": "a/concurrency~8/r2", "error": "1 request failed"})]
+    text = block(events=events)
+    assert "client saturated in 2 of 3 cell-repeats (b/concurrency~8)" in text
+    assert "invalid cell attempt a/concurrency~8/r2: 1 request failed (not in results.csv)" in text
+    assert text.splitlines()[-2:] == [
+        "  results.csv  results/r/results.csv",
+        "  report       results/r/report.html",
+    ]
+    calm = block(results=RESULTS.assign(client_saturated=False))
+    assert "Warnings: none" in calm
+
+
+def test_a_run_without_deltas_says_why():
+    text = block(summary={**SUMMARY, "deltas": [], "note": "one backend only"})
+    assert "No deltas: one backend only." in text
+
+
+def test_print_answer_reads_the_run_files(tmp_path: Path, capsys):
+    summary, results = tmp_path / "summary.json", tmp_path / "results.csv"
+    missing = answer.print_answer(
+        summary_json=summary, results_csv=results, report_html=tmp_path / "report.html",
+        metrics=["ttft_p50_ms", "input_tps"],
+    )  # fmt: skip
+    assert missing.startswith("servesweep: no summary yet")
+    summary.write_text(json.dumps(SUMMARY))
+    RESULTS.assign(run_id="r").to_csv(results, index=False)
+    text = answer.print_answer(
+        summary_json=summary, results_csv=results, report_html=tmp_path / "report.html",
+        metrics=["ttft_p50_ms", "input_tps"], events=tmp_path / "orchestrator.log",
+    )  # fmt: skip
+    assert capsys.readouterr().out.endswith(text)
+    assert f"summary.json  {summary}" in text
+    assert "report.html" not in text  # not written: not listed
