@@ -188,3 +188,21 @@ def test_overlaps_from_the_log_and_from_labels() -> None:
     assert label_overlaps([*same, other]) == [
         "node n1: 2 server sets: run r pool 0 fp a; run r pool 1 fp b"
     ]
+
+
+def test_the_pd_sim_takes_auto_ports_for_every_role_and_the_router() -> None:
+    from servesweep.serving.engines import listening_ports as ports_of
+    from servesweep.serving.servers import resolve_ports
+
+    raw = yaml.safe_load(PD_LOCAL.read_text())
+    for role in ("prefill", "decode"):
+        raw["roles"][role] |= {"port": "auto", "dist_init_port": "auto"}
+    raw["router"]["port"] = "auto"
+    exp = load_experiment(raw)
+    spec = resolve_ports(server_specs(exp)[0])
+    found = [p for _, p in ports_of(exp, spec)]
+    assert all(isinstance(p, int) and p > 0 for p in found) and len(set(found)) == len(found)
+    raw["cluster"]["transport"] = "ssh"
+    needs_local = r"'roles\.prefill\.port': 'auto' needs cluster.transport"
+    with pytest.raises(ConfigError, match=needs_local):
+        load_experiment(raw)

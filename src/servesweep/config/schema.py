@@ -303,8 +303,9 @@ class RoleConfig(Strict):
     """One role of a PD server set: its nodes, ports and argument overrides."""
 
     nodes: Annotated[list[str], AfterValidator(_node_names)] = Field(min_length=1)
-    port: int | None = Field(default=None, ge=1, le=65535)
-    dist_init_port: int | None = Field(default=None, ge=1, le=65535)
+    # "auto": a free port at start (local transport only), as engine.port; None: engine's
+    port: Port | Literal["auto"] | None = None
+    dist_init_port: Port | Literal["auto"] | None = None
     server: dict[str, Any] = Field(default_factory=dict)
 
 
