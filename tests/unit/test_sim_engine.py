@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ def test_wall_time_follows_simulated_time_times_scale() -> None:
     async def main() -> tuple[float, float, list[int]]:
         eng = engine(0.05)
         task = asyncio.create_task(eng.run())
+        time.sleep(0.01)  # a loaded machine: the engine idles between its start and the request
         stream = eng.submit(prompt_tokens=2048, max_new_tokens=3, counted=True)
         seen = []
         while not stream.finished:

@@ -125,6 +125,8 @@ class Engine:
     ) -> RequestStream:
         """Queue a request; raises RequestRejected if it can never run. `prefilled` tokens
         of the prompt already have their KV cache (PD decode: all of them)."""
+        if not self.scheduler.has_work:
+            self._catch_up_idle()  # the arrival's simulated time is its wall time
         req = SimRequest(
             rid=uuid.uuid4().hex,
             prompt_tokens=prompt_tokens,
@@ -201,17 +203,21 @@ class Engine:
                 )
             )
 
+    def _catch_up_idle(self) -> None:
+        """An idle engine's simulated clock follows wall time: move it to now, re-anchor."""
+        if self.time_scale > 0:
+            now = self._loop.time()
+            idle_sim = (now - self._anchor_wall) / self.time_scale
+            self.scheduler.advance_to(self._anchor_sim + idle_sim)
+            self._anchor_wall, self._anchor_sim = now, self.scheduler.now
+
     async def run(self) -> None:
         """Step forever; wall time of a step's end = anchor + simulated elapsed x time scale."""
         while True:
             if not self.scheduler.has_work:
                 self._wake.clear()
                 await self._wake.wait()
-                if self.time_scale > 0:
-                    now = self._loop.time()
-                    idle_sim = (now - self._anchor_wall) / self.time_scale
-                    self.scheduler.advance_to(self._anchor_sim + idle_sim)
-                    self._anchor_wall, self._anchor_sim = now, self.scheduler.now
+                self._catch_up_idle()
             self._check_crash()
             result = self.scheduler.step()
             if self.time_scale == 0:
