@@ -192,7 +192,7 @@ def test_overlaps_from_the_log_and_from_labels() -> None:
 
 def test_the_pd_sim_takes_auto_ports_for_every_role_and_the_router() -> None:
     from servesweep.serving.engines import listening_ports as ports_of
-    from servesweep.serving.servers import resolve_ports
+    from servesweep.serving.launches import resolve_ports
 
     raw = yaml.safe_load(PD_LOCAL.read_text())
     for role in ("prefill", "decode"):

@@ -4,10 +4,8 @@ section 5; servesweep.cluster.pools)."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
-import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -18,8 +16,6 @@ from servesweep.cluster.access import Cluster, connected
 from servesweep.cluster.owner import (
     KIND_LABEL,
     OWNER_LABEL,
-    POOL_LABEL,
-    PORTS_LABEL,
     RUN_LABEL,
     SERVER_KIND,
     SERVICE_LABEL,
@@ -27,26 +23,28 @@ from servesweep.cluster.owner import (
     current_owner,
 )
 from servesweep.cluster.pools import narrow, node_pools
-from servesweep.cluster.runtime import Labelled, Launch, owner_dir
+from servesweep.cluster.runtime import Labelled, Launch
 from servesweep.cluster.secrets import Secret, new_api_key, scrub
 from servesweep.config.experiment import Experiment
 from servesweep.config.matrix import ServerSpec, server_specs
 from servesweep.config.paths import RunPaths
 from servesweep.config.schema import PD_ROLES, SINGLE_ROLE
-from servesweep.core.errors import NodeShared, ServerConflict, ServerDied, ServerStartError
+from servesweep.core.errors import ServerDied, ServerStartError
 from servesweep.core.events import EventLog
 from servesweep.core.files import write_json_atomic, write_text_atomic
 from servesweep.serving import logscan
 from servesweep.serving.agreement import check_pd_agreement
-from servesweep.serving.engines import (
-    API_KEY_ENV,
-    ROUTER_ROLE,
-    RankCommand,
-    base_url,
-    listening_ports,
-    rank_commands,
-    role_url,
+from servesweep.serving.engines import API_KEY_ENV, ROUTER_ROLE, RankCommand, base_url
+from servesweep.serving.launches import (
+    commands_script,
+    rank_launches,
+    rank_url,
+    resolve_ports,
+    run_node_dir,
+    server_labels,
+    spec_nodes,
 )
+from servesweep.serving.neighbours import check_foreign, check_nodes_free, foreign
 from servesweep.serving.state import RankState, ServerState, log_name
 
 logger = logging.getLogger(__name__)
@@ -85,21 +83,11 @@ class ServerManager:
     # ------------------------------------------------------------ naming
     def labels(self, spec: ServerSpec | None = None) -> dict[str, str]:
         """Labels of this caller's servers: kind, run and owner (+ fingerprint of `spec`)."""
-        labels = {
-            KIND_LABEL: SERVER_KIND,
-            RUN_LABEL: self.exp.run_id,
-            POOL_LABEL: str(self.pool),
-            **self.owner.labels(),
-        }
-        if spec is not None:
-            labels |= {"fingerprint": spec.fingerprint}
-            if self.service_mode:
-                labels |= {SERVICE_LABEL: spec.fingerprint}
-        return labels
+        return server_labels(self.exp, self.owner, self.pool, spec, service=self.service_mode)
 
     def node_dir(self) -> str:
         """This owner's and run's directory on a node: two checkouts never share it."""
-        return f"{owner_dir(self.owner.tag)}/{self.exp.run_id}"
+        return run_node_dir(self.exp, self.owner)
 
     def node_log_path(self, server_id: str, role: str, node: str) -> str:
         """Where a process writes its log on its node."""
@@ -113,48 +101,20 @@ class ServerManager:
     def launches(
         self, spec: ServerSpec, key: Secret | None = None
     ) -> list[tuple[RankCommand, Launch]]:
-        """Every process of a server set in start order, with its launch (a keyed process gets
-        `key` in API_KEY_ENV through stdin)."""
-        out = []
-        ports = listening_ports(self.exp, spec)
-        for cmd in rank_commands(self.exp, spec):
-            labels = self.labels(spec) | {
-                "server": spec.id,
-                "role": cmd.role,
-                "rank": str(cmd.rank),
-                "node": cmd.node,
-                PORTS_LABEL: ",".join(str(p) for n, p in ports if n == cmd.node),
-            }
-            launch = Launch(
-                name=(
-                    f"servesweep-{self.owner.tag}-{self.exp.run_id}-{spec.fingerprint}-"
-                    f"{cmd.role}-r{cmd.rank}{'' if self.pool == 0 else f'-pool_{self.pool}'}"
-                ),
-                node=cmd.node,
-                argv=cmd.argv,
-                log_path=self.node_log_path(spec.id, cmd.role, cmd.node),
-                env=cmd.env,
-                labels=labels,
-                accelerators=cmd.role != ROUTER_ROLE,
-                secret_env=(API_KEY_ENV, key or Secret("")) if cmd.keyed else None,
-            )
-            out.append((cmd, launch))
-        return out
+        """Every process of a server set in start order, with its launch."""
+        return rank_launches(
+            self.exp,
+            spec,
+            labels=self.labels(spec),
+            owner=self.owner,
+            pool=self.pool,
+            log_path=lambda role, node: self.node_log_path(spec.id, role, node),
+            key=key,
+        )
 
     def commands_script(self, spec: ServerSpec) -> str:
         """service/<server>/commands.sh: the exact command run on each node, in start order."""
-        lines = ["#!/bin/sh", f"# server {spec.id} fingerprint {spec.fingerprint}"]
-        for cmd, launch in self.launches(spec):
-            lines.append(f"# role {cmd.role} rank {cmd.rank} node {cmd.node}")
-            lines.append(self.runtime.command_line(launch))
-        return "\n".join(lines) + "\n"
-
-    def _url(self, spec: ServerSpec, cmd: RankCommand) -> str | None:
-        if cmd.role == ROUTER_ROLE:
-            return base_url(self.exp, spec)
-        if cmd.rank != 0:
-            return None
-        return role_url(self.exp, next(r for r in spec.roles if r.name == cmd.role))
+        return commands_script(spec, self.launches(spec), self.runtime)
 
     # ------------------------------------------------------------ lifecycle
     def current(self) -> ServerState | None:
@@ -236,8 +196,8 @@ class ServerManager:
         )
         state_file = self._state_file(state)
         self.transport.check_reachable(self.exp.cluster.nodes)
-        self.check_foreign(spec)
-        self.check_nodes_free(spec)
+        check_foreign(self.runtime, self.exp, spec, owner=self.owner)
+        check_nodes_free(self.runtime, self.exp, spec, owner=self.owner, pool=self.pool)
         self.events.emit(
             "start",
             fp=spec.fingerprint,
@@ -265,7 +225,7 @@ class ServerManager:
                             cmd.rank,
                             handle,
                             launch.log_path,
-                            self._url(spec, cmd),
+                            rank_url(self.exp, spec, cmd),
                             self.runtime.identity(cmd.node, handle),
                         )
                     )
@@ -480,58 +440,15 @@ class ServerManager:
                 removed += 1
         return removed
 
-    def shared_nodes(self, spec: ServerSpec) -> list[Labelled]:
-        """Server processes of this run's other pools on a node `spec` needs, found by the
-        labels on the node (the plan's disjoint pools are not trusted alone)."""
-        found = []
-        mine = {KIND_LABEL: SERVER_KIND, RUN_LABEL: self.exp.run_id, **self.owner.labels()}
-        for node in spec_nodes(spec):
-            for other in self.runtime.labelled(node, mine):
-                if other.labels.get("node", node) != node:
-                    continue  # one machine or one dockerd serving several test nodes
-                if other.labels.get(POOL_LABEL, "0") != str(self.pool):
-                    found.append(other)
-        return found
-
-    def check_nodes_free(self, spec: ServerSpec) -> None:
-        """NodeShared naming the node and the pool whose server holds it."""
-        found = self.shared_nodes(spec)
-        if found:
-            other = found[0]
-            raise NodeShared(
-                f"server {spec.id} of pool {self.pool}: node {other.node} holds server "
-                f"{other.labels.get('server', '?')} of pool {other.labels.get(POOL_LABEL, '?')} "
-                f"(handle {other.handle[:12]}); no two server sets share a node"
-            )
-
-    def foreign(self, spec: ServerSpec) -> list[Labelled]:
-        """Servers of other owners in the way of `spec`: on a node it needs (a real engine
-        needs the node's GPUs), or holding one of its ports (the sim shares a machine)."""
-        needed = listening_ports(self.exp, spec)
-        found = []
-        for node in spec_nodes(spec):
-            ports = {p for n, p in needed if n == node}
-            for other in self.runtime.labelled(node, {KIND_LABEL: SERVER_KIND}):
-                if other.labels.get(OWNER_LABEL) == self.owner.label:
-                    continue
-                if other.labels.get("node", node) != node:
-                    continue  # one machine or one dockerd serving several test nodes
-                held = {int(p) for p in other.labels.get(PORTS_LABEL, "").split(",") if p}
-                if self.exp.engine.kind != "sim" or held & ports:
-                    found.append(other)
-        return found
-
     def check_foreign(self, spec: ServerSpec) -> None:
         """One-line error naming the owner of a server that is in `spec`'s way."""
-        found = self.foreign(spec)
-        if found:
-            raise ServerConflict(describe_conflict(found[0], spec_id=spec.id))
+        check_foreign(self.runtime, self.exp, spec, owner=self.owner)
 
     def remove_foreign(self, specs: list[ServerSpec]) -> list[Labelled]:
         """`servesweep down --force`: stop other owners' servers in the way of `specs`."""
         removed: dict[tuple[str, str], Labelled] = {}
         for spec in specs:
-            for other in self.foreign(spec):
+            for other in foreign(self.runtime, self.exp, spec, owner=self.owner):
                 if (other.node, other.handle) in removed:
                     continue
                 self.events.emit(
@@ -619,60 +536,6 @@ class ServerManager:
         if service and labels.get(OWNER_LABEL) == self.owner.label:
             row["used_by"] = ",".join(self.service_runs(service)) or "-"
         return row
-
-
-def spec_nodes(spec: ServerSpec) -> list[str]:
-    """Every node a server set runs a process on (roles' nodes, then the router's)."""
-    return list(
-        dict.fromkeys(
-            [
-                *(n for r in spec.roles for n in r.nodes),
-                *([spec.router.node] if spec.router else []),
-            ]
-        )
-    )
-
-
-def resolve_ports(spec: ServerSpec) -> ServerSpec:
-    """`spec` with every "auto" port (AUTO_PORT) replaced by a port free on this machine
-    (config allows "auto" only with the local transport)."""
-    roles = tuple(
-        dataclasses.replace(
-            role,
-            port=role.port or free_port(),
-            dist_init_port=role.dist_init_port or free_port(),
-        )
-        for role in spec.roles
-    )
-    router = spec.router
-    if router is not None and router.port == "auto":
-        router = router.model_copy(update={"port": free_port()})
-    return dataclasses.replace(spec, roles=roles, router=router)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (bind port 0, read it, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def describe_server(other: Labelled) -> str:
-    """`node N: server S (run R, ports P, handle H) of owner O`, from its labels."""
-    labels = other.labels
-    return (
-        f"node {other.node}: server {labels.get('server', '?')} (run {labels.get(RUN_LABEL, '?')}"
-        f", ports {labels.get(PORTS_LABEL) or '?'}, handle {other.handle[:12]}) of owner "
-        f"{labels.get(OWNER_LABEL, 'unknown')}"
-    )
-
-
-def describe_conflict(other: Labelled, *, spec_id: str) -> str:
-    """One line: whose server is in the way, where, and how to remove it."""
-    return (
-        f"{describe_server(other)} is in the way of server {spec_id}; ask its owner or remove "
-        f"it with `servesweep down --force`"
-    )
 
 
 @contextlib.contextmanager

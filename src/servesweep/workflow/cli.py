@@ -28,13 +28,9 @@ from servesweep.core.files import write_json_atomic
 from servesweep.measure.cells import lock_holder, run_warmup
 from servesweep.measure.client import client_files, client_launch
 from servesweep.serving.engines import base_url, check_experiment, keyed, launch_targets
+from servesweep.serving.neighbours import describe_server
 from servesweep.serving.preflight import run_preflight
-from servesweep.serving.servers import (
-    ServerManager,
-    connect,
-    describe_server,
-    shutdown,
-)
+from servesweep.serving.servers import ServerManager, connect, shutdown
 from servesweep.workflow.plan import make_plan
 
 DEFAULT_CONFIG = "config/config.yaml"
