@@ -232,7 +232,9 @@ def test_stop_leaves_a_pid_that_is_not_a_loop_alone(tmp_path):
 
 def test_simulated_curve_follows_the_load(monkeypatch):
     sampler = gpusampling.SimulatedSampler(
-        loads={"local": "http://127.0.0.1:1", "router": None}, gpus_per_node=2, interval_s=0.001
+        loads={"local": "http://127.0.0.1:1", "router": None},
+        gpus={"local": [0, 1], "router": [0, 1]},
+        interval_s=0.001,
     )
     loads = iter([0, 4, 0])
     monkeypatch.setattr(sampler, "_held", lambda url: float(next(loads)))

@@ -228,3 +228,39 @@ def test_a_cell_without_its_required_evidence_is_invalid(tmp_path: Path) -> None
     )
     assert reason in proc.stderr, proc.stderr[-3000:]
     assert not (tmp_path / raw).exists()
+
+
+def test_pd_on_one_hosts_gpus_each_node_its_slice(tmp_path: Path) -> None:
+    """Prefill on GPUs 0-1 and decode on 2-3 of one host (`cluster.gpu_ids`, the multi-GPU
+    rehearsal's PD shape): each rank's command line sets its CUDA_VISIBLE_DEVICES, preflight
+    passes with both on the host, and each node's GPU rows are only its own GPUs."""
+    slices = {
+        "cluster": {
+            "nodes": ["p01", "d23"],
+            "gpus_per_node": 2,
+            "gpu_ids": {"p01": [0, 1], "d23": [2, 3]},
+        },
+        "roles": {
+            "prefill": {"nodes": ["p01"], "server": {"pp_size": 1, "tp_size": 2, "ep_size": 2}},
+            "decode": {"nodes": ["d23"], "server": {"tp_size": 2, "ep_size": 2}},
+        },
+        "router": {"node": "d23"},
+        "suite": "one",
+        "suites": {"one": ["64-8-c1"]},
+        "reference": None,
+    }
+    cfg = pd_config(tmp_path, "wf-pd-slices", **slices)
+    raw = yaml.safe_load(cfg.read_text())
+    del raw["evidence"]["p_state_slice_mode"]  # SGLang logs it only when P and D TP differ
+    cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
+    proc = run_snakemake(tmp_path, "--cores", "1", "all", "--configfile", str(cfg))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run = tmp_path / "results" / "wf-pd-slices"
+    commands = (run / "service" / "pd" / "commands.sh").read_text()
+    assert "CUDA_VISIBLE_DEVICES=0,1" in commands and "CUDA_VISIBLE_DEVICES=2,3" in commands
+    gpu = pd.concat(pd.read_csv(p) for p in run.glob("gpu/**/*.csv"))
+    indices = gpu.dropna(subset=["index"]).groupby("node")["index"].unique()
+    assert {node: sorted(ids) for node, ids in indices.items()} == {
+        "p01": [0.0, 1.0],
+        "d23": [2.0, 3.0],
+    }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 # Both with a header (`--format=csv`), so recorded captures parse as they are.
@@ -117,8 +117,19 @@ def judge_probe(
     expected: int,
     max_used_mib: float,
     ours: Mapping[int, str] | None = None,
+    visible: Sequence[int] | None = None,
 ) -> tuple[int, str | None]:
-    """(GPUs seen, busy_reason) of `probe_command`'s output on `node`."""
+    """(GPUs seen, busy_reason) of `probe_command`'s output on `node`; with `visible` (the
+    node's `cluster.gpu_ids`), only those GPUs of its host count."""
     states = parse(*split_probe(output))
+    if visible is not None:
+        shown = {gpu.index for gpu in states}
+        absent = [i for i in visible if str(i) not in shown]
+        if absent:
+            return len(states), (
+                f"node {node}: GPU {absent[0]} of cluster.gpu_ids is not among its host's "
+                f"GPUs ({', '.join(sorted(shown)) or 'none'})"
+            )
+        states = [gpu for gpu in states if gpu.index in {str(i) for i in visible}]
     reason = busy_reason(node, states, expected=expected, max_used_mib=max_used_mib, ours=ours)
     return len(states), reason

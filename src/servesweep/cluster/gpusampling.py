@@ -197,7 +197,7 @@ class SimulatedSampler:
         self,
         *,
         loads: Mapping[str, str | None],
-        gpus_per_node: int,
+        gpus: Mapping[str, Sequence[int]],
         interval_s: float,
         headers: Mapping[str, str] | None = None,
     ) -> None:
@@ -206,7 +206,7 @@ class SimulatedSampler:
         self.headers = dict(headers or {})  # the server's API key (/get_load is behind it)
         self.url = ", ".join(sorted({f"{u}/get_load" for u in self.loads.values() if u}))
         self.nodes = list(loads)
-        self.gpus = gpus_per_node
+        self.gpus = dict(gpus)  # node -> its GPU indices
         self.interval_s = max(SIM_MIN_INTERVAL_S, interval_s)
         self.rows: list[dict[str, Any]] = []
         self._stop = threading.Event()
@@ -226,7 +226,7 @@ class SimulatedSampler:
         for node in self.nodes:
             url = self.loads[node]
             busy = sim_busy(held[url]) if url else 0.0
-            for index in range(self.gpus):
+            for index in self.gpus[node]:
                 self.rows.append(
                     {
                         "node": node,

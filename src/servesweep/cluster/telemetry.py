@@ -216,6 +216,22 @@ def node_rows(result: CommandResult, *, phase: str) -> list[dict[str, Any]]:
     return [{**meta, **gpu} for gpu in gpus]
 
 
+def visible_rows(
+    rows: Iterable[Mapping[str, Any]], visible: Mapping[str, Sequence[int] | None]
+) -> list[dict[str, Any]]:
+    """Rows of only the GPUs each node has (`visible`: node -> its host GPU indices, None:
+    all): a node that is a slice of its host shares nvidia-smi's answer with the others.
+    Rows without a GPU (unavailable, window marks) are kept."""
+    out = []
+    for row in rows:
+        ids = visible.get(str(row.get("node")))
+        index = row.get("index")
+        if ids is not None and not missing(index) and int(index) not in ids:
+            continue
+        out.append(dict(row))
+    return out
+
+
 def snapshot_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     """A typed snapshot frame with every column of SNAPSHOT_COLUMNS, from row dicts."""
     import pandas as pd  # only here and in _typed: see the TYPE_CHECKING import

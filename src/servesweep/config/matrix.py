@@ -126,7 +126,12 @@ def fingerprint(exp: Experiment, roles: tuple[RoleSpec, ...]) -> str:
             exclude={**dict.fromkeys(REACH_ENGINE_FIELDS, True), "sim": {"faults"}}
         ),
         "runtime": exp.runtime.model_dump(exclude=set(REACH_RUNTIME_FIELDS)),
-        "cluster": {"gpus_per_node": exp.cluster.gpus_per_node},
+        # Which GPUs of a shared host a node has decides which server a cell may reuse; only
+        # given when set, so configs without slices keep their fingerprints.
+        "cluster": {
+            "gpus_per_node": exp.cluster.gpus_per_node,
+            **({"gpu_ids": exp.cluster.gpu_ids} if exp.cluster.gpu_ids else {}),
+        },
         "roles": [
             {
                 "name": r.name,

@@ -88,6 +88,11 @@ class ClusterConfig(Strict):
     # every rank; a multi-NIC node that guesses wrong hangs at start until ready_timeout_s).
     # None: NCCL and Gloo pick one. `servesweep doctor` lists each node's interfaces.
     socket_ifname: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:-]+$")
+    # A node that is a slice of its host (prefill and decode on one machine's GPUs, the
+    # multi-GPU rehearsal): the host's GPU indices its servers see (CUDA_VISIBLE_DEVICES) and
+    # the only ones its telemetry and preflight count. A node not named here has every GPU
+    # its host shows.
+    gpu_ids: dict[str, list[Annotated[int, Field(ge=0)]]] = Field(default_factory=dict)
 
     @property
     def local(self) -> bool:
@@ -102,12 +107,36 @@ class ClusterConfig(Strict):
         unknown = sorted(set(self.addresses) - set(self.nodes))
         if unknown:
             raise ValueError(f"addresses: given for nodes not in cluster.nodes: {unknown}")
+        self._check_gpu_ids()
         if self.nodes_per_server is not None and self.nodes_per_server > len(self.nodes):
             raise ValueError(
                 f"nodes_per_server: {self.nodes_per_server} is more than the "
                 f"{len(self.nodes)} nodes of cluster.nodes"
             )
         return self
+
+    def _check_gpu_ids(self) -> None:
+        unknown = sorted(set(self.gpu_ids) - set(self.nodes))
+        if unknown:
+            raise ValueError(f"gpu_ids: given for nodes not in cluster.nodes: {unknown}")
+        hosts: dict[str, dict[int, str]] = {}  # host -> GPU index -> the node that has it
+        for node, ids in self.gpu_ids.items():
+            if len(ids) != self.gpus_per_node or len(set(ids)) != len(ids):
+                raise ValueError(
+                    f"gpu_ids.{node}: {ids} must be {self.gpus_per_node} distinct GPU indices "
+                    f"(cluster.gpus_per_node)"
+                )
+            host = hosts.setdefault("" if self.local else self.addresses.get(node, node), {})
+            for index in ids:
+                if index in host:
+                    raise ValueError(
+                        f"gpu_ids.{node}: GPU {index} is also node {host[index]}'s on one host"
+                    )
+                host[index] = node
+
+    def visible_gpus(self, node: str) -> list[int] | None:
+        """The host GPU indices `node` has (gpu_ids), or None: every GPU it shows."""
+        return self.gpu_ids.get(node)
 
 
 class BaseImage(Strict):

@@ -98,6 +98,11 @@ def rank_logs(
     ]
 
 
+def node_gpus(exp: Experiment, node: str) -> list[int]:
+    """The host GPU indices a node has: its `cluster.gpu_ids`, else 0..gpus_per_node-1."""
+    return exp.cluster.visible_gpus(node) or list(range(exp.cluster.gpus_per_node))
+
+
 def gpu_sampler(
     *, exp: Experiment, manager: ServerManager, state: ServerState, cell: CellRepeat
 ) -> gpusampling.NvidiaSmiSampler | gpusampling.SimulatedSampler:
@@ -114,7 +119,7 @@ def gpu_sampler(
                 loads[node] = loads[node] or urls.get(role.name)
         return gpusampling.SimulatedSampler(
             loads=loads,
-            gpus_per_node=exp.cluster.gpus_per_node,
+            gpus={node: node_gpus(exp, node) for node in loads},
             interval_s=interval_ms / 1000 * exp.engine.sim.time_scale,
             headers=http.auth_headers(manager.api_key(state)),
         )
@@ -367,7 +372,10 @@ def run_cell(
             logger.warning("cell %s: guessed evidence, observed only: %s", cell.key, short)
         evidence.check(required, counts, cell=cell.key, logs=logs)
         _check_requests(exp=exp, manager=manager, record=record, cell=cell.key, state=state)
-        snapshot = before + after + window + samples
+        snapshot = telemetry.visible_rows(
+            before + after + window + samples,
+            {node: exp.cluster.visible_gpus(node) for node in nodes},
+        )
         warn_gpu_gaps(snapshot, paths=manager.paths, cell=cell.key)
         record = BenchRecord.model_validate(
             {

@@ -255,6 +255,13 @@ def socket_env(exp: Experiment) -> dict[str, str]:
     return {} if name is None else {"GLOO_SOCKET_IFNAME": name, "NCCL_SOCKET_IFNAME": name}
 
 
+def device_env(exp: Experiment, node: str) -> dict[str, str]:
+    """CUDA_VISIBLE_DEVICES of a node that is a slice of its host (`cluster.gpu_ids`); it
+    wins over `server.env`, as telemetry counts only those GPUs."""
+    ids = exp.cluster.visible_gpus(node)
+    return {} if ids is None else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, ids))}
+
+
 def rank_commands(exp: Experiment, spec: ServerSpec) -> list[RankCommand]:
     """Every process of a server set in start order: each role's ranks (rank 0 first),
     then the router."""
@@ -278,7 +285,7 @@ def rank_commands(exp: Experiment, spec: ServerSpec) -> list[RankCommand]:
                     node=node,
                     rank=rank,
                     argv=argv,
-                    env={**socket_env(exp), **role.args.env},
+                    env={**socket_env(exp), **role.args.env, **device_env(exp, node)},
                     keyed=key,
                 )
             )

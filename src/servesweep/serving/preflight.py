@@ -71,6 +71,12 @@ def our_gpu_pids(node: str, states: list[ServerState], manager: ServerManager) -
     return ours
 
 
+def sim_host_gpus(exp: Experiment) -> int:
+    """How many GPUs a simulated host shows: gpus_per_node, or up to the highest gpu_ids."""
+    ids = [i for node_ids in exp.cluster.gpu_ids.values() for i in node_ids]
+    return max([exp.cluster.gpus_per_node, *(i + 1 for i in ids)])
+
+
 def smi_command(exp: Experiment, manager: ServerManager, node: str) -> str | None:
     """What answers nvidia-smi's queries on `node`: nvidia-smi; on the sim's nodes on this
     machine, the sim's own (servesweep.sim.smi: GPUs held while a sim server of this checkout
@@ -81,7 +87,7 @@ def smi_command(exp: Experiment, manager: ServerManager, node: str) -> str | Non
         return None
     holder = label_env({KIND_LABEL: SERVER_KIND, "node": node, **manager.owner.labels()})
     argv = [exp.engine.python, "-m", "servesweep.sim.smi", "--sim-node", node]
-    argv += ["--sim-gpus", str(exp.cluster.gpus_per_node), "--sim-scope", manager.owner.checkout]
+    argv += ["--sim-gpus", str(sim_host_gpus(exp)), "--sim-scope", manager.owner.checkout]
     for key, value in holder.items():
         argv += ["--sim-holder", f"{key}={value}"]
     return shlex.join(argv)
@@ -109,6 +115,7 @@ def gpus_idle(*, exp: Experiment, manager: ServerManager) -> list[dict[str, Any]
             expected=exp.cluster.gpus_per_node,
             max_used_mib=exp.preflight.gpu_idle_max_memory_mib,
             ours=ours,
+            visible=exp.cluster.visible_gpus(node),
         )
         if reason is not None:
             raise PreflightFailed(reason)

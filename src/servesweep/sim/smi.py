@@ -66,7 +66,9 @@ def holders(
                 ]
             continue
         if holder and all(env.get(k) == v for k, v in holder.items()):
-            held += [(i, entry.name, _name(entry.name), SERVER_MIB) for i in range(gpus)]
+            visible = env.get("CUDA_VISIBLE_DEVICES")  # a node that is a slice of its host
+            indices = [int(i) for i in visible.split(",")] if visible else range(gpus)
+            held += [(i, entry.name, _name(entry.name), SERVER_MIB) for i in indices]
     return [h for h in held if 0 <= h[0] < gpus]
 
 

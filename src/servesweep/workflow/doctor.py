@@ -105,6 +105,7 @@ def check_gpus(exp: Experiment, manager: ServerManager, node: str) -> Check:
         out,
         expected=exp.cluster.gpus_per_node,
         max_used_mib=exp.preflight.gpu_idle_max_memory_mib,
+        visible=exp.cluster.visible_gpus(node),
     )
     if reason is not None:
         return Check(node, "gpus", "fail", reason.removeprefix(f"node {node}: "))
