@@ -423,3 +423,21 @@ def test_shell_lines_quote_env_and_paths(tmp_path: Path) -> None:
             LocalTransport(), RuntimeConfig(kind="docker", image="i"), sudo_password=None
         ).command_line(evil)
     assert not (tmp_path / "X").exists()
+
+
+def test_process_runtime_gives_runtime_env_to_every_process(tmp_path: Path) -> None:
+    """runtime.env reaches plain processes as it reaches containers (NCCL_NVLS_ENABLE=0 on the
+    GPU machine); a launch's own env wins. Found writing the multi-GPU rehearsal: the process
+    runtime dropped it, and `commands` showed no NCCL setting."""
+    rt = ProcessRuntime(LocalTransport(), env={"NCCL_NVLS_ENABLE": "0", "SHARED": "runtime"})
+    launch = Launch(
+        name="p",
+        node="local",
+        argv=["sh", "-c", "echo $NCCL_NVLS_ENABLE $SHARED"],
+        log_path=str(tmp_path / "out.log"),
+        env={"SHARED": "launch"},
+        labels={},
+    )
+    assert "NCCL_NVLS_ENABLE=0" in rt.command_line(launch)
+    res = _sh(rt.oneshot_line(launch), tmp_path)
+    assert res.returncode == 0 and (tmp_path / "out.log").read_text() == "0 launch\n"

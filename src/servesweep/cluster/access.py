@@ -48,7 +48,7 @@ def open_cluster(exp: Experiment, *, for_commands: bool = False) -> Cluster:
         transport = SshTransport(exp.cluster.ssh, nodes=exp.cluster.nodes)
     runtime: Runtime
     if not exp.runtime.containers:
-        runtime = ProcessRuntime(transport)
+        runtime = ProcessRuntime(transport, env=exp.runtime.env)
     else:
         password = (
             sudo_password(os.environ, default_file=exp.secrets.sudo_password_file)

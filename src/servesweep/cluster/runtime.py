@@ -10,6 +10,7 @@ import shlex
 import site
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -184,11 +185,12 @@ def label_env(labels: dict[str, str]) -> dict[str, str]:
 class ProcessRuntime:
     """A detached process group started through the transport (`setsid`), labelled by env."""
 
-    def __init__(self, transport: Transport) -> None:
+    def __init__(self, transport: Transport, env: Mapping[str, str] | None = None) -> None:
         self.transport = transport
+        self.env = dict(env or {})  # runtime.env: every process's (a launch's own wins)
 
     def command_line(self, launch: Launch) -> str:
-        assigns = env_assigns({**launch.env, **label_env(launch.labels)})
+        assigns = env_assigns({**self.env, **launch.env, **label_env(launch.labels)})
         argv = " ".join(shlex.quote(a) for a in launch.argv)
         log = shlex.quote(launch.log_path)
         return (
@@ -256,7 +258,7 @@ class ProcessRuntime:
         return not identity or self.identity(node, handle) == identity
 
     def oneshot_line(self, launch: Launch, *, gpus: bool = False) -> str:
-        env = env_assigns({**launch.env, **label_env(launch.labels)})
+        env = env_assigns({**self.env, **launch.env, **label_env(launch.labels)})
         log = shlex.quote(launch.log_path)
         argv = shlex.join(launch.argv)
         return (

@@ -28,6 +28,7 @@ from servesweep.core.files import write_json_atomic
 from servesweep.measure.cells import lock_holder, run_warmup
 from servesweep.measure.client import client_files, client_launch
 from servesweep.serving.engines import base_url, check_experiment, keyed, launch_targets
+from servesweep.serving.launches import resolve_ports
 from servesweep.serving.neighbours import describe_server
 from servesweep.serving.preflight import run_preflight
 from servesweep.serving.servers import ServerManager, connect, shutdown
@@ -141,7 +142,14 @@ def cmd_commands(args: argparse.Namespace) -> None:
             exp=exp, runtime=manager.runtime, owner=manager.owner, launches=launch_targets(exp)
         ):
             print(line)
-    for spec in server_specs(exp):
+    planned = server_specs(exp)
+    specs = {spec.id: resolve_ports(spec) for spec in planned}
+    if any(specs[spec.id] != spec for spec in planned):
+        print(
+            "# ports set to auto: shown as free now; each start picks its own (the run's "
+            "service/<server>/commands.sh has the ones it used)"
+        )
+    for spec in specs.values():
         print(manager.commands_script(spec).removeprefix("#!/bin/sh\n"), end="")
     print(
         f"# client on node {exp.cluster.nodes[0]}, per cell-repeat (each server config alike; "
@@ -155,7 +163,7 @@ def cmd_commands(args: argparse.Namespace) -> None:
         launch = client_launch(
             exp=exp,
             manager=manager,
-            base_url=base_url(exp, cell.server),
+            base_url=base_url(exp, specs[cell.server.id]),
             workload=cell.workload,
             tag=cell.key,
             output_file=out,
