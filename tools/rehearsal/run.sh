@@ -6,6 +6,12 @@
 #   builtin        the rehearsal matrix with the builtin client   (RUN_ID h200-rehearsal)
 #   bench_serving  the same matrix with SGLang's bench_serving    (RUN_ID h200-rehearsal-bench)
 #   flow           seed 003's flow: servesweep up, two runs (two RUN_IDs) on the service, down
+#   x4             the multi-GPU matrix, TP = EP = GPUS (default 4; h200x4_rehearsal.yaml)
+#   pd-probe       seconds: does the PD bundle load here (Mooncake's libraries, the router)?
+#   pd             seed 003's six cases, prefill on GPUs 0-1, decode on 2-3 (h200x4_pd_rehearsal.yaml)
+# x4 and pd make the 7.6 B model (X4_MODEL_ARGS). pd-probe and pd need .bundle/pd.tar.xz, carried
+# in a call of its own (site.tar.xz + pd.tar.xz pass the 64 MiB carry limit): a warm machine
+# keeps what an earlier call unpacked under $WORK.
 # Every step resumes: Snakemake runs only the cell-repeats without a record. A step that would
 # start after BUDGET_S is skipped; a running one is stopped with Ctrl-C (SIGINT) at the budget,
 # which keeps every finished cell. Whatever ran, $OUT gets results.tar.xz (results/ as it is
@@ -38,18 +44,55 @@ if [ ! -f "$work/site/.unpacked" ]; then
   xz -T0 -dc .bundle/site.tar.xz | tar -x -C "$work/site" && touch "$work/site/.unpacked" \
     || { mark "FAIL: could not unpack .bundle/site.tar.xz"; exit 2; }
 fi
+if [ -f .bundle/pd.tar.xz ] && [ ! -f "$work/site/.pd-unpacked" ]; then
+  xz -T0 -dc .bundle/pd.tar.xz | tar -x -C "$work/site" && touch "$work/site/.pd-unpacked" \
+    || { mark "FAIL: could not unpack .bundle/pd.tar.xz"; exit 2; }
+fi
 export PYTHONPATH="$work/site:$PWD/src"
 mark "bundle unpacked in $work/site ($(du -sh "$work/site" | cut -f1))"
+if [ -f "$work/site/mooncake/engine.so" ]; then
+  # Link only the system libraries Mooncake's engine lacks here; the image's own stay first.
+  mkdir -p "$work/ldmissing"
+  export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$work/site/mooncake_transfer_engine_cuda13.libs:$work/ldmissing"
+  for _ in 1 2 3; do # what a linked library needs in turn (libibverbs: libnl-3)
+    for lib in $(ldd "$work/site/mooncake/engine.so" | awk '/not found/ {print $1}'); do
+      [ -e "$work/site/pdlibs/$lib" ] && ln -sf "$work/site/pdlibs/$lib" "$work/ldmissing/$lib"
+    done
+  done
+  mark "mooncake: linked from the bundle: $(ls "$work/ldmissing" | tr '\n' ' ')"
+fi
 python3 -m pip list 2>/dev/null | grep -i -E '^(sglang|sglang-kernel|flashinfer-python|torch|triton|transformers|tokenizers|pandas|numpy|matplotlib|seaborn|aiohttp|snakemake|pydantic) ' \
   | tr -s ' ' | tr '\n' ';' | sed 's/^/[packages] /' | tee -a "$out/run.log"; echo | tee -a "$out/run.log"
-python3 tools/rehearsal/make_model.py "$work/model" 2>&1 | grep -v -i warn | tee -a "$out/run.log"
-mark "model ready in $work/model"
+case " ${steps[*]} " in
+*" builtin "* | *" bench_serving "* | *" flow "*)
+  python3 tools/rehearsal/make_model.py "$work/model" 2>&1 | grep -v -i warn | tee -a "$out/run.log"
+  mark "model ready in $work/model"
+  ;;
+esac
+case " ${steps[*]} " in
+*" x4 "* | *" pd "*)
+  # 7.6 B parameters, 64 experts: every GPU of TP = EP = 4 works (16 experts each)
+  # shellcheck disable=SC2086
+  python3 tools/rehearsal/make_model.py "$work/model-x4" ${X4_MODEL_ARGS:---hidden 3072 --layers 12 --heads 24 --kv-heads 8 --experts 64 --topk 8 --moe-inter 1024} \
+    2>&1 | grep -v -i warn | tee -a "$out/run.log"
+  mark "model ready in $work/model-x4"
+  ;;
+esac
 
 python3 tools/rehearsal/watch_metrics.py results "$out/metrics.jsonl" --interval 0.5 &
 watcher=$!
 trap 'kill $watcher 2>/dev/null' EXIT
 
 cfg=config/experiments/h200_rehearsal.yaml
+gpus=${GPUS:-4}
+x4cfg=config/experiments/h200x4_rehearsal.yaml
+if [ "$gpus" != 4 ]; then # the same matrix on 2 or 8 GPUs: gpus_per_node = tp = ep = GPUS
+  x4cfg=$work/h200x${gpus}_rehearsal.yaml
+  python3 -c "import sys, yaml; c = yaml.safe_load(open(sys.argv[1])); n = int(sys.argv[2])
+c['cluster']['gpus_per_node'] = c['server']['tp_size'] = c['server']['ep_size'] = n
+c['run_id'] = f'h200x{n}-rehearsal'; yaml.safe_dump(c, open(sys.argv[3], 'w'), sort_keys=False)" \
+    config/experiments/h200x4_rehearsal.yaml "$gpus" "$x4cfg"
+fi
 snake() { # RUN_ID, then extra env; stops with SIGINT at the budget
   local run=$1 rest
   shift
@@ -89,6 +132,18 @@ for step in "${steps[@]}"; do
       >>"$out/flow.log" 2>&1 || mark "flow: down failed"
     mark "flow: done; $(nvidia-smi --query-gpu=memory.used --format=csv,noheader) in use after down"
     ;;
+  x4) cfg=$x4cfg snake "h200x${gpus}-rehearsal" ;;
+  pd-probe)
+    { # each line: what was checked, then what it printed
+      echo "## nvidia-smi topo -m"; nvidia-smi topo -m
+      echo "## ldd mooncake/engine.so (not found: missing)"; ldd "$work/site/mooncake/engine.so"
+      echo "## import mooncake.engine"; python3 -c "from mooncake.engine import TransferEngine; print('ok', TransferEngine)"
+      echo "## sglang_router.launch_router --help (mini-lb)"; python3 -m sglang_router.launch_router --help | grep -i -E 'mini|pd-disagg'
+      echo "## /dev/infiniband"; ls /dev/infiniband 2>&1
+    } >"$out/pd-probe.txt" 2>&1
+    mark "pd-probe: $(grep -c 'not found' "$out/pd-probe.txt") libraries not found; $(grep -c '^ok' "$out/pd-probe.txt") import ok"
+    ;;
+  pd) cfg=config/experiments/h200x4_pd_rehearsal.yaml snake h200x4-pd-rehearsal ;;
   *) mark "unknown step $step" ;;
   esac
 done

@@ -4,17 +4,24 @@
 # python3 3.12 already holds torch 2.11.0+cu130, triton, numpy, pandas, matplotlib, aiohttp, ...
 #
 # Usage (on a machine with a package index, from the checkout):
-#   bash tools/rehearsal/stage_bundle.sh .bundle
+#   bash tools/rehearsal/stage_bundle.sh .bundle        # .bundle/site.tar.xz
+#   bash tools/rehearsal/stage_bundle.sh .bundle pd     # .bundle/pd.tar.xz: the PD extras
+#     (Mooncake, sglang-router, and the system libraries in bundle-pd-debs.txt under pdlibs/)
 # Writes .bundle/site.tar.xz (unpack it on the GPU machine and put it first on PYTHONPATH;
 # tools/rehearsal/run.sh does both). .bundle/wheels keeps the downloads, so a rerun fetches
 # nothing. Any python3 with pip works here: cp312/manylinux wheels are chosen by flags.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-out=${1:?usage: stage_bundle.sh OUTDIR}
+out=${1:?usage: stage_bundle.sh OUTDIR [pd]}
+kind=${2:-site}
 mkdir -p "$out/wheels"
 out=$(cd "$out" && pwd)
 py=${PY:-python3}
-req="$here/bundle-requirements.txt"
+case $kind in
+site) req="$here/bundle-requirements.txt" ;;
+pd) req="$here/bundle-pd-requirements.txt" ;;
+*) echo "stage_bundle: unknown bundle $kind (site or pd)" >&2; exit 2 ;;
+esac
 
 plat=(--only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 --abi abi3
   --abi none --platform any --platform manylinux1_x86_64 --platform manylinux2014_x86_64)
@@ -30,13 +37,32 @@ grep -v '^#' "$req" | while read -r pin; do
     || { echo "stage_bundle: $pin has no cp312 wheel and is not pure Python" >&2; exit 1; }
 done
 
-echo "== install into $out/site"
-rm -rf "$out/site"
+echo "== install into $out/$kind"
+s=$out/$kind
+rm -rf "$s"
 "$py" -m pip install -q --no-deps --no-compile --no-index --find-links "$out/wheels" \
-  "${plat[@]}" --target "$out/site" -r "$req"
+  "${plat[@]}" --target "$s" -r "$req"
+
+if [ "$kind" = pd ]; then
+  echo "== slim: Mooncake's transfer engine only (no store, EP, process group or tools)"
+  rm -f "$s"/mooncake/libmooncake_pg.so "$s"/mooncake/transfer_engine_bench \
+    "$s"/mooncake/store.so "$s"/mooncake/mooncake_client "$s"/mooncake/mooncake_master \
+    "$s"/mooncake/libmooncake_ep_device.so "$s"/mooncake/_ep*.so
+  echo "== system libraries (Debian packages of bundle-pd-debs.txt) into pdlibs/"
+  debs=$(mktemp -d)
+  (cd "$debs" && grep -v '^#' "$here/bundle-pd-debs.txt" | xargs apt-get download -q >/dev/null)
+  for deb in "$debs"/*.deb; do dpkg-deb -x "$deb" "$debs/root"; done
+  mkdir -p "$s/pdlibs"
+  find "$debs/root" \( -type f -o -type l \) -name '*.so*' -exec cp -P {} "$s/pdlibs/" \;
+  rm -rf "$debs" "$s"/bin
+  du -sh "$s"
+  tar -C "$s" -cf - . | xz -9 -T0 >"$out/pd.tar.xz.tmp"
+  mv "$out/pd.tar.xz.tmp" "$out/pd.tar.xz"
+  ls -la "$out/pd.tar.xz"
+  exit 0
+fi
 
 echo "== slim (what the rehearsal never loads)"
-s=$out/site
 # sgl-kernel: Hopper's common ops stay; FA3 (1.1 GB), Blackwell, InfLLM and FlashMLA ops go.
 rm -f "$s"/sgl_kernel/flash_ops.*.so "$s"/sgl_kernel/infllm_ops*.so "$s"/sgl_kernel/flashmla_ops*.so
 rm -rf "$s"/sgl_kernel/sm100
