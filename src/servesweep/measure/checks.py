@@ -238,6 +238,141 @@ def acceptance_met(counts: dict[str, int]) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class KindScore:
+    """One split's score on one label kind: files, and how many were judged right."""
+
+    split: Split
+    kind: str  # `log` or `record`
+    label: str  # `healthy`, `fatal:<kind>`, `invalid:<kind>`, `unclear`
+    files: int
+    scored: int  # files whose verdict counts: fatal logs with a decisive line, every other
+    right: int  # healthy: not called bad; fatal/invalid: called fatal/invalid
+
+    @property
+    def wrong(self) -> int:
+        return self.scored - self.right
+
+
+def _is_right(row: CorpusRow) -> bool:
+    if row.label == "healthy":
+        return row.verdict not in BAD
+    if row.label.startswith("fatal"):
+        return row.verdict == "fatal"
+    if row.label.startswith("invalid"):
+        return row.verdict == "invalid"
+    return True
+
+
+def kind_scores(rows: list[CorpusRow]) -> list[KindScore]:
+    """Per split, file kind and label: the corpus score (`unclear` rows count as files only;
+    a fatal log without its decisive line in the excerpt is not scored)."""
+    groups: dict[tuple[Split, str, str], list[CorpusRow]] = {}
+    for row in rows:
+        groups.setdefault((row.split, row.kind, row.label), []).append(row)
+    out = []
+    for (split, kind, label), group in sorted(groups.items()):
+        scored = [
+            r
+            for r in group
+            if label != "unclear" and not (label.startswith("fatal") and r.decisive == "no")
+        ]
+        right = sum(_is_right(r) for r in scored)
+        out.append(KindScore(split, kind, label, len(group), len(scored), right))
+    return out
+
+
+@dataclass(frozen=True)
+class SplitScore:
+    """The headline figures of one split: false alarms and catches, logs and records."""
+
+    split: Split
+    healthy_logs: int
+    false_alarms: int
+    fatal_logs: int  # with the decisive line in the excerpt
+    fatal_caught: int
+    healthy_records: int
+    records_called_invalid: int
+    invalid_records: int
+    invalid_caught: int
+
+    @property
+    def catch_rate(self) -> float:
+        return self.fatal_caught / self.fatal_logs if self.fatal_logs else 1.0
+
+    def goals_met(self) -> bool:
+        """Issue 28's goals: >= 90% of fatal logs caught, 0 false alarms, every silent failure
+        caught, 0 healthy records called invalid."""
+        return (
+            self.catch_rate >= 0.9
+            and self.false_alarms == 0
+            and self.records_called_invalid == 0
+            and self.invalid_caught == self.invalid_records
+        )
+
+
+def split_scores(rows: list[CorpusRow]) -> dict[Split, SplitScore]:
+    """`SplitScore` of the tuned-on and the held-out files."""
+    out = {}
+    for split in ("tuned", "held-out"):
+        scores = [k for k in kind_scores(rows) if k.split == split]
+
+        def total(kind: str, prefix: str, attr: str, scores: list[KindScore] = scores) -> int:
+            return sum(
+                getattr(k, attr) for k in scores if k.kind == kind and k.label.startswith(prefix)
+            )
+
+        out[split] = SplitScore(
+            split=split,  # type: ignore[arg-type]
+            healthy_logs=total("log", "healthy", "scored"),
+            false_alarms=total("log", "healthy", "scored") - total("log", "healthy", "right"),
+            fatal_logs=total("log", "fatal", "scored"),
+            fatal_caught=total("log", "fatal", "right"),
+            healthy_records=total("record", "healthy", "scored"),
+            records_called_invalid=total("record", "healthy", "scored")
+            - total("record", "healthy", "right"),
+            invalid_records=total("record", "invalid", "scored"),
+            invalid_caught=total("record", "invalid", "right"),
+        )
+    return out  # type: ignore[return-value]
+
+
+def render_scores(rows: list[CorpusRow]) -> str:
+    """Markdown: the headline per split, then every label kind per split."""
+    heads = split_scores(rows)
+    lines = [
+        "| split | healthy logs | false alarms | fatal logs | caught | catch rate "
+        "| healthy records | called invalid | silent failures | caught |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for split in ("tuned", "held-out"):
+        h = heads[split]  # type: ignore[index]
+        lines.append(
+            f"| {split} | {h.healthy_logs} | {h.false_alarms} | {h.fatal_logs} "
+            f"| {h.fatal_caught} | {h.catch_rate:.0%} | {h.healthy_records} "
+            f"| {h.records_called_invalid} | {h.invalid_records} | {h.invalid_caught} |"
+        )
+    lines += [
+        "",
+        "| split | file | label | files | scored | right | wrong |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for k in kind_scores(rows):
+        lines.append(
+            f"| {k.split} | {k.kind} | {k.label} | {k.files} | {k.scored} | {k.right} | {k.wrong} |"
+        )
+    missed = [
+        r
+        for r in rows
+        if r.label != "unclear"
+        and not (r.label.startswith("fatal") and r.decisive == "no")
+        and not _is_right(r)
+    ]
+    lines += ["", f"wrong verdicts: {len(missed)}"]
+    lines += [f"- {r.split}: {r.file} ({r.label}): {r.text[:140]}" for r in missed]
+    return "\n".join(lines) + "\n"
+
+
 def render_table(rows: list[CorpusRow]) -> str:
     """`file | label | verdict` as a markdown table, then the counts."""
     lines = ["| file | label | verdict |", "| --- | --- | --- |"]
