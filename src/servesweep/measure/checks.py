@@ -85,7 +85,11 @@ def _verdict_of(text: str) -> Verdict:
 
 
 def check_records(
-    text: str, *, path: Path, min_retokenized_ratio: float = MIN_RETOKENIZED_RATIO
+    text: str,
+    *,
+    path: Path,
+    min_retokenized_ratio: float = MIN_RETOKENIZED_RATIO,
+    num_prompts: int | None = None,
 ) -> list[CheckLine]:
     """One line per bench_serving record in a JSONL text or a printed result block."""
     name = str(path)
@@ -94,7 +98,9 @@ def check_records(
             record = parse_printed_result(text)
         except (ValueError, ValidationError) as exc:
             raise CheckInputError(f"{path}: not a bench_serving result: {exc}") from None
-        verdict = judge_record(record, min_retokenized_ratio=min_retokenized_ratio).line()
+        verdict = judge_record(
+            record, min_retokenized_ratio=min_retokenized_ratio, num_prompts=num_prompts
+        ).line()
         return [CheckLine(name, _verdict_of(verdict), verdict)]
     lines = [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
     out = []
@@ -115,7 +121,9 @@ def check_records(
             raise CheckInputError(f"{where}: not a bench_serving record: {first[1:3]}") from None
         if record.completed is None and record.total_output_tokens is None:
             raise CheckInputError(f"{where}: unknown type: JSON without bench_serving keys")
-        verdict = judge_record(record, min_retokenized_ratio=min_retokenized_ratio).line()
+        verdict = judge_record(
+            record, min_retokenized_ratio=min_retokenized_ratio, num_prompts=num_prompts
+        ).line()
         out.append(CheckLine(where, _verdict_of(verdict), verdict))
     return out
 
@@ -131,14 +139,18 @@ def check_file(
     *,
     kind: Kind | None = None,
     min_retokenized_ratio: float = MIN_RETOKENIZED_RATIO,
+    num_prompts: int | None = None,
 ) -> list[CheckLine]:
-    """Verdict lines of one file, typed by content unless `kind` is given."""
+    """Verdict lines of one file, typed by content unless `kind` is given (`num_prompts`: the
+    client's, for records)."""
     path = Path(path)
     text = _read(path)
     kind = kind or detect_kind(text, path=path)
     if kind == "log":
         return [check_log(text, path=path)]
-    return check_records(text, path=path, min_retokenized_ratio=min_retokenized_ratio)
+    return check_records(
+        text, path=path, min_retokenized_ratio=min_retokenized_ratio, num_prompts=num_prompts
+    )
 
 
 def any_bad(lines: list[CheckLine]) -> bool:
