@@ -323,6 +323,17 @@ class SplitScore:
         )
 
 
+# The first file issue 28 added to INDEX.md: the rows from it on were never seen by the phrase
+# list of issue 14 either (the held-out figure on them alone is the one on unseen data).
+FIRST_ADDED_BY_ISSUE_28 = "logs/capture-cuda-graph-gloo-chained-issue4205.log"
+
+
+def added_by_issue_28(rows: list[CorpusRow]) -> list[CorpusRow]:
+    """The rows from FIRST_ADDED_BY_ISSUE_28 on (INDEX.md order)."""
+    files = [r.file for r in rows]
+    return rows[files.index(FIRST_ADDED_BY_ISSUE_28) :] if FIRST_ADDED_BY_ISSUE_28 in files else []
+
+
 def split_scores(rows: list[CorpusRow]) -> dict[Split, SplitScore]:
     """`SplitScore` of the tuned-on and the held-out files."""
     out = {}
@@ -357,8 +368,8 @@ def render_scores(rows: list[CorpusRow]) -> str:
         "| healthy records | called invalid | silent failures | caught |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for split in ("tuned", "held-out"):
-        h = heads[split]  # type: ignore[index]
+    new = split_scores(added_by_issue_28(rows))["held-out"]
+    for split, h in (*heads.items(), ("held-out, added by issue 28", new)):
         lines.append(
             f"| {split} | {h.healthy_logs} | {h.false_alarms} | {h.fatal_logs} "
             f"| {h.fatal_caught} | {h.catch_rate:.0%} | {h.healthy_records} "
