@@ -158,6 +158,8 @@ ORDER = (
     "rank_above_zero_dies_mid_cell",
     "rank_above_zero_node_dies_mid_cell",
     "server_crashes_mid_cell",
+    "another_process_crashes_mid_cell",
+    "native_library_crashes_mid_cell",
     "some_requests_get_http_500",
     "mid_stream_error",
     "server_hangs_client_times_out",

@@ -76,6 +76,20 @@ FAULT_THEN_RERUN = [
         r"ServerDied: .*(fatal pattern|exited)",
         WITHIN,
     ),
+    ShimFault(  # issue 28: SGLang's other processes and the native libraries it hosts
+        "another_process_crashes_mid_cell",
+        "another process crashes mid-cell (the detokenizer's crash header, process exits)",
+        f"--sim-crash-after {SECOND_CELL_INDEX} --sim-crash-kind detokenizer",
+        r"ServerDied: .*(fatal pattern 'process_exception'|exited)",
+        WITHIN,
+    ),
+    ShimFault(
+        "native_library_crashes_mid_cell",
+        "a native library crashes mid-cell (UCX Caught signal 11, the process dies of SIGSEGV)",
+        f"--sim-crash-after {SECOND_CELL_INDEX} --sim-crash-kind native",
+        r"ServerDied: .*(fatal pattern 'native_crash'|exited)",
+        WITHIN,
+    ),
     ShimFault(
         "some_requests_get_http_500",
         "some requests get HTTP 500",

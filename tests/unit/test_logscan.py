@@ -7,6 +7,9 @@ from pathlib import Path
 import pytest
 
 from servesweep.serving import logscan
+from tests.helpers import REPO
+
+REAL = REPO / "tests" / "fixtures" / "real" / "logs"
 
 # A healthy SGLang 0.5.x start (rank 0), including lines that mention NCCL, CUDA, memory,
 # watchdog and page size without being failures.
@@ -42,14 +45,8 @@ token usage: 0.00, #running-req: 0, #queue-req: 0, cuda graph: False
 
 # One realistic line per fatal pattern (name -> line); every pattern must have one.
 EXAMPLES = {
-    "scheduler_exception": "[2026-11-29 17:02:11 TP3] Scheduler hit an exception: Traceback "
+    "process_exception": "[2026-11-29 17:02:11 TP3] Scheduler hit an exception: Traceback "
     "(most recent call last):",
-    "tokenizer_manager_exception": "[2026-11-29 17:02:11] TokenizerManager hit an exception: "
-    "Traceback (most recent call last):",
-    "detokenizer_manager_exception": "[2026-11-29 17:02:11] DetokenizerManager hit an "
-    "exception: Traceback (most recent call last):",
-    "dp_controller_exception": "[2026-11-29 17:02:11] DataParallelController hit an exception: "
-    "Traceback (most recent call last):",
     "sigquit": "[2026-11-29 17:02:12] SIGQUIT received. signum=None, frame=None. It usually "
     "means one child failed.",
     "subprocess_crashed": "[2026-11-29 17:02:12] Subprocess scheduler_0 (pid=3417555) crashed "
@@ -96,6 +93,8 @@ EXAMPLES = {
     "retrieve segment descriptor, name 10.6.131.6_58f33e4e",
     "mooncake_transport": "E0904 07:15:26.325699  5796 tcp_transport.cpp:172] Session::readBody "
     "failed. Error: End of file (value: 2)",
+    "native_crash": "[beaker:594314:0:594797] Caught signal 11 (Segmentation fault: invalid "
+    "permissions for mapped object at address 0x7a80e6008000)",
     "pd_router_worker_error": "2025-09-04 07:15:26 ERROR http_request{method=POST "
     "uri=/v1/completions}: sglang_router_rs::routers::pd_router: Decode server returned error "
     "status decode_url=http://10.160.1.2:30001",
@@ -144,12 +143,12 @@ def test_crash_log_findings_in_line_order():
     n = len(READY_LOG.splitlines())
     findings = logscan.scan_text(crash)
     assert [(f.name, f.line_no) for f in findings] == [
-        ("scheduler_exception", n + 1),
+        ("process_exception", n + 1),
         ("traceback", n + 1),
         ("cuda_error", n + 4),
         ("sigquit", n + 6),
     ]
-    assert str(findings[0]).startswith(f"scheduler_exception at line {n + 1}: [2026-11-29")
+    assert str(findings[0]).startswith(f"process_exception at line {n + 1}: [2026-11-29")
 
 
 def test_older_watchdog_and_launch_phase_sigquit_lines():
@@ -250,10 +249,14 @@ def test_prefixes_are_tolerated(prefix):
     )
     text = "".join(prefix + line + "\n" for line in crash.splitlines())
     findings = logscan.scan_text(text)
-    assert [f.name for f in findings if f.severity == "fatal"] == ["scheduler_exception"]
+    # the crash header, and the traceback after which the process does not go on
+    assert [f.name for f in findings if f.severity == "fatal"] == ["process_exception", "traceback"]
     tb = next(f for f in findings if f.name == "traceback")
     if not prefix.startswith("my-own"):  # an unknown prefix hides the exception line's start
-        assert tb.detail == "ValueError: Failed to allocate token prealloc indices"
+        assert tb.detail == (
+            "in f (scheduler.py), the process does not go on: "
+            "ValueError: Failed to allocate token prealloc indices"
+        )
     assert logscan.strip_prefix(prefix + "[TP0] x") == "x" or prefix.startswith("my-own")
 
 
@@ -333,3 +336,113 @@ def test_startup_phases_of_the_real_cold_and_warm_starts():
     assert warm["cuda_graph_s"] == 8.9 and warm["imports_s"] == 43.1
     assert sum(warm.values()) == pytest.approx(57.07, abs=0.3)
     assert logscan.startup_phases("no stamps here", 10.0) == {}
+
+
+# ---------------------------------------------------------------- structure (issue 28)
+
+SERVED = '[2026-11-29 17:03:00] INFO:     127.0.0.1:51260 - "POST /generate HTTP/1.1" 200 OK\n'
+ENGINE_TRACEBACK = (  # no crash header: a thread of the scheduler's process
+    "Exception in thread Thread-3 (transfer_worker):\n"
+    "Traceback (most recent call last):\n"
+    '  File "/usr/lib/python3.12/threading.py", line 1075, in _bootstrap_inner\n'
+    '  File "/sgl-workspace/sglang/python/sglang/srt/disaggregation/mooncake/conn.py", line 672, '
+    "in transfer_worker\n"
+    "    self.send_kvcache(req)\n"
+    "AssertionError: kv indices out of range\n"
+)
+
+
+def test_an_engine_traceback_is_fatal_when_the_process_does_not_go_on():
+    findings = logscan.scan_text(READY_LOG + ENGINE_TRACEBACK)
+    tb = next(f for f in findings if f.name == "traceback")
+    assert tb.severity == "fatal"
+    assert tb.detail == (
+        "in transfer_worker (conn.py), the process does not go on: "
+        "AssertionError: kv indices out of range"
+    )
+    # a served request after it: the process went on
+    assert logscan.fatal_findings(READY_LOG + ENGINE_TRACEBACK + SERVED) == []
+    # a running process's log: its end is no silence yet
+    assert logscan.fatal_findings(READY_LOG + ENGINE_TRACEBACK, complete=False) == []
+
+
+def test_a_request_handler_traceback_stays_a_warning_at_the_log_end():
+    asgi = (
+        "[2025-08-17 17:15:54] ERROR:    Exception in ASGI application\n"
+        "Traceback (most recent call last):\n"
+        '  File "/usr/local/lib/python3.12/site-packages/uvicorn/protocols/http/h11_impl.py", '
+        "line 403, in run_asgi\n"
+        "    result = await app(self.scope, self.receive, self.send)\n"
+        "asyncio.exceptions.CancelledError\n"
+    )
+    assert logscan.fatal_findings(READY_LOG + DISCONNECT) == []
+    assert logscan.fatal_findings(READY_LOG + asgi) == []
+
+
+def test_a_cut_header_and_a_bare_assertion_are_judged_like_a_traceback():
+    cut = "".join(
+        (REAL / "torch-compile-stream-capturing-issue7918.log").read_text().splitlines(True)[:9]
+    )
+    assert [f.name for f in logscan.fatal_findings(cut)] == ["traceback", "cuda_error"]
+    bare = "[2026-11-29 17:02:11 TP0] AssertionError: req_to_token_pool is full\n"
+    assert [f.name for f in logscan.fatal_findings(READY_LOG + bare)] == ["traceback"]
+    assert logscan.fatal_findings(READY_LOG + bare + SERVED) == []
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "[2025-08-15 14:25:48] DetokenizerManager hit an exception: Traceback (most recent call "
+        "last):",
+        "[2025-10-17 13:40:23] DataParallelController hit an exception: Traceback (most recent "
+        "call last):",
+        "DP2 TP2] Scheduler hit an exception: Traceback (most recent call last):",
+        "[2026-11-29 17:02:11 DP1 TP3 EP3] PrefillScheduler hit an exception: Traceback",
+    ],
+)
+def test_every_process_crash_header_is_fatal_even_when_requests_follow(header):
+    findings = logscan.fatal_findings(READY_LOG + header + "\n" + SERVED)
+    assert [f.name for f in findings] == ["process_exception"]
+
+
+def test_native_error_levels_are_fatal_when_the_process_does_not_go_on():
+    glog = (
+        "E0511 07:42:36.355509 10240 rdma_context.cpp:198] Failed to register memory "
+        "0x2e1cbac200: Bad address [14]\n"
+    )
+    rust = (
+        "2026-11-29 17:05:01 ERROR sglang_router_rs::routers::http::pd_router: "
+        "src/routers/http/pd_router.rs:612: No available prefill workers (all circuits open)\n"
+    )
+    ucx = (
+        "[1747186205.897557] [TENCENT64:27319:0]          module.c:72   UCX  ERROR ucs library "
+        "path: /lib/libucs.so.0\n"
+    )
+    nvshmem = (
+        "/sgl-workspace/nvshmem/src/host/init/init.cu:1007: non-zero status: 7 nvshmem setup "
+        "connections failed\n"
+    )
+    for line in (glog, rust, ucx, nvshmem):
+        assert [f.name for f in logscan.fatal_findings(READY_LOG + line)] == ["native_error"]
+        assert logscan.fatal_findings(READY_LOG + line + SERVED) == []
+    router_served = (
+        "2026-11-29 17:05:02  INFO http_request{method=POST uri=/generate}: "
+        "sglang_router_rs::middleware: src/middleware.rs:169: finished processing request "
+        "status=200 OK latency=1.4ms\n"
+    )
+    assert logscan.fatal_findings(READY_LOG + rust + router_served) == []
+    signal = (REAL / "nixl-upgrade-prefill-worker-signal11-issue380.log").read_text()
+    assert logscan.fatal_findings(signal + SERVED)[0].name == "native_crash"
+
+
+def test_a_soft_watchdog_dump_then_silence_is_a_hang():
+    soft = (
+        "[2026-11-29 17:07:16 TP0] Scheduler watchdog timeout (self.watchdog_timeout=300, "
+        "self.soft=True)\n"
+        "Thread 0x00007f1337ff5640 (most recent call first):\n"
+        '  File "/usr/lib/python3.12/threading.py", line 359 in wait\n'
+    )
+    assert [f.name for f in logscan.fatal_findings(READY_LOG + soft)] == ["stack_dump"]
+    assert logscan.fatal_findings(READY_LOG + soft + SERVED) == []
+    hard = soft.replace("self.soft=True", "self.soft=False")
+    assert logscan.fatal_findings(READY_LOG + hard + SERVED)[0].name == "watchdog_timeout"

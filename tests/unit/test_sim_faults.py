@@ -118,6 +118,30 @@ def test_crash_after_zero_crashes_on_the_first_request(tmp_path: Path) -> None:
     assert "Scheduler hit an exception:" in proc.log()
 
 
+@pytest.mark.parametrize(
+    ("kind", "fatal", "exit_code"),
+    [
+        # issue 28: a crash in another process, a native library's crash
+        ("detokenizer", "process_exception", 1),
+        ("native", "native_crash", -11),
+    ],
+)
+def test_crash_kinds_kill_the_server_as_sglang_dies(
+    tmp_path: Path, kind: str, fatal: str, exit_code: int
+) -> None:
+    from servesweep.serving import logscan
+
+    argv = [*FAST, "--sim-crash-after", "0", "--sim-crash-kind", kind]
+    with start_sim(argv=argv, log_path=tmp_path / "s.log") as proc:
+        proc.wait_ready()
+        with pytest.raises((http.client.HTTPException, ConnectionError, urllib.error.URLError)):
+            post(proc.url + "/generate", gen(stream=False))
+        assert proc.wait_exit() == exit_code
+    findings = logscan.fatal_findings(proc.log())
+    assert findings and findings[0].name == fatal
+    assert "Scheduler hit an exception" not in proc.log()
+
+
 def test_request_before_ready_is_refused_and_takes_no_index(tmp_path: Path) -> None:
     from tests.support.simprocess import free_port
 

@@ -255,3 +255,29 @@ def test_router_refuses_a_taken_port(setup: Setup, tmp_path: Path) -> None:
     with start_router(argv=argv, log_path=tmp_path / "r.log") as second:
         assert second.wait_exit() == 1
         assert "error while attempting to bind" in second.log()
+
+
+def test_a_router_without_workers_answers_503_and_its_log_is_fatal(tmp_path: Path) -> None:
+    # issue 28: a router whose every worker circuit opened (sglang-router's Rust error line)
+    from servesweep.measure import checks
+
+    with Backends(["p1", "d1"]) as backends:
+        argv = [
+            "--pd-disaggregation", "--mini-lb",
+            "--prefill", backends["p1"].url, "--decode", backends["d1"].url,
+            "--host", "127.0.0.1", "--port", "0", "--sim-no-workers-after", "1",
+        ]  # fmt: skip
+        log = tmp_path / "router.log"
+        with start_router(argv=argv, log_path=log) as router:
+            router.wait_for_line(ROUTER_READY_LINE)
+            body = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}}
+            assert http("POST", router.url + "/generate", body)[0] == 200
+            status, raw = http("POST", router.url + "/generate", body)
+            assert status == 503 and b"No available workers" in raw
+            router.wait_for_line("ERROR sglang_router_rs")
+    # while it runs, its log end is no silence; read as a finished log, it is fatal
+    from servesweep.serving import logscan
+
+    assert logscan.fatal_findings(log.read_text(), complete=False) == []
+    line = checks.check_file(log, kind="log")[0]
+    assert line.verdict == "fatal" and "native_error" in line.text

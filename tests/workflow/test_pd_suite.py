@@ -264,3 +264,33 @@ def test_pd_on_one_hosts_gpus_each_node_its_slice(tmp_path: Path) -> None:
         "p01": [0.0, 1.0],
         "d23": [2.0, 3.0],
     }
+
+
+def test_a_router_without_workers_stops_the_run_and_its_log_says_why(tmp_path: Path) -> None:
+    # issue 28: every worker circuit of the router open (the sim answers 503 with
+    # sglang-router's Rust error line): the run stops at the first request through the router
+    # (the warm-up), its log holds the 503; the router's log, read as a finished log, is fatal
+    from servesweep.measure import checks
+
+    cfg = pd_config(
+        tmp_path,
+        "wf-pd-no-workers",
+        engine={"sim": {"faults": {"router_no_workers_after": 0}}},
+        workload={"num_requests": 4},
+    )
+    proc = run_snakemake(tmp_path, "--cores", "1", "all", "--configfile", str(cfg))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    service = tmp_path / "results" / "wf-pd-no-workers" / "service" / "pd"
+    # the warm-up through the router is the first request: the run stops there, naming its log
+    assert "cell pd/warmup: client exited 1" in out, out[-3000:]
+    assert "bench log results/wf-pd-no-workers/service/pd/warmup.log" in out, out[-3000:]
+    assert (
+        "HTTP 503 Service Unavailable: No available workers" in (service / "warmup.log").read_text()
+    )
+    logs = sorted(service.glob("router-*.log"))
+    assert len(logs) == 1, sorted(service.iterdir())
+    verdict = checks.check_file(logs[0], kind="log")[0]
+    assert verdict.verdict == "fatal" and "sglang_router_rs" in verdict.text
+    runtime = ProcessRuntime(LocalTransport())
+    assert runtime.find("local", {"run": "wf-pd-no-workers"}) == [], "no process is left"

@@ -21,6 +21,7 @@ import pandas as pd
 
 from servesweep.analysis import labels, stats
 from servesweep.analysis.summary import SUMMARY_METRICS
+from servesweep.measure.validation import DRIFT_WARNING_RATIO
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +201,7 @@ def warnings(
         out.append(f"Server logs: warning {name} x {count} (logscan.json).")
     if "retokenized_ratio" in results.columns:
         ratio = pd.to_numeric(results["retokenized_ratio"], errors="coerce")
-        drift = ratio[(ratio - 1).abs() > 1e-9]
+        drift = ratio[ratio < DRIFT_WARNING_RATIO]  # the record check's warning (validation)
         if len(drift):
             out.append(
                 f"Re-tokenization drift in {len(drift)} of {len(results)} cell-repeats: "

@@ -256,6 +256,11 @@ class SimFaults(Strict):
     fail_start: bool = False
     fail_start_nodes: list[str] = Field(default_factory=list)  # fail_start on these nodes only
     crash_after: int | None = Field(default=None, ge=0)
+    # How the crash after crash_after shows: the scheduler's traceback, another process's crash
+    # header (the detokenizer's), or a native library's fatal signal (UCX `Caught signal 11`).
+    crash_kind: Literal["scheduler", "detokenizer", "native"] = "scheduler"
+    # The PD router: after this many requests every worker's circuit is open (503, Rust line).
+    router_no_workers_after: int | None = Field(default=None, ge=0)
     http_500_at: list[int] = Field(default_factory=list)
     midstream_error_at: list[int] = Field(default_factory=list)
     hang_at: list[int] = Field(default_factory=list)

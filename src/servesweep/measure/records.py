@@ -4,6 +4,7 @@ for both clients' records (the key layout is in recordkeys, which the client its
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -138,15 +139,44 @@ def _printed_value(key: str, raw: str) -> Any:
     return number
 
 
+# The bench_serving command line printed with a block states the workload the block ran:
+# its options (argparse takes an unambiguous prefix: `--num-prompt`, `--random-output`).
+COMMAND_LINE = re.compile(r"\bbench_serving\b|\bbenchmark[._]serving\b")
+COMMAND_OPTIONS: dict[str, tuple[re.Pattern[str], type]] = {
+    "num_prompts": (re.compile(r"--num-prompts?[= ]+(\d+)"), int),
+    "dataset_name": (re.compile(r"--dataset-name[= ]+([\w-]+)"), str),
+    "random_input_len": (re.compile(r"--random-input(?:-len)?[= ]+(\d+)"), int),
+    "random_output_len": (re.compile(r"--random-output(?:-len)?[= ]+(\d+)"), int),
+    "random_range_ratio": (re.compile(r"--random-range-ratio[= ]+([\d.]+)"), float),
+}
+
+
+def stated_options(line: str) -> dict[str, Any]:
+    """The workload options a bench_serving command line states (none: {})."""
+    if not COMMAND_LINE.search(line):
+        return {}
+    found = {}
+    for key, (rx, kind) in COMMAND_OPTIONS.items():
+        match = rx.search(line)
+        if match:
+            found[key] = kind(match.group(1))
+    return found
+
+
 def parse_printed_result(text: str) -> BenchRecord:
     """A record from bench_serving's printed result block: the labelled figures it shows
-    (no per-request details); unknown labels are skipped, a bad number raises ValueError."""
+    (no per-request details) and the workload a bench_serving command line printed with it
+    states (`num_prompts`, `dataset_name`, `random_*`); unknown labels are skipped, a bad number
+    raises ValueError."""
     data: dict[str, Any] = {}
     for line in text.splitlines():
+        if line.lstrip().startswith(("python", "$", "#")) or "--" in line:
+            data.update(stated_options(line))
+            continue
         label, sep, value = line.partition(":")
         key = PRINTED_LABELS.get(label.strip().lower())
         if sep and key is not None:
             data[key] = _printed_value(key, value.strip())
-    if not data:
+    if not set(data) & set(PRINTED_LABELS.values()):
         raise ValueError("no bench_serving result lines")
     return BenchRecord.model_validate(data)

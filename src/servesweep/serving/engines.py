@@ -222,6 +222,8 @@ def _sim_flags(exp: Experiment, spec: ServerSpec, node: str) -> list[str]:
         flags.append("--sim-fail-start")
     if faults.crash_after is not None:
         flags += ["--sim-crash-after", str(faults.crash_after)]
+        if faults.crash_kind != "scheduler":
+            flags += ["--sim-crash-kind", faults.crash_kind]
     for flag, indices in (
         ("--sim-http-500-at", faults.http_500_at),
         ("--sim-midstream-error-at", faults.midstream_error_at),
@@ -245,6 +247,9 @@ def router_command(exp: Experiment, spec: ServerSpec) -> RankCommand:
     argv += ["--prefill", role_url(exp, prefill), str(bootstrap)]
     argv += ["--decode", role_url(exp, decode)]
     argv += ["--host", server_host(exp), "--port", str(router.port), "--policy", router.policy]
+    no_workers = exp.engine.sim.faults.router_no_workers_after
+    if exp.engine.kind == "sim" and no_workers is not None:
+        argv += ["--sim-no-workers-after", str(no_workers)]
     return RankCommand(role=ROUTER_ROLE, node=router.node, rank=0, argv=argv, env={})
 
 

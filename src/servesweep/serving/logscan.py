@@ -1,4 +1,5 @@
-"""SGLang server log patterns with severities (fatal stops a run, warning is counted)."""
+"""SGLang server log judgement: fatal lines, and the structure around them (tracebacks, which
+process they run in, whether the process goes on, native log levels)."""
 
 from __future__ import annotations
 
@@ -38,22 +39,28 @@ def _warning(name: str, pattern: str, flags: int = 0) -> Pattern:
     return Pattern(name, WARNING, re.compile(pattern, flags))
 
 
-# Searched anywhere in a line, so prefixes (Kubernetes CRI, wrapping loggers, docker compose,
-# collectors) do not hide them. In the order a human would look; a line may match several.
+# Lines that are fatal wherever they stand: SGLang's own crash headers and fatal messages, and
+# the fatal lines of what it hosts. Searched anywhere in a line, so prefixes (Kubernetes CRI,
+# wrapping loggers, docker compose, collectors) do not hide them. What a line list cannot see
+# (a traceback without such a line, a native library's error level, a hang) is judged by
+# structure: see `scan_text`.
 FATAL_PATTERNS: tuple[Pattern, ...] = (
-    # Any `<Something>Scheduler hit an exception:` (managers/scheduler.py, then SIGQUIT).
-    _fatal("scheduler_exception", r"Scheduler hit an exception"),
-    _fatal("tokenizer_manager_exception", r"TokenizerManager hit an exception"),
-    _fatal("detokenizer_manager_exception", r"DetokenizerManager hit an exception"),
-    _fatal("dp_controller_exception", r"DataParallelController hit an exception"),
+    # SGLang's crash header, `logger.error(f"{Name} hit an exception: {traceback}")`, logged by
+    # every process it runs (Scheduler, TokenizerManager, DetokenizerManager,
+    # DataParallelController, ...) just before it kills the process tree.
+    _fatal("process_exception", r"\b[A-Z]\w* hit an exception\b"),
     # Running phase: "SIGQUIT received. signum=..., frame=.... It usually means one child
     # failed."; launch phase: "Received sigquit from a child process. ..." (older releases
     # spelt it "child proces.").
     _fatal("sigquit", r"SIGQUIT received\.|Received sigquit from a child proces"),
     _fatal("subprocess_crashed", r"Subprocess \S+ \(pid=\d+\) crashed with exit code"),
     # "Scheduler watchdog timeout (self.watchdog_timeout=300, self.soft=False)" (utils/
-    # watchdog.py) and the older "Watchdog timeout (self.watchdog_timeout=300)".
-    _fatal("watchdog_timeout", r"[Ww]atchdog timeout \(self\.watchdog_timeout="),
+    # watchdog.py) and the older "Watchdog timeout (self.watchdog_timeout=300)". The soft
+    # watchdog (self.soft=True) only dumps: judged by what follows it (scan_text).
+    _fatal(
+        "watchdog_timeout",
+        r"[Ww]atchdog timeout \(self\.watchdog_timeout=\d+(?:\)|, self\.soft=False)",
+    ),
     _fatal("warmup_failed", r"Initialization failed\. warmup error:"),
     # PD prefill warmup; printed just BEFORE the ready line, the server then serves nothing.
     _fatal("pd_warmup_failed", r"disaggregation mode warm ?[Uu]p [Ff]ailed"),
@@ -67,6 +74,9 @@ FATAL_PATTERNS: tuple[Pattern, ...] = (
     _fatal("cuda_error", r"CUDA error"),
     # faulthandler: "Fatal Python error: Segmentation fault" / "Aborted" / "Bus error".
     _fatal("fatal_python_error", r"Fatal Python error: "),
+    # A fatal signal caught by a native library's handler (UCX/ucs, also under NIXL):
+    # "[host:pid:tid] Caught signal 11 (Segmentation fault: ...)", then "==== backtrace".
+    _fatal("native_crash", r"Caught signal (?:4|6|7|8|11) \("),
     _fatal(
         "nccl_error", r"NCCL error|nccl(?:Internal|System|UnhandledCuda|Remote|InvalidUsage)Error"
     ),
@@ -98,10 +108,6 @@ FATAL_PATTERNS: tuple[Pattern, ...] = (
 
 # Counted and shown, never a reason to stop: healthy servers print them.
 WARNING_PATTERNS: tuple[Pattern, ...] = (
-    # A traceback alone: e.g. "Task exception was never retrieved" after a client disconnect,
-    # or "Exception in ASGI application" when the scheduler aborts a queued request. One that
-    # ends in a fatal line is caught by that line; a dead process by the run's liveness check.
-    _warning("traceback", r"Traceback \(most recent call last\)"),
     _warning("task_exception", r"Task exception was never retrieved"),
     _warning("client_disconnected", r"Request is disconnected from the client side"),
     _warning("asgi_exception", r"Exception in ASGI application"),
@@ -110,8 +116,6 @@ WARNING_PATTERNS: tuple[Pattern, ...] = (
     _warning("moe_default_config", r"Using (?:default )?MoE kernel config"),
     _warning("user_warning", r"\bUserWarning\b"),
     _warning("nccl_warn", r"NCCL WARN"),
-    # glog error lines of Mooncake and other C++ components: "E0616 07:25:02.248354 ...".
-    _warning("glog_error", r"(?:^|\s)E\d{4} \d\d:\d\d:\d\d\.\d+ "),
 )
 PATTERNS: tuple[Pattern, ...] = FATAL_PATTERNS + WARNING_PATTERNS
 
@@ -136,8 +140,48 @@ PREFIXES: tuple[re.Pattern[str], ...] = tuple(
         r"^\[(?:DP|TP|EP|PP|CP)\d+[^\]]*\] ",
     )
 )
-EXCEPTION_LINE = re.compile(r"^(?:\w+\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Group)\b")
-TRACEBACK_SPAN = 400  # lines searched for the exception line that closes a traceback
+# The line that closes a traceback: `[module.]Name(Error|Exception|...)` then `:` or the end.
+EXCEPTION_LINE = re.compile(
+    r"^(?:\w+\.)*[A-Z]?\w*(?:Error|Exception|Exit|Interrupt|Group)(?::\s|:?\s*$)"
+)
+TRACEBACK_HEADER = "Traceback (most recent call last)"
+FRAME = re.compile(r'^\s*File "([^"]+)", line \d+, in (\S+)')  # faulthandler dumps: "line N in f"
+CHAINED = re.compile(r"^(?:During handling of the above exception|The above exception was the)")
+
+# Where a traceback runs. A request's handler (uvicorn, starlette, the HTTP server, an asyncio
+# task of a request) fails one request and the server goes on; anywhere else (scheduler, model
+# runner, CUDA graph runner, TP worker, transfer and bootstrap threads, a child process) it is
+# the engine's own code: fatal unless the process goes on.
+REQUEST_SCOPE = re.compile(
+    r"Task exception was never retrieved|Exception in ASGI application|"
+    r"/(?:uvicorn|starlette|fastapi|sse_starlette|aiohttp)/|/entrypoints/http_server\.py|"
+    r"/openai_api/|/entrypoints/openai/"
+)
+# Exceptions that say the process was asked to stop (Ctrl-C, our SIGTERM, a cancelled task).
+STOPPED = re.compile(r"^(?:\w+\.)*(?:KeyboardInterrupt|SystemExit|CancelledError)\b")
+
+# The process goes on: it serves a request (an access line with 2xx, a batch, the ready line,
+# the Rust router's finished request with 2xx).
+PROGRESS = re.compile(r'HTTP/[\d.]+" 2\d\d|\b(?:Prefill|Decode) batch\b|ready to roll|status=2\d\d')
+
+# Native log levels of what SGLang hosts; an error-level line is fatal when the process does
+# not go on after it. glog (Mooncake, ...): `E0511 07:42:36.355509 10240 file.cpp:198] ...`
+# (F: fatal); UCX: `[1747186205.897] [host:pid:tid]  module.c:72  UCX  ERROR ...`; Rust
+# (sglang-router): `2025-07-30 00:09:07 ERROR target: src/x.rs:246: ...` and the older
+# `[Router (Rust)] 2025-03-18 14:17:58 - ERROR - ...`; a C/C++/CUDA library's source-located
+# error print (NVSHMEM: `/path/init.cu:1007: non-zero status: 7 ...`).
+GLOG = re.compile(r"(?:^|\s)([EF])\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+:\d+\] ")
+UCX_ERROR = re.compile(r"\[[\w.-]+:\d+:\d+\]\s+\S+:\d+\s+UCX\s+(?:ERROR|FATAL)\b")
+RUST_ERROR = re.compile(
+    r"^\d{4}-\d\d-\d\d[ T][\d:.]+Z?\s+ERROR\s+\S.*\.rs:\d+|^\[Router \(Rust\)\] .* - ERROR - "
+)
+NATIVE_SOURCE = re.compile(r"^\S+\.(?:c|cc|cpp|cu|cuh|hpp):(?:\w+:)?\d+: ")
+# A stack dump without a crash: faulthandler's `Thread 0x... (most recent call first):` or
+# SGLang's py-spy dump; a hang when the process does not go on after it.
+STACK_DUMP = re.compile(
+    r"^(?:Thread|Current thread) 0x[0-9a-f]+ \(most recent call first\)|Pyspy dump|"
+    r"self\.soft=True"
+)
 
 
 def strip_prefix(line: str) -> str:
@@ -174,24 +218,117 @@ class Finding:
         return out
 
 
-def _closing_exception(lines: list[str], start: int) -> str:
-    """The exception line that ends the traceback starting at index `start` ('' if none)."""
-    for line in lines[start + 1 : start + 1 + TRACEBACK_SPAN]:
-        body = strip_prefix(line.rstrip("\r"))
-        if EXCEPTION_LINE.match(body):
-            return body.strip()[:200]
-    return ""
+@dataclass(frozen=True)
+class Traceback:
+    """A Python traceback: its first line (the header, or the first frame when the header was
+    cut off), last line, frames (file, function) and the exception line that closes it."""
+
+    start: int
+    end: int
+    frames: tuple[tuple[str, str], ...]
+    exception: str
+    context: str  # the header line and the three lines before it
+
+    @property
+    def request_scoped(self) -> bool:
+        """Runs in a request's handler: fails one request, not the server."""
+        return bool(REQUEST_SCOPE.search(self.context)) or any(
+            REQUEST_SCOPE.search(path) for path, _ in self.frames
+        )
+
+    @property
+    def where(self) -> str:
+        """The innermost frame of SGLang's own code (or the innermost frame)."""
+        own = [f for f in self.frames if "sglang" in f[0]] or list(self.frames)
+        if not own:
+            return "no frames"
+        path, func = own[-1]
+        return f"{func} ({Path(path).name})"
 
 
-def scan_text(text: str) -> list[Finding]:
-    """Every (pattern, line) match in a log text, fatal and warning, in line order then
-    pattern order (readiness-probe 503s before the ready line are no finding).
+def tracebacks(bodies: list[str]) -> list[Traceback]:
+    """Every traceback in the prefix-stripped lines: headed ones, those whose header was cut
+    off (frames first) and bare exception lines (an assertion without a traceback)."""
+    out = []
+    index = 0
+    while index < len(bodies):
+        body = bodies[index]
+        headed = TRACEBACK_HEADER in body
+        if not (headed or FRAME.match(body) or EXCEPTION_LINE.match(body)):
+            index += 1
+            continue
+        start = index
+        frames: list[tuple[str, str]] = []
+        exception = ""
+        if EXCEPTION_LINE.match(body) and not headed:
+            exception = body.strip()[:200]
+        else:
+            index += 1 if headed else 0
+            code_allowed = False
+            while index < len(bodies):
+                line = bodies[index]
+                frame = FRAME.match(line)
+                if frame:
+                    frames.append((frame.group(1), frame.group(2)))
+                    code_allowed = True
+                elif EXCEPTION_LINE.match(line):
+                    exception = line.strip()[:200]
+                    break
+                elif (
+                    TRACEBACK_HEADER in line
+                    or CHAINED.match(line)
+                    or not line.strip()
+                    or code_allowed  # the source line under a frame
+                    or line.startswith((" ", "\t"))
+                ):
+                    code_allowed = False
+                else:
+                    index -= 1
+                    break
+                index += 1
+            index = min(index, len(bodies) - 1)
+        context = " ".join(bodies[max(start - 3, 0) : start + 1])
+        out.append(Traceback(start, index, tuple(frames), exception, context))
+        index += 1
+    return out
+
+
+def _native_error(body: str, raw: str) -> bool:
+    glog = GLOG.search(raw)
+    return bool(
+        (glog and glog.group(1) == "E")
+        or UCX_ERROR.search(raw)
+        or RUST_ERROR.match(body)
+        or NATIVE_SOURCE.match(body)
+    )
+
+
+def scan_text(text: str, *, complete: bool = True) -> list[Finding]:
+    """Every finding of a log text, fatal and warning, in line order (readiness-probe 503s
+    before the ready line are no finding).
+
+    Lines of FATAL_PATTERNS are fatal wherever they stand. The rest is judged by structure:
+    - a traceback that runs in a request's handler is a warning; one that runs anywhere else
+      (scheduler, model runner, a transfer or bootstrap thread, a child process; its header
+      cut off or not) is fatal when the process does not go on after it: no served request
+      (2xx access line, batch line, ready line) follows;
+    - a native error-level line (glog E, UCX ERROR, Rust ERROR, a source-located C/CUDA error
+      print) and a stack dump without a crash (faulthandler, py-spy, the soft watchdog) are
+      fatal on the same condition; glog F is fatal.
+    `complete=False` is for the log of a process still running: its end is no silence yet, so
+    "the process does not go on" is not concluded (such findings stay warnings).
 
     Lines are split on newlines only, so line numbers agree with `grep -n` even when progress
     bars wrote carriage returns.
     """
-    findings = []
-    lines = text.split("\n")
+    lines = [line.rstrip("\r") for line in text.split("\n")]
+    bodies = [strip_prefix(line) for line in lines]
+    last_progress = max((i for i, line in enumerate(lines) if PROGRESS.search(line)), default=-1)
+
+    def stops_after(index: int) -> bool:
+        return complete and last_progress <= index
+
+    findings: list[Finding] = []
     ready = False
     for index, line in enumerate(lines):
         ready = ready or READY_LINE in line
@@ -199,16 +336,46 @@ def scan_text(text: str) -> list[Finding]:
             continue
         for pattern in PATTERNS:
             if pattern.regex.search(line):
-                detail = _closing_exception(lines, index) if pattern.name == "traceback" else ""
-                findings.append(
-                    Finding(pattern.name, index + 1, line.rstrip("\r"), pattern.severity, detail)
-                )
-    return findings
+                findings.append(Finding(pattern.name, index + 1, line, pattern.severity))
+        body = bodies[index]
+        glog = GLOG.search(line)
+        if glog and glog.group(1) == "F":
+            findings.append(Finding("native_fatal", index + 1, line, FATAL))
+        elif _native_error(body, line):
+            severity = FATAL if stops_after(index) else WARNING
+            detail = "the process does not go on after it" if severity == FATAL else ""
+            findings.append(Finding("native_error", index + 1, line, severity, detail))
+        if STACK_DUMP.search(line):
+            severity = FATAL if stops_after(index) else WARNING
+            detail = "a stack dump, then silence" if severity == FATAL else ""
+            findings.append(Finding("stack_dump", index + 1, line, severity, detail))
+    for tb in tracebacks(bodies):
+        benign = tb.request_scoped or STOPPED.match(tb.exception)
+        severity = FATAL if not benign and stops_after(tb.end) else WARNING
+        detail = tb.exception
+        if severity == FATAL:
+            detail = f"in {tb.where}, the process does not go on: {tb.exception or '(cut)'}"
+        findings.append(Finding("traceback", tb.start + 1, lines[tb.start], severity, detail))
+    return _first_per_block(sorted(findings, key=lambda f: f.line_no))
 
 
-def fatal_findings(text: str) -> list[Finding]:
+def _first_per_block(findings: list[Finding]) -> list[Finding]:
+    """Structural findings of one kind on consecutive lines (a dump, a run of native error
+    lines) counted once: the first line stands for the block."""
+    out: list[Finding] = []
+    last: dict[str, int] = {}
+    for f in findings:
+        if f.name in ("native_error", "stack_dump") and last.get(f.name, -9) >= f.line_no - 3:
+            last[f.name] = f.line_no
+            continue
+        last[f.name] = f.line_no
+        out.append(f)
+    return out
+
+
+def fatal_findings(text: str, *, complete: bool = True) -> list[Finding]:
     """The fatal findings of `scan_text`: each one means the server failed."""
-    return [f for f in scan_text(text) if f.severity == FATAL]
+    return [f for f in scan_text(text, complete=complete) if f.severity == FATAL]
 
 
 def scan_file(path: str | Path) -> list[Finding]:
@@ -232,7 +399,8 @@ def verdict_line(findings: list[Finding]) -> str:
     if fatal:
         first = fatal[0]
         more = f" (+{len(fatal) - 1} more)" if len(fatal) > 1 else ""
-        return f"fatal: {first.name} at line {first.line_no}: {first.line.strip()[:160]}{more}"
+        why = f" ({first.detail[:160]})" if first.detail else ""
+        return f"fatal: {first.name} at line {first.line_no}: {first.line.strip()[:160]}{why}{more}"
     counts = warning_counts(findings)
     if counts:
         return "warning: " + ", ".join(f"{name} x{n}" for name, n in counts.items())
@@ -311,7 +479,7 @@ def scan_run(
     for path in map(Path, logs):  # RunPaths.service_files: the server logs, no client logs
         text = path.read_text(errors="replace")
         rel = str(path.relative_to(service_root))
-        findings = scan_text(text)
+        findings = scan_text(text, complete=False)  # stopped by us: its end is no crash
         scanned[rel] = {
             "fatal": [f.as_dict() for f in findings if f.severity == FATAL],
             "warnings": warning_counts(findings),

@@ -312,13 +312,18 @@ class ServerManager:
             texts[rank.role, rank.rank] = self.runtime.logs(rank.node, rank.handle, rank.log_path)
             self._save_log(state.server_id, rank, texts[rank.role, rank.rank])
         exited = [r for r in state.ranks if not self.runtime.is_running(r.node, r.handle)]
+
         # A process that died silently (killed, node lost) is the cause; one that exited
         # logging a fatal line after it (rank 0's NCCL error) is the consequence.
-        silent = [r for r in exited if not logscan.fatal_findings(texts[r.role, r.rank])]
+        # A running process's log end is no silence yet (logscan.scan_text, complete).
+        def fatal(rank: RankState) -> list[logscan.Finding]:
+            return logscan.fatal_findings(texts[rank.role, rank.rank], complete=rank in exited)
+
+        silent = [r for r in exited if not fatal(r)]
         exited = silent + [r for r in exited if r not in silent]
         for rank in exited or state.ranks:
             text = texts[rank.role, rank.rank]
-            findings = logscan.fatal_findings(text)
+            findings = fatal(rank)
             if not findings and rank not in exited:
                 continue
             where = (

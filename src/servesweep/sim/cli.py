@@ -18,7 +18,15 @@ logger = logging.getLogger(__name__)
 # midstream_error_at, hang_at; a `sim_` prefix and dashes are accepted too), merged with the
 # --sim-* flags: lists are united, a flag given on the command line wins for scalars.
 FAULTS_ENV = "SERVESWEEP_SIM_FAULTS"
-FAULT_KEYS = ("fail_start", "crash_after", "http_500_at", "midstream_error_at", "hang_at")
+FAULT_KEYS = (
+    "fail_start",
+    "crash_after",
+    "crash_kind",
+    "http_500_at",
+    "midstream_error_at",
+    "hang_at",
+)
+CRASH_KINDS = ("scheduler", "detokenizer", "native")
 
 # --moe-runner-backend choices of sglang 0.5.23 (SGLANG.md section 3).
 MOE_RUNNER_BACKENDS = (
@@ -158,6 +166,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="after N requests completed, crash on the next one (scheduler traceback)",
     )
     sim.add_argument(
+        "--sim-crash-kind",
+        choices=CRASH_KINDS,
+        default=None,
+        help="how the --sim-crash-after crash shows: the scheduler's traceback (default), the "
+        "detokenizer process's crash header, or a native library's fatal signal (UCX "
+        "Caught signal 11, the process dies of SIGSEGV)",
+    )
+    sim.add_argument(
         "--sim-http-500-at",
         type=_index_list,
         default=[],
@@ -216,6 +232,12 @@ def parse_faults_env(text: str) -> dict[str, Any]:
             if not isinstance(value, bool):
                 raise ValueError(f"fail_start must be true or false, got {value!r}")
             faults[key] = value
+        elif key == "crash_kind":
+            if value not in CRASH_KINDS:
+                raise ValueError(
+                    f"crash_kind must be one of {', '.join(CRASH_KINDS)}, got {value!r}"
+                )
+            faults[key] = value
         elif key == "crash_after":
             if value is not None and (
                 isinstance(value, bool) or not isinstance(value, int) or value < 0
@@ -236,6 +258,8 @@ def apply_faults(ns: argparse.Namespace, faults: Mapping[str, Any]) -> None:
         ns.sim_fail_start = True
     if ns.sim_crash_after is None and faults.get("crash_after") is not None:
         ns.sim_crash_after = faults["crash_after"]
+    if ns.sim_crash_kind is None and faults.get("crash_kind") is not None:
+        ns.sim_crash_kind = faults["crash_kind"]
     for key in ("http_500_at", "midstream_error_at", "hang_at"):
         attr = f"sim_{key}"
         setattr(ns, attr, sorted(set(getattr(ns, attr)) | set(faults.get(key, []))))

@@ -8,7 +8,12 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 
-from servesweep.sim.logs import fatal_exit, scheduler_traceback
+from servesweep.sim.logs import (
+    detokenizer_traceback,
+    fatal_exit,
+    native_crash_exit,
+    scheduler_traceback,
+)
 from servesweep.sim.scheduler import Scheduler, SimRequest, StepResult
 from servesweep.sim.tokens import SPECIAL_TOKEN_ID, TextNoise, output_id
 
@@ -78,7 +83,9 @@ class Engine:
     `time_scale` 0 is the zero-cost mode: no sleeping at all, steps run back to back (one
     event-loop yield each) so clients can be benchmarked against the HTTP layer alone.
     `crash_after`: once that many counted requests were fully delivered, the next step that
-    involves a counted request kills the process with SGLang's scheduler traceback."""
+    involves a counted request kills the process: with SGLang's scheduler traceback, or as
+    `crash_kind` says, the detokenizer process's crash header or a native library's fatal
+    signal (UCX's `Caught signal 11`, then SIGSEGV)."""
 
     def __init__(
         self,
@@ -86,12 +93,14 @@ class Engine:
         scheduler: Scheduler,
         time_scale: float,
         crash_after: int | None = None,
+        crash_kind: str = "scheduler",
         noise: TextNoise | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.noise = noise or TextNoise(seed=0, enabled=False)
         self.time_scale = time_scale
         self.crash_after = crash_after
+        self.crash_kind = crash_kind
         self.stats = EngineStats()
         self.delivered = 0
         self._streams: dict[str, RequestStream] = {}
@@ -194,11 +203,16 @@ class Engine:
             and self.delivered >= self.crash_after
             and self._counted_in_flight()
         ):
+            injected = f"--sim-crash-after {self.crash_after}"
+            if self.crash_kind == "native":
+                native_crash_exit(injected=injected)
+            if self.crash_kind == "detokenizer":
+                fatal_exit(message=detokenizer_traceback(injected=injected))
             fatal_exit(
                 message=scheduler_traceback(
                     error=(
                         "RuntimeError: CUDA error: an illegal memory access was encountered "
-                        f"(injected by --sim-crash-after {self.crash_after})"
+                        f"(injected by {injected})"
                     ),
                 )
             )

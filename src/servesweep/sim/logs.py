@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import socket
 import sys
+import threading
 from typing import NoReturn
 
 logger = logging.getLogger(__name__)
@@ -90,6 +93,52 @@ def disconnect_traceback(*, rid: str, task: int) -> str:
             f"ValueError: {error}",
         ]
     )
+
+
+def detokenizer_traceback(*, injected: str) -> str:
+    """What SGLang logs when its detokenizer process dies (another process than the
+    scheduler: its own crash header, then the parent's SIGQUIT line)."""
+    frames = (
+        ("managers/detokenizer_manager.py", 298, "run_detokenizer_process", "manager.event_loop()"),
+        (
+            "managers/detokenizer_manager.py",
+            117,
+            "event_loop",
+            "output = self._request_dispatcher(recv_obj)",
+        ),
+        ("utils.py", 479, "__call__", "return fn(obj)"),
+    )
+    lines = ["DetokenizerManager hit an exception: Traceback (most recent call last):"]
+    for path, line, func, code in frames:
+        lines += [f'  File "{SGLANG_SRC}/{path}", line {line}, in {func}', f"    {code}"]
+    lines.append(
+        f"KeyError: 'decode_status of a request that never started' (injected by {injected})"
+    )
+    return "\n".join(lines)
+
+
+def native_crash_exit(*, injected: str) -> NoReturn:
+    """Die as a native library's crash kills SGLang (UCX/NIXL's signal handler prints its
+    `[host:pid:tid] Caught signal 11 (...)` and backtrace, then the process dies of SIGSEGV;
+    no Python line follows)."""
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    pid, tid = os.getpid(), threading.get_native_id()
+    lib = "/usr/local/lib/python3.12/dist-packages/.nixl.mesonpy.libs/nixl.libs"
+    lines = [
+        f"[{socket.gethostname()}:{pid}:0:{tid}] Caught signal 11 (Segmentation fault: address "
+        f"not mapped to object at address 0x10) (injected by {injected})",
+        f"==== backtrace (tid:{tid}) ====",
+        f" 0  {lib}/libucs.so.0(ucs_handle_error+0x294) [0x7a84380adba4]",
+        f" 1  {lib}/libucp.so.0(+0x96d80) [0x7a84100f6d80]",
+        f" 2  {lib}/libuct.so.0(uct_tcp_ep_am_bcopy+0x8a) [0x7a843804504a]",
+        "=================================",
+    ]
+    sys.stdout.write("\n".join(lines) + "\n")
+    sys.stdout.flush()
+    signal.signal(signal.SIGSEGV, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGSEGV)
+    os._exit(139)  # not reached
 
 
 def fatal_exit(*, message: str, code: int = 1) -> NoReturn:

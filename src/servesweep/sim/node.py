@@ -289,6 +289,7 @@ async def _run_rank0(
         scheduler=scheduler,
         time_scale=ns.sim_time_scale,
         crash_after=ns.sim_crash_after,
+        crash_kind=ns.sim_crash_kind or "scheduler",
         noise=TextNoise(
             seed=ns.sim_seed, enabled=not ns.sim_clean, special_rate=ns.sim_special_rate
         ),

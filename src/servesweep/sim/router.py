@@ -25,6 +25,7 @@ import os
 import random
 import signal
 import sys
+import time
 import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ class RouterArgs:
     request_timeout_secs: float
     log_level: str
     mini_lb: bool
+    no_workers_after: int | None = None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,6 +89,15 @@ def build_parser() -> argparse.ArgumentParser:
     add("--log-dir", type=str, default=None)
     add("--prometheus-port", type=int, default=29000)
     add("--prometheus-host", type=str, default="127.0.0.1")
+    sim = p.add_argument_group("simulator (not sglang-router)")
+    sim.add_argument(
+        "--sim-no-workers-after",
+        type=int,
+        default=None,
+        metavar="N",
+        help="after N generate requests every worker's circuit is open: each request gets 503 "
+        "and sglang-router's (Rust) error line",
+    )
     return p
 
 
@@ -122,6 +133,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RouterArgs:
         request_timeout_secs=float(ns.request_timeout_secs),
         log_level=ns.log_level,
         mini_lb=ns.mini_lb,
+        no_workers_after=ns.sim_no_workers_after,
     )
 
 
@@ -159,6 +171,7 @@ class MiniLB:
         self.decode_urls = list(args.decode)
         self.rng = rng or random.Random()
         self._session: aiohttp.ClientSession | None = None
+        self.requests = 0
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -292,7 +305,27 @@ class MiniLB:
             await resp.read()
         resp.release()
 
+    def no_workers(self) -> web.Response | None:
+        """With --sim-no-workers-after, once that many requests came: sglang-router's answer
+        when every worker's circuit is open (503), and its Rust log line (no [date] brackets:
+        `2025-09-04 07:15:26 ERROR target: src/...rs:LINE: message`)."""
+        self.requests += 1
+        after = self.args.no_workers_after
+        if after is None or self.requests <= after:
+            return None
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        message = "No available workers (all circuits open or unhealthy)"
+        print(
+            f"{stamp} ERROR sglang_router_rs::routers::http::pd_router: "
+            f"src/routers/http/pd_router.rs:597: {message}",
+            flush=True,
+        )
+        return web.Response(status=503, text=message)
+
     async def generate(self, request: web.Request) -> web.StreamResponse:
+        refused = self.no_workers()
+        if refused is not None:
+            return refused
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):

@@ -92,6 +92,13 @@ def _parser() -> argparse.ArgumentParser:
         help=f"validation.min_retokenized_ratio (default {MIN_RETOKENIZED_RATIO})",
     )
     check.add_argument(
+        "--num-prompts",
+        type=int,
+        metavar="N",
+        help="the client's --num-prompts: a record that completed fewer requests is invalid "
+        "(a record, or the command line printed with a block, may state it too)",
+    )
+    check.add_argument(
         "--table",
         metavar="DIR",
         help="check every file DIR/INDEX.md lists (tests/fixtures/real): file | label | verdict",
@@ -386,7 +393,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     lines = []
     for path in args.files:
         for line in checks.check_file(
-            path, kind=args.type, min_retokenized_ratio=args.min_retokenized_ratio
+            path,
+            kind=args.type,
+            min_retokenized_ratio=args.min_retokenized_ratio,
+            num_prompts=args.num_prompts,
         ):
             print(line, flush=True)
             lines.append(line)
