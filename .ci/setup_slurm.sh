@@ -81,7 +81,10 @@ SlurmctldTimeout=30
 SlurmdTimeout=30
 KillWait=5
 GresTypes=gpu
-NodeName=node[1-${NODES}] NodeHostname=${HOST} NodeAddr=127.0.0.1 Port=[17001-$((17000 + NODES))] CPUs=$(nproc) RealMemory=4000 Gres=gpu:${GPUS} State=UNKNOWN
+# 16 CPUs per node whatever this machine has (config_overrides): every allocation and step takes
+# one, so several tests' allocations fit on one node side by side (pytest-xdist)
+SlurmdParameters=config_overrides
+NodeName=node[1-${NODES}] NodeHostname=${HOST} NodeAddr=127.0.0.1 Port=[17001-$((17000 + NODES))] CPUs=16 RealMemory=4000 Gres=gpu:${GPUS} State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 EOF
 {

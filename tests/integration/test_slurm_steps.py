@@ -7,6 +7,7 @@ scoped to its own allocation names (safe beside other tests)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -187,12 +188,16 @@ def test_scancel_of_the_allocation_mid_run_is_one_line(in_tmp: Path) -> None:
     assert wait_until(lambda: _left(run_id) == [], 30), _left(run_id)
 
 
-def test_matrix_through_slurm_steps_leaves_nothing_and_reruns_nothing(tmp_path: Path) -> None:
+def test_two_pools_at_once_two_allocations_nothing_left_nothing_to_rerun(tmp_path: Path) -> None:
+    """Pools node1-2 and node3-4 (TP16 over two nodes each) run at once, each in its own
+    allocation; every rank's commands.sh line is an srun step; nothing is left; a rerun has
+    nothing to do."""
     run_id = f"it-slurm-wf-{uuid.uuid4().hex[:6]}"
     raw = _raw(
         run_id,
-        cluster={"nodes": ["node1", "node2"], "pools": [["node1"], ["node2"]],
-                 "nodes_per_server": 1},
+        cluster={"nodes": ["node1", "node2", "node3", "node4"], "nodes_per_server": 2,
+                 "pools": [["node1", "node2"], ["node3", "node4"]]},
+        server={"tp_size": 16, "ep_size": 16},
         matrix={
             "server": {"moe_runner_backend": ["marlin", "flashinfer_mxfp4"],
                        "chunked_prefill_size": [8192]},
@@ -209,8 +214,15 @@ def test_matrix_through_slurm_steps_leaves_nothing_and_reruns_nothing(tmp_path: 
     assert len(list((run / "raw").rglob("r*.jsonl"))) == 4
     log = (run / "orchestrator.log").read_text()
     assert log.count(" start ") == 2 and log.count(" reuse ") == 2
-    for commands in (run / "service").glob("*/commands.sh"):
-        assert "srun --jobid=" in commands.read_text()
+    made = set()
+    for job_log in (run / "logs").rglob("*.log"):
+        made |= set(re.findall(r"slurm: allocation (\S+) is job", job_log.read_text()))
+    assert sorted(m.rsplit("-", 1)[-1] for m in made) == ["node1+node2", "node3+node4"]
+    commands = list((run / "service").glob("*/commands.sh"))
+    assert len(commands) == 2
+    for path in commands:
+        ranks = [line for line in path.read_text().splitlines() if not line.startswith("#")]
+        assert len(ranks) == 2 and all(r.startswith("srun --jobid=") for r in ranks)
     assert wait_until(lambda: _left(run_id) == [], 30), _left(run_id)
     again = run_snakemake(tmp_path, "-n", "--configfile", str(cfg))
     assert "Nothing to be done" in again.stdout + again.stderr

@@ -172,3 +172,23 @@ def test_bad_slurm_settings_are_one_line_errors(changes: dict, needle: str) -> N
     with pytest.raises(ConfigError) as err:
         _exp(**changes)
     assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_seed_000_as_a_slurm_site_prints_the_exact_srun_lines(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from servesweep.workflow.cli import main
+
+    seed = str(REPO / "config" / "experiments" / "moe_prefill_gate_slurm.yaml")
+    assert main(["commands", "--configfile", seed]) == 0
+    out = capsys.readouterr().out
+    ranks = [line for line in out.splitlines() if "-server-r" in line]
+    assert len(ranks) == 4 * 4  # 4 server configs x 4 nodes, one step each
+    for rank, node in zip(ranks[:4], ["601", "602", "603", "604"], strict=True):
+        words = shlex.split(rank)
+        assert words[0] == "srun" and words[1].startswith("--jobid=")
+        assert ["-w", node] == words[5:7]
+        assert "--container-image=/data/images/kimi3-sglang-mxfp4-phase5.sqsh" in words
+        assert " sglang.launch_server " in words[-1] and "--tp-size 32" in words[-1]
+    clients = [line for line in out.splitlines() if "-client-" in line]
+    assert clients and all("--gres=none" in c and "-w 601" in c for c in clients)

@@ -76,6 +76,16 @@ def release(exp: Experiment) -> list[str]:
     return release_allocations(exp)
 
 
+def holdings(exp: Experiment) -> list[str]:
+    """Lines on what the run holds on its cluster beyond its servers (its Slurm allocations
+    and their steps; nothing for local and SSH clusters): `servesweep status`."""
+    if exp.cluster.transport != "slurm":
+        return []
+    from servesweep.cluster.slurm import allocation_lines
+
+    return allocation_lines(exp)
+
+
 @contextlib.contextmanager
 def connected(exp: Experiment) -> Iterator[Cluster]:
     """`open_cluster(exp)`, its connections closed on exit."""

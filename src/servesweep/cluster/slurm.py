@@ -324,6 +324,22 @@ def release_allocations(exp: Experiment, *, results_root: str | Path = "results"
     return released
 
 
+def allocation_lines(exp: Experiment, *, results_root: str | Path = "results") -> list[str]:
+    """One line per allocation of this owner and run (`servesweep status`): name, job id,
+    state, nodes and its steps (id and name)."""
+    transport = SlurmTransport(exp, results_root=results_root)
+    prefix = f"{ALLOC_PREFIX}{transport.owner.tag}-{exp.run_id}-"
+    lines = []
+    for alloc in squeue_jobs(prefix):
+        steps = squeue_steps(alloc.job_id) if alloc.state == "RUNNING" else {}
+        listed = ", ".join(f"{step} {name}" for step, name in steps.items()) or "none"
+        lines.append(
+            f"slurm allocation {alloc.name}: job {alloc.job_id} {alloc.state} on "
+            f"{','.join(alloc.nodes) or '(pending)'}; steps: {listed}"
+        )
+    return lines
+
+
 # ------------------------------------------------------------------ runtime
 
 
@@ -572,8 +588,39 @@ class SlurmRuntime:
                 current[key.lower()] = value
         return list(found.items())
 
+    def _handles(self, steps: list[str]) -> dict[str, str]:
+        """Each step's handle: `A.S:<pid>` when its srun runs on this head, else `A.S`."""
+        names: dict[str, str] = {}
+        for job in dict.fromkeys(step.split(".")[0] for step in steps):
+            names |= squeue_steps(job)
+        wanted = {
+            (f"--jobid={step.split('.')[0]}".encode(), f"--job-name={names[step]}".encode()): step
+            for step in steps
+            if step in names
+        }
+        out = dict(zip(steps, steps, strict=True))
+        # srun forks a helper with the same argv: the first (lowest) pid is the one started
+        for proc in sorted(Path("/proc").glob("[0-9]*"), key=lambda p: int(p.name)):
+            try:
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if not argv or not argv[0].endswith(b"srun"):
+                continue
+            for (job, name), step in wanted.items():
+                if (
+                    job in argv
+                    and name in argv
+                    and _head_srun_alive(int(proc.name), job[8:].decode())
+                ):
+                    out[step] = f"{step}:{proc.name}"
+        return out
+
     def find(self, node: str, labels: dict[str, str]) -> list[str]:
-        return [step for step, _ in self._scan(node, labels)]
+        steps = [step for step, _ in self._scan(node, labels)]
+        return list(self._handles(steps).values())
 
     def labelled(self, node: str, labels: dict[str, str]) -> list[Labelled]:
-        return [Labelled(node, step, found) for step, found in self._scan(node, labels)]
+        found = self._scan(node, labels)
+        handles = self._handles([step for step, _ in found])
+        return [Labelled(node, handles[step], labels) for step, labels in found]
