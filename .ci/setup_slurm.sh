@@ -12,7 +12,6 @@
 # tests assert it. Idempotent: packages and the munge key once; a daemon starts only when its
 # pid file names no live process of its name. Kills only the pids in its own pid files.
 # sacct has no data (no slurmdbd): job and step state come from squeue/scontrol.
-# Progress goes to stderr; stdout carries `export SERVESWEEP_TEST_SLURM=1`.
 set -euo pipefail
 
 say() { echo "setup_slurm: $*" >&2; }
@@ -129,4 +128,3 @@ if grep -qvE ' (idle|mixed|allocated)$' <<<"$(sinfo -h -N -o '%N %T')"; then
     exit 1
 fi
 say "up: $NODES nodes x $GPUS fake GPUs, proctrack/cgroup"
-echo "export SERVESWEEP_TEST_SLURM=1"

@@ -11,6 +11,7 @@ import re
 import shutil
 import signal
 import subprocess
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,7 @@ def slurm_cluster() -> None:
 
 def _raw(run_id: str, **changes: Any) -> dict[str, Any]:
     raw = yaml.safe_load(SLURM_DEFAULT.read_text())
-    return deep_update(
+    raw = deep_update(
         raw,
         {
             "run_id": run_id,
@@ -67,9 +68,9 @@ def _raw(run_id: str, **changes: Any) -> dict[str, Any]:
             },
             # No GPU asked: tests on one node run side by side (pytest-xdist).
             "cluster": {"slurm": {"pending_timeout_s": 20, "gpus_per_node": 0}},
-            **changes,
         },
     )
+    return deep_update(raw, changes)
 
 
 def _exp(run_id: str, **changes: Any):
@@ -100,7 +101,7 @@ def test_a_process_left_by_a_short_step_dies_with_the_step(tmp_path: Path) -> No
         )
     finally:
         _release(exp, tmp_path)
-    assert _left(run_id) == []
+    assert wait_until(lambda: _left(run_id) == [], 30), _left(run_id)
 
 
 def _release(exp, root: Path) -> None:
@@ -129,7 +130,7 @@ def test_a_pending_allocation_is_one_line_and_leaves_nothing(tmp_path: Path) -> 
         assert "not granted within 2s" in message and "node4" in message
     finally:
         subprocess.run(["scancel", "-n", holder], timeout=30)
-    assert _left(run_id) == []
+    assert _left(run_id) == []  # the withdrawn request is gone at once
 
 
 def _manager(run_id: str, tmp_path: Path, **changes: Any) -> ServerManager:
@@ -227,3 +228,39 @@ def test_two_pools_at_once_two_allocations_nothing_left_nothing_to_rerun(tmp_pat
     again = run_snakemake(tmp_path, "-n", "--configfile", str(cfg))
     assert "Nothing to be done" in again.stdout + again.stderr
     assert _left(run_id) == []
+
+
+def test_ctrl_c_mid_cell_stops_the_steps_and_gives_the_allocation_back(tmp_path: Path) -> None:
+    run_id = f"it-slurm-int-{uuid.uuid4().hex[:6]}"
+    raw = _raw(
+        run_id,
+        cluster={"nodes": ["node2"]},
+        matrix={
+            "server": {"moe_runner_backend": ["marlin"], "chunked_prefill_size": [8192]},
+            "client": {"concurrency": [4]},
+        },
+        workload={"input_len": 2048, "num_requests": 400},
+        repeats=2,
+    )
+    cfg = tmp_path / "exp.yaml"
+    cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
+    exe = shutil.which("snakemake")
+    assert exe
+    proc = subprocess.Popen(
+        [exe, "-s", str(REPO / "Snakefile"), "-d", str(tmp_path), "--cores", "1", "all",
+         "--configfile", str(cfg)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    log = tmp_path / "results" / run_id / "orchestrator.log"
+    try:
+        assert wait_until(lambda: log.exists() and " ready " in log.read_text(), 120)
+        time.sleep(1.0)  # the client step is measuring
+        os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C
+        _, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    assert " stop " in log.read_text().splitlines()[-1], log.read_text()[-500:]
+    assert wait_until(lambda: _left(run_id) == [], 30), _left(run_id)
