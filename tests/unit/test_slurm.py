@@ -192,3 +192,34 @@ def test_seed_000_as_a_slurm_site_prints_the_exact_srun_lines(
         assert " sglang.launch_server " in words[-1] and "--tp-size 32" in words[-1]
     clients = [line for line in out.splitlines() if "-client-" in line]
     assert clients and all("--gres=none" in c and "-w 601" in c for c in clients)
+
+
+@pytest.mark.parametrize(
+    ("limit", "seconds"),
+    [("30", 1800), ("10:05", 605), ("04:00:00", 14400), ("1-02", 93600), ("2-00:30:10", 174610)],
+)
+def test_time_limit_in_seconds(limit: str, seconds: int) -> None:
+    from servesweep.cluster.slurm import time_limit_seconds
+
+    assert time_limit_seconds(limit) == seconds
+
+
+def test_the_plan_prints_each_pools_salloc_line_and_checks_the_time_limit(tmp_path) -> None:
+    from servesweep.config.paths import RunPaths
+    from servesweep.workflow.plan import make_plan
+
+    def plan(limit: str) -> str:
+        exp = _exp(
+            run_id="run1",
+            cluster={"nodes": ["node1", "node2"], "pools": "auto", "nodes_per_server": 1,
+                     "slurm": {"time_limit": limit}},
+        )  # fmt: skip
+        paths = RunPaths.for_run(exp, tmp_path)
+        return make_plan(exp=exp, paths=paths, results_dir=tmp_path).render()
+
+    text = plan("04:00:00")
+    assert "slurm allocations: 2 (one per pool" in text
+    assert "--nodelist=node1 --partition=debug --time=04:00:00 --gres=gpu:8" in text
+    assert "-run1-node2 --nodes=1 --nodelist=node2" in text
+    assert "slurm time limit 4h00m00s covers the estimate" in text
+    assert "WARNING: slurm time limit 1m00s is shorter than the estimate" in plan("1")

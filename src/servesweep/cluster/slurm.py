@@ -340,6 +340,41 @@ def allocation_lines(exp: Experiment, *, results_root: str | Path = "results") -
     return lines
 
 
+def time_limit_seconds(limit: str) -> float:
+    """A Slurm `--time` value in seconds: minutes, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]."""
+    days = 0
+    if "-" in limit:
+        head, limit = limit.split("-", 1)
+        days = int(head)
+        parts = [int(p) for p in limit.split(":")] + [0, 0]
+        hours, minutes, seconds = parts[:3]
+    else:
+        parts = [int(p) for p in limit.split(":")]
+        if len(parts) == 1:
+            hours, minutes, seconds = 0, parts[0], 0
+        elif len(parts) == 2:
+            hours, minutes, seconds = 0, parts[0], parts[1]
+        else:
+            hours, minutes, seconds = parts
+    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+
+
+def planned_allocations(exp: Experiment, *, results_root: str | Path = "results") -> list[str]:
+    """The exact salloc line of each pool's allocation (`servesweep plan`)."""
+    transport = SlurmTransport(exp, results_root=results_root)
+    return [
+        shlex.join(
+            salloc_argv(
+                name=transport.name_of(nodes),
+                nodes=nodes,
+                options=exp.cluster.slurm,
+                gpus_per_node=exp.cluster.gpus_per_node,
+            )
+        )
+        for nodes in transport.pools
+    ]
+
+
 # ------------------------------------------------------------------ runtime
 
 
