@@ -6,6 +6,7 @@ scoped to its own allocation names (safe beside other tests)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -263,4 +264,54 @@ def test_ctrl_c_mid_cell_stops_the_steps_and_gives_the_allocation_back(tmp_path:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode != 0
     assert " stop " in log.read_text().splitlines()[-1], log.read_text()[-500:]
+    assert wait_until(lambda: _left(run_id) == [], 30), _left(run_id)
+
+
+STAND_IN = """#!/bin/sh
+# A stand-in for apptainer (not in Debian): `pull OUT SRC` writes OUT and counts the pull;
+# `exec [--nv] [--bind B] IMAGE CMD...` runs CMD on the host (the sim needs no image).
+case "$1" in
+  pull) echo "$3" >> {count}; echo "sif of $3" > "$2" ;;
+  exec) shift
+        while [ "${{1#--}}" != "$1" ]; do [ "$1" = --bind ] && shift; shift; done
+        shift; exec "$@" ;;
+  *) echo "stand-in apptainer: unknown $*" >&2; exit 2 ;;
+esac
+"""
+
+
+def test_an_apptainer_image_is_pulled_once_and_checked_on_every_node(tmp_path: Path) -> None:
+    run_id = f"it-slurm-sif-{uuid.uuid4().hex[:6]}"
+    bin_dir, pulls = tmp_path / "bin", tmp_path / "pulls"
+    bin_dir.mkdir()
+    (bin_dir / "apptainer").write_text(STAND_IN.format(count=pulls))
+    (bin_dir / "apptainer").chmod(0o755)
+    image = tmp_path / "images" / "sim.sif"
+    raw = _raw(
+        run_id,
+        cluster={"nodes": ["node1", "node2"], "nodes_per_server": 1,
+                 "pools": [["node1"], ["node2"]]},
+        runtime={"kind": "apptainer", "image": str(image), "source": "docker://example.org/sim:1",
+                 "checks": [{"name": "python", "command": "python3 -c 'print(6*7)'",
+                             "expect": "^42$"}]},
+        matrix={"server": {"moe_runner_backend": ["marlin"], "chunked_prefill_size": [8192]},
+                "client": {"concurrency": [4]}},
+        workload={"input_len": 2048, "num_requests": 8},
+        repeats=1,
+    )  # fmt: skip
+    cfg = tmp_path / "exp.yaml"
+    cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    proc = run_snakemake(
+        tmp_path, "--cores", "2", "all", "--configfile", str(cfg), env=env, timeout=600
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert pulls.read_text().splitlines() == ["docker://example.org/sim:1"]  # once, not per node
+    assert image.read_text() == "sif of docker://example.org/sim:1\n"
+    [images] = (tmp_path / "results" / ".images").iterdir()
+    evidence = {n: json.loads((images / f"{n}.json").read_text()) for n in ("node1", "node2")}
+    assert sorted(e["method"] for e in evidence.values()) == ["imported", "present"]
+    assert all(e["checks"][0]["matched"] for e in evidence.values())
+    [commands] = (tmp_path / "results" / run_id / "service").glob("*/commands.sh")
+    assert re.search(rf"apptainer exec --nv --bind \S+ {image} python3 ", commands.read_text())
     assert wait_until(lambda: _left(run_id) == [], 30), _left(run_id)

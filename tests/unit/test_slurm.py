@@ -223,3 +223,33 @@ def test_the_plan_prints_each_pools_salloc_line_and_checks_the_time_limit(tmp_pa
     assert "-run1-node2 --nodes=1 --nodelist=node2" in text
     assert "slurm time limit 4h00m00s covers the estimate" in text
     assert "WARNING: slurm time limit 1m00s is shorter than the estimate" in plan("1")
+
+
+SRC = "docker://nvcr.io#org/sglang:0.5.9"
+PART = "/shared/img/s.sqsh.partial"
+
+
+@pytest.mark.parametrize(
+    ("kind", "get"),
+    [
+        ("pyxis", ["enroot", "import", "-o", PART, SRC]),
+        ("apptainer", ["apptainer", "pull", PART, SRC]),
+    ],
+)
+def test_an_image_is_imported_once_under_a_lock(kind: str, get: list[str]) -> None:
+    exp = _exp(runtime={"kind": kind, "image": "/shared/img/s.sqsh", "source": SRC})
+    line = SlurmRuntime(SlurmTransport(exp), exp.runtime).import_line()
+    assert line == (
+        'mkdir -p "$(dirname /shared/img/s.sqsh)" && flock /shared/img/s.sqsh.lock sh -c '
+        + shlex.quote(
+            f"if [ -s /shared/img/s.sqsh ]; then echo present; else rm -f {PART} "
+            f"&& {shlex.join(get)} && mv {PART} /shared/img/s.sqsh && echo imported; fi"
+        )
+    )
+
+
+def test_source_is_for_slurm_containers_and_needs_a_path() -> None:
+    with pytest.raises(ConfigError, match="absolute path"):
+        _exp(runtime={"kind": "pyxis", "image": "sglang.sqsh", "source": "docker://x"})
+    with pytest.raises(ConfigError, match="import"):
+        _exp(runtime={"kind": "pyxis", "image": "/i.sqsh", "build": {"pull": True}})

@@ -470,6 +470,60 @@ class SlurmRuntime:
         line = self._step_line(launch, "JOB", gpus=gpus)
         return line.replace("--jobid=JOB", f"--jobid={self._job_ref(launch.node)}", 1)
 
+    # ---------------------------------------------------------- images
+    def import_line(self) -> str:
+        """Shell: import `runtime.source` into the image path once, under a lock beside it
+        (every node sees the path: the first import wins, the others find it present).
+        Prints `imported` or `present`."""
+        image = self.image
+        part = f"{image}.partial"
+        if self.runtime.kind == "pyxis":
+            get = ["enroot", "import", "-o", part, self.runtime.source or ""]
+        else:
+            get = ["apptainer", "pull", part, self.runtime.source or ""]
+        inner = (
+            f"if [ -s {shlex.quote(image)} ]; then echo present; else rm -f {shlex.quote(part)} "
+            f"&& {shlex.join(get)} && mv {shlex.quote(part)} {shlex.quote(image)} "
+            f"&& echo imported; fi"
+        )
+        return (
+            f'mkdir -p "$(dirname {shlex.quote(image)})" && '
+            f"flock {shlex.quote(image + '.lock')} sh -c {shlex.quote(inner)}"
+        )
+
+    def acquire(self, *, node: str, log: Path, timeout: float) -> str:
+        """The image on `node`: imported once (source) or required present; the method."""
+        from servesweep.core.errors import SmokeFailed
+
+        if self.runtime.source is None:
+            res = self.transport.run(node, f"test -s {shlex.quote(self.image)}", timeout=60)
+            if not res.ok and "/" in self.image:
+                raise SmokeFailed(f"image {self.image} is not present on node {node}; log {log}")
+            return "present"
+        res = self.transport.run(node, self.import_line(), timeout=timeout)
+        with log.open("a") as fh:
+            fh.write(
+                f"[import rc={res.returncode}] {self.import_line()}\n{res.stdout}{res.stderr}\n"
+            )
+        if not res.ok:
+            tail = " | ".join((res.stderr or res.stdout).strip().splitlines()[-2:])
+            raise SmokeFailed(
+                f"image {self.image} could not be imported from {self.runtime.source} on node "
+                f"{node} (exit {res.returncode}): {tail}; log {log}"
+            )
+        return (res.stdout.strip().splitlines() or ["imported"])[-1]
+
+    def image_info(self, node: str) -> dict[str, object]:
+        """What identifies the image file on `node`: size and modification time."""
+        res = self.transport.run(
+            node, f"stat -c '%s %Y' {shlex.quote(self.image)} 2>/dev/null", timeout=60
+        )
+        size, _, mtime = res.stdout.strip().partition(" ")
+        if not res.ok or not mtime:
+            return {"Id": None, "RepoDigests": [], "Created": None}
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(mtime)))
+        return {"Id": f"file:{self.image}:{size}:{mtime}", "RepoDigests": [], "Created": stamp}
+
     # ---------------------------------------------------------- lifecycle
     def start(self, launch: Launch) -> str:
         job = self.transport.allocate(launch.node)

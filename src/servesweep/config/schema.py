@@ -245,6 +245,10 @@ class RuntimeConfig(Strict):
     build: ImageBuild | None = None
     smoke: list[str] = Field(default_factory=list)  # commands that must exit 0 in the image
     checks: list[ImageCheck] = Field(default_factory=list)
+    # pyxis/apptainer: the image reference imported once into `image` (a path every node sees),
+    # under a lock: `enroot import -o <image> <source>` / `apptainer pull <image> <source>`.
+    # None: `image` is used as it is.
+    source: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@#+-]*$")
 
     @property
     def containers(self) -> bool:
@@ -260,6 +264,14 @@ class RuntimeConfig(Strict):
     def _check_image(self) -> RuntimeConfig:
         if (self.containers or self.slurm_container) and not self.image:
             raise ValueError(f"image: required when runtime.kind is {self.kind}")
+        if self.source is not None and not self.slurm_container:
+            raise ValueError("source: only for runtime.kind pyxis or apptainer (docker: build)")
+        if self.slurm_container and self.build is not None:
+            raise ValueError(
+                f"build: a docker build; runtime.kind {self.kind} imports `source` into `image`"
+            )
+        if self.source is not None and not (self.image or "").startswith("/"):
+            raise ValueError(f"image: {self.image!r}: with source, an absolute path to import into")
         names = [c.name for c in self.checks]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
