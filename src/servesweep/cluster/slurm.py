@@ -697,6 +697,8 @@ class SlurmRuntime:
             if not argv or not argv[0].endswith(b"srun"):
                 continue
             for (job, name), step in wanted.items():
+                if out[step] != step:
+                    continue  # its srun was found (the helper comes later)
                 if (
                     job in argv
                     and name in argv

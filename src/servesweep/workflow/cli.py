@@ -334,8 +334,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     try:
         with connect(exp, RunPaths.for_run(exp, args.results)) as manager:
             checks = run_doctor(exp=exp, manager=manager, results=Path(args.results))
+        held = holdings(exp)  # the allocation the checks ran in (Slurm), before it is released
     finally:
         release(exp)
+    for line in held:
+        print(line)
     for check in checks:
         print(check.line())
     failed = [c for c in checks if c.status == "fail"]
