@@ -12,6 +12,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -314,4 +315,35 @@ def test_an_apptainer_image_is_pulled_once_and_checked_on_every_node(tmp_path: P
     assert all(e["checks"][0]["matched"] for e in evidence.values())
     [commands] = (tmp_path / "results" / run_id / "service").glob("*/commands.sh")
     assert re.search(rf"apptainer exec --nv --bind \S+ {image} python3 ", commands.read_text())
+    assert wait_until(lambda: _left(run_id) == [], 30), _left(run_id)
+
+
+def _cli(cwd: Path, *args: str, run_id: str) -> subprocess.CompletedProcess[str]:
+    code = "import sys; from servesweep.workflow.cli import main; sys.exit(main())"
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=cwd, capture_output=True, text=True, timeout=300, env={**os.environ, "RUN_ID": run_id},
+    )  # fmt: skip
+
+
+def test_a_service_keeps_its_allocation_until_down(tmp_path: Path) -> None:
+    """`servesweep up` leaves a step (and its allocation) up; status names both; down stops
+    the step and cancels the allocation."""
+    run_id = f"it-slurm-svc-{uuid.uuid4().hex[:6]}"
+    cfg = tmp_path / "exp.yaml"
+    cfg.write_text(yaml.safe_dump(_raw(run_id, cluster={"nodes": ["node3"]}), sort_keys=False))
+    try:
+        up = _cli(tmp_path, "up", "--configfile", str(cfg), run_id=run_id)
+        assert up.returncode == 0, up.stderr[-2000:]
+        status = _cli(tmp_path, "status", "--configfile", str(cfg), run_id=run_id)
+        first, *rows = status.stdout.splitlines()
+        assert (
+            first.startswith("slurm allocation servesweep-") and f"-{run_id}-node3: job " in first
+        )
+        assert "-server-r0" in first
+        assert rows and re.search(r"handle=\d+\.\d+:\d+ .*running=True +uptime_s=\d+", rows[0])
+        assert _left(run_id)  # the service holds its step and allocation
+    finally:
+        down = _cli(tmp_path, "down", "--configfile", str(cfg), run_id=run_id)
+    assert down.returncode == 0, down.stderr[-2000:]
     assert wait_until(lambda: _left(run_id) == [], 30), _left(run_id)
