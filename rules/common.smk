@@ -302,3 +302,7 @@ def stop_servers(reason):
         from servesweep.serving.servers import shutdown
 
         shutdown(EXP, PATHS, reason=reason)
+    else:
+        from servesweep.cluster.access import release
+
+        release(EXP)  # a Slurm allocation made before any server started

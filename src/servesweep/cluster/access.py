@@ -39,6 +39,11 @@ def open_cluster(exp: Experiment, *, for_commands: bool = False) -> Cluster:
     """The experiment's cluster over a fresh transport. `for_commands`: only command lines are
     made (`servesweep commands`): nothing is reached and no password is read."""
     local = exp.cluster.local
+    if exp.cluster.transport == "slurm":
+        from servesweep.cluster.slurm import SlurmRuntime, SlurmTransport
+
+        slurm = SlurmTransport(exp)
+        return Cluster(slurm, SlurmRuntime(slurm, exp.runtime), local=False, containers=False)
     transport: Transport
     if local or for_commands:
         transport = LocalTransport()
@@ -59,6 +64,26 @@ def open_cluster(exp: Experiment, *, for_commands: bool = False) -> Cluster:
             transport, exp.runtime, sudo_password=password, gpus=exp.runtime.gpus
         )
     return Cluster(transport, runtime, local=local, containers=exp.runtime.containers)
+
+
+def release(exp: Experiment) -> list[str]:
+    """Give back what the run holds on its cluster beyond its servers (its Slurm allocations;
+    nothing for local and SSH clusters): onsuccess/onerror and `servesweep down`."""
+    if exp.cluster.transport != "slurm":
+        return []
+    from servesweep.cluster.slurm import release_allocations
+
+    return release_allocations(exp)
+
+
+def holdings(exp: Experiment) -> list[str]:
+    """Lines on what the run holds on its cluster beyond its servers (its Slurm allocations
+    and their steps; nothing for local and SSH clusters): `servesweep status`."""
+    if exp.cluster.transport != "slurm":
+        return []
+    from servesweep.cluster.slurm import allocation_lines
+
+    return allocation_lines(exp)
 
 
 @contextlib.contextmanager

@@ -1,5 +1,6 @@
 """build_images: on every node at once, make the base image present, build or pull the
-image, run its smoke commands and content checks, keep evidence keyed by the image's inputs."""
+image (docker; on Slurm, pyxis/apptainer import it once into a shared file), run its smoke
+commands and content checks, keep evidence keyed by the image's inputs."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from servesweep.cluster import argcheck, contract
 from servesweep.cluster.argcheck import LaunchArgs
 from servesweep.cluster.owner import Owner
 from servesweep.cluster.runtime import DockerRuntime, Launch, owner_dir
+from servesweep.cluster.slurm import SlurmRuntime
 from servesweep.cluster.transport import fan_out
 from servesweep.config.experiment import Experiment
 from servesweep.config.guesses import ENGINE_VERSION, guessed
@@ -198,7 +200,7 @@ def build_image(
     *,
     exp: Experiment,
     node: str,
-    runtime: DockerRuntime,
+    runtime: DockerRuntime | SlurmRuntime,
     log: Path,
     owner: Owner,
     launches: Sequence[LaunchArgs] = (),
@@ -210,15 +212,19 @@ def build_image(
         fh.write(f"# build_image node {node} image {runtime.image}\n")
     build = exp.runtime.build
     base = None
-    if build is not None and build.base is not None:
-        base = ensure_base(base=build.base, node=node, runtime=runtime, log=log)
-    method = _acquire(exp=exp, node=node, runtime=runtime, log=log)
-    fmt = shlex.quote("{{json .}}")
-    res = runtime.run_docker(node, f"image inspect -f {fmt} {shlex.quote(runtime.image)}")
-    if not res.ok:
-        _append(log, "docker image inspect", res.stdout + res.stderr)
-        raise SmokeFailed(f"image {runtime.image} is not present on node {node}; log {log}")
-    info = json.loads(res.stdout)
+    if not isinstance(runtime, DockerRuntime):  # pyxis/apptainer on Slurm: one shared file
+        method = runtime.acquire(node=node, log=log, timeout=BUILD_TIMEOUT_S)
+        info: dict[str, Any] = runtime.image_info(node)
+    else:
+        if build is not None and build.base is not None:
+            base = ensure_base(base=build.base, node=node, runtime=runtime, log=log)
+        method = _acquire(exp=exp, node=node, runtime=runtime, log=log)
+        fmt = shlex.quote("{{json .}}")
+        res = runtime.run_docker(node, f"image inspect -f {fmt} {shlex.quote(runtime.image)}")
+        if not res.ok:
+            _append(log, "docker image inspect", res.stdout + res.stderr)
+            raise SmokeFailed(f"image {runtime.image} is not present on node {node}; log {log}")
+        info = json.loads(res.stdout)
     smoke = []
     for i, command in enumerate([version_probe(exp), *exp.runtime.smoke]):
         returncode, output = _in_image(
@@ -467,7 +473,7 @@ def _check(
 def build_images(
     *,
     exp: Experiment,
-    runtime: DockerRuntime,
+    runtime: DockerRuntime | SlurmRuntime,
     logs: Mapping[str, Path],
     owner: Owner,
     launches: Sequence[LaunchArgs] = (),

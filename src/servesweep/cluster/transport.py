@@ -5,6 +5,7 @@ SSH (paramiko) lives in servesweep.cluster.ssh, imported only when a cluster use
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import subprocess
 from collections.abc import Callable, Iterable
@@ -87,12 +88,26 @@ def node_address(cluster: ClusterConfig, node: str) -> str:
         return cluster.addresses[node]
     if cluster.local:
         return "127.0.0.1"
+    if cluster.transport == "slurm":
+        return slurm_node_addr(node)
     path = Path(cluster.ssh.config_file).expanduser()
     if not path.is_file():
         return node
     import paramiko  # only clusters reached over SSH need it
 
     return paramiko.SSHConfig.from_path(str(path)).lookup(node).get("hostname", node)
+
+
+def slurm_node_addr(node: str) -> str:
+    """A Slurm node's NodeAddr (`scontrol show node`), else its name."""
+    try:
+        proc = subprocess.run(
+            ["scontrol", "show", "node", node], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return node
+    match = re.search(r"\bNodeAddr=(\S+)", proc.stdout) if proc.returncode == 0 else None
+    return match.group(1) if match else node
 
 
 def fan_out(nodes: Iterable[str], work: Callable[[str], T]) -> dict[str, T | Exception]:

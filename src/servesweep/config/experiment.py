@@ -71,6 +71,7 @@ class Experiment(Strict):
     @model_validator(mode="after")
     def _check_combinations(self) -> Experiment:
         self._check_roles()
+        self._check_transport()
         missing = unknown_guesses(self.model_dump(mode="json"), self.guesses)
         if missing:
             raise ValueError(f"guesses: {missing[0]!r} names no config key")
@@ -109,6 +110,18 @@ class Experiment(Strict):
             if value not in values:
                 raise ValueError(f"baseline.{axis}: {value!r} is not in the matrix {values}")
         return self
+
+    def _check_transport(self) -> None:
+        kind, transport = self.runtime.kind, self.cluster.transport
+        if self.runtime.slurm_container and transport != "slurm":
+            raise ValueError(
+                f"runtime.kind: {kind} needs cluster.transport slurm (got {transport})"
+            )
+        if transport == "slurm" and kind == "docker":
+            raise ValueError(
+                "runtime.kind: docker does not run under cluster.transport slurm "
+                "(use pyxis, apptainer or process)"
+            )
 
     def _check_roles(self) -> None:
         ports = {

@@ -276,4 +276,6 @@ def image_key(exp: Experiment) -> str:
         ),
         "engine": exp.engine.model_dump(mode="json", include={"kind", "version", "python"}),
     }
+    if exp.runtime.source is not None:  # a pyxis/apptainer import (keys of others unchanged)
+        payload["source"] = exp.runtime.source
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]

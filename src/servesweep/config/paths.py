@@ -117,8 +117,8 @@ class RunPaths:
         return self.root.parent / ".images" / image_key(exp)
 
     def builds(self, exp: Experiment) -> list[Path]:
-        """Image-check evidence per node (docker runtimes only): <images>/<node>.json."""
-        if not exp.runtime.containers:
+        """Image-check evidence per node (docker, pyxis and apptainer): <images>/<node>.json."""
+        if not (exp.runtime.containers or exp.runtime.slurm_container):
             return []
         return [self.images(exp) / f"{n}.json" for n in exp.cluster.nodes]
 

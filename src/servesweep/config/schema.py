@@ -70,16 +70,69 @@ class SshOptions(Strict):
     keepalive_s: int = Field(default=15, ge=0)
 
 
+# A Slurm time limit: minutes, MM:SS, HH:MM:SS or D-HH[:MM[:SS]] (sbatch --time).
+SLURM_TIME = r"^([0-9]+|[0-9]+:[0-9]{2}|[0-9]+:[0-9]{2}:[0-9]{2}|[0-9]+-[0-9]+(:[0-9]{2}){0,2})$"
+SLURM_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.,-]*$"
+
+
+def _slurm_flags(flags: list[str]) -> list[str]:
+    """Extra salloc flags: each one `--name` or `--name=value` (a value with spaces is one
+    word: every flag is shell-quoted whole)."""
+    for flag in flags:
+        if not re.fullmatch(r"--[A-Za-z][A-Za-z0-9-]*(=.+)?", flag):
+            raise ValueError(f"{flag!r} is no `--name` or `--name=value` flag")
+        if flag.split("=", 1)[0] in SLURM_OWN_FLAGS:
+            raise ValueError(f"{flag!r}: set by servesweep (its own key under cluster.slurm)")
+    return flags
+
+
+# Flags servesweep sets itself on the allocation (what sbatch_flags may not repeat).
+SLURM_OWN_FLAGS = (
+    "--job-name",
+    "--nodes",
+    "--nodelist",
+    "--partition",
+    "--account",
+    "--time",
+    "--exclusive",
+    "--gres",
+    "--immediate",
+    "--no-shell",
+)
+
+
+class SlurmOptions(Strict):
+    """How servesweep asks Slurm for its nodes (cluster.transport slurm): one allocation per
+    node pool (`salloc --no-shell`), every server rank a long-lived step of it, every other
+    node command a short `srun --overlap` step (docs/slurm.md)."""
+
+    partition: str | None = Field(default=None, pattern=SLURM_NAME)
+    account: str | None = Field(default=None, pattern=SLURM_NAME)
+    # The allocation's time limit: it must cover the run (`servesweep plan` estimates it).
+    time_limit: str = Field(default="04:00:00", pattern=SLURM_TIME)
+    exclusive: bool = False  # the pool's nodes for this allocation alone (--exclusive)
+    # GPUs per node requested (--gres=gpu:N); None: cluster.gpus_per_node; 0: none asked.
+    gpus_per_node: int | None = Field(default=None, ge=0)
+    # More salloc flags, each `--name` or `--name=value` (e.g. --qos=high, --constraint=h200).
+    sbatch_flags: Annotated[list[str], AfterValidator(_slurm_flags)] = Field(default_factory=list)
+    # An allocation not granted within this many seconds is given up (one-line error).
+    pending_timeout_s: int = Field(default=300, ge=1)
+    # Where `runtime.kind` pyxis/apptainer images are imported once for every node (a
+    # directory all nodes see); None: <results root>/.images/slurm on the head.
+    image_dir: str | None = None
+
+
 class ClusterConfig(Strict):
     """The site's nodes; the first node of a server set is rank 0 and runs the client. Node
     pools (servesweep.cluster.pools): disjoint node sets, each running one server config at a
     time."""
 
-    transport: Literal["local", "ssh"] = "local"
+    transport: Literal["local", "ssh", "slurm"] = "local"
     nodes: Annotated[list[str], AfterValidator(_node_names)] = Field(min_length=1)
     addresses: dict[str, str] = Field(default_factory=dict)
     gpus_per_node: int = Field(default=8, ge=1)
     ssh: SshOptions = SshOptions()
+    slurm: SlurmOptions = SlurmOptions()
     # Nodes one server set needs (default: every node; PD: its roles' and router's nodes).
     nodes_per_server: int | None = Field(default=None, ge=1)
     # None: one pool. auto: as many disjoint sets as fit. Or the sets, each a list of nodes.
@@ -204,9 +257,11 @@ class ImageBuild(Strict):
 
 
 class RuntimeConfig(Strict):
-    """How a server process lives on a node: a local process group or a docker container."""
+    """How a server process lives on a node: a local process group or a docker container; on
+    Slurm (cluster.transport slurm) a step running a process, a pyxis container
+    (`srun --container-image`) or `apptainer exec --nv`."""
 
-    kind: Literal["process", "docker"] = "process"
+    kind: Literal["process", "docker", "pyxis", "apptainer"] = "process"
     image: str | None = None
     sudo: bool = False
     gpus: str | None = "all"
@@ -219,16 +274,33 @@ class RuntimeConfig(Strict):
     build: ImageBuild | None = None
     smoke: list[str] = Field(default_factory=list)  # commands that must exit 0 in the image
     checks: list[ImageCheck] = Field(default_factory=list)
+    # pyxis/apptainer: the image reference imported once into `image` (a path every node sees),
+    # under a lock: `enroot import -o <image> <source>` / `apptainer pull <image> <source>`.
+    # None: `image` is used as it is.
+    source: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@#+-]*$")
 
     @property
     def containers(self) -> bool:
         """Servers and clients run in docker containers of `image` (else plain processes)."""
         return self.kind == "docker"
 
+    @property
+    def slurm_container(self) -> bool:
+        """Servers and clients run in a container of a Slurm step (pyxis or apptainer)."""
+        return self.kind in ("pyxis", "apptainer")
+
     @model_validator(mode="after")
     def _check_image(self) -> RuntimeConfig:
-        if self.containers and not self.image:
-            raise ValueError("image: required when runtime.kind is docker")
+        if (self.containers or self.slurm_container) and not self.image:
+            raise ValueError(f"image: required when runtime.kind is {self.kind}")
+        if self.source is not None and not self.slurm_container:
+            raise ValueError("source: only for runtime.kind pyxis or apptainer (docker: build)")
+        if self.slurm_container and self.build is not None:
+            raise ValueError(
+                f"build: a docker build; runtime.kind {self.kind} imports `source` into `image`"
+            )
+        if self.source is not None and not (self.image or "").startswith("/"):
+            raise ValueError(f"image: {self.image!r}: with source, an absolute path to import into")
         names = [c.name for c in self.checks]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from servesweep.cluster import http
-from servesweep.cluster.access import Cluster, connected
+from servesweep.cluster.access import Cluster, connected, release
 from servesweep.cluster.owner import (
     KIND_LABEL,
     OWNER_LABEL,
@@ -559,4 +559,5 @@ def shutdown(exp: Experiment, paths: RunPaths, *, reason: str, services: bool = 
     for pool in node_pools(exp):
         with connect(narrow(exp, pool), paths, pool=pool.index) as manager:
             stopped += manager.stop_all(reason=reason, services=services)
+    release(exp)  # the run's Slurm allocations (a service's stays)
     return stopped

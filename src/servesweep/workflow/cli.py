@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from servesweep import __version__
-from servesweep.cluster.access import open_cluster
+from servesweep.cluster.access import holdings, open_cluster, release
 from servesweep.cluster.images import build_commands
 from servesweep.cluster.images import build_images as build_all
 from servesweep.cluster.owner import current_owner
@@ -202,8 +202,13 @@ def config_warnings(path: str, exp: Experiment) -> list[str]:
         for node in exp.cluster.nodes:
             address = node_address(exp.cluster, node)
             if node not in exp.cluster.addresses and address == node:
+                how = (
+                    "Slurm gives no NodeAddr for it (scontrol show node)"
+                    if exp.cluster.transport == "slurm"
+                    else f"no ssh alias resolves it in {exp.cluster.ssh.config_file}"
+                )
                 out.append(
-                    f"node {node}: no ssh alias resolves it in {exp.cluster.ssh.config_file} "
+                    f"node {node}: {how} "
                     f"and cluster.addresses has none: {node}:{exp.engine.dist_init_port} "
                     f"would be used as an address"
                 )
@@ -214,6 +219,8 @@ def cmd_status(args: argparse.Namespace) -> None:
     exp = _experiment(args)
     with connect(exp, RunPaths.for_run(exp, args.results)) as manager:
         rows = manager.status()
+    for line in holdings(exp):
+        print(line)
     if not rows:
         print(f"run {exp.run_id}: no server running on {', '.join(exp.cluster.nodes)}")
     for row in rows:
@@ -333,8 +340,16 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from servesweep.workflow.doctor import run_doctor
 
     exp = _experiment(args)
-    with connect(exp, RunPaths.for_run(exp, args.results)) as manager:
-        checks = run_doctor(exp=exp, manager=manager, results=Path(args.results))
+    if exp.cluster.transport == "slurm":  # its own allocation (never a run's), given back
+        exp = exp.model_copy(update={"run_id": f"{exp.run_id}-doctor"})
+    try:
+        with connect(exp, RunPaths.for_run(exp, args.results)) as manager:
+            checks = run_doctor(exp=exp, manager=manager, results=Path(args.results))
+        held = holdings(exp)  # the allocation the checks ran in (Slurm), before it is released
+    finally:
+        release(exp)
+    for line in held:
+        print(line)
     for check in checks:
         print(check.line())
     failed = [c for c in checks if c.status == "fail"]

@@ -11,6 +11,7 @@ Nothing here touches a node.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -208,6 +209,9 @@ class Plan:
     pool_held_s: dict[int, float] = field(default_factory=dict)  # servers up, per pool
     reasons: dict[str, str] = field(default_factory=dict)  # cell key -> why it runs
     suite: str = ""  # "suite standard: 4 of 6 cases" when a suite selects the cases
+    # Slurm (cluster.transport slurm): each pool's exact salloc line and the time limit (s)
+    allocations: tuple[str, ...] = ()
+    time_limit_s: float | None = None
 
     @property
     def replaced(self) -> int:
@@ -295,7 +299,27 @@ class Plan:
             lines.append(f"  {cell.key} (pool {cell.server.pool}, {why})")
         if self.replaced:
             lines.append(self.replacing().removeprefix("; "))
+        lines += self.slurm_lines()
         return "\n".join(lines) + "\n"
+
+    def slurm_lines(self) -> list[str]:
+        """The allocations a Slurm run makes, and whether their time limit covers the
+        estimate (an allocation that ends first takes its servers with it)."""
+        if self.time_limit_s is None:
+            return []
+        lines = [f"slurm allocations: {len(self.allocations)} (one per pool, made at first use)"]
+        lines += [f"  {line}" for line in self.allocations]
+        limit, need = _duration(self.time_limit_s), _duration(self.estimate_s)
+        if self.unestimated:
+            lines.append(f"slurm time limit {limit}: no estimate to compare it with")
+        elif self.time_limit_s >= self.estimate_s:
+            lines.append(f"slurm time limit {limit} covers the estimate {need}")
+        else:
+            lines.append(
+                f"WARNING: slurm time limit {limit} is shorter than the estimate {need}: "
+                f"raise cluster.slurm.time_limit"
+            )
+        return lines
 
 
 def _duration(seconds: float) -> str:
@@ -305,6 +329,29 @@ def _duration(seconds: float) -> str:
 
 
 def make_plan(
+    *,
+    exp: Experiment,
+    paths: RunPaths,
+    results_dir: Path,
+    cells: Sequence[CellRepeat] | None = None,
+    max_simulated: int | None = None,
+) -> Plan:
+    """`_make_plan`, with a Slurm run's allocations and time limit."""
+    plan = _make_plan(
+        exp=exp, paths=paths, results_dir=results_dir, cells=cells, max_simulated=max_simulated
+    )
+    if exp.cluster.transport != "slurm":
+        return plan
+    from servesweep.cluster.slurm import planned_allocations, time_limit_seconds
+
+    return dataclasses.replace(
+        plan,
+        allocations=tuple(planned_allocations(exp, results_root=results_dir)),
+        time_limit_s=time_limit_seconds(exp.cluster.slurm.time_limit),
+    )
+
+
+def _make_plan(
     *,
     exp: Experiment,
     paths: RunPaths,
