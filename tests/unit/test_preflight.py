@@ -205,3 +205,25 @@ def test_a_guessed_engine_version_is_observed_not_enforced(tmp_path: Path) -> No
         engine_versions(exp=m.exp, manager=m)
     guessing = m.exp.model_copy(update={"guesses": ["engine.version"]})
     assert engine_versions(exp=guessing, manager=m) == {"local": "0.5.16"}
+
+
+def test_a_slurm_image_is_read_by_build_images_not_the_nodes_python(tmp_path: Path) -> None:
+    """pyxis/apptainer: the SGLang that runs is the image's (build_images reads its version and
+    parses the launches there); the model is found through the image's mounts. Preflight asked
+    the node's python3 for sglang before, which a Slurm site's nodes need not have."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _fake(bin_dir, "fakepython", "echo no sglang here >&2; exit 1\n")
+    m = _real_engine_manager(tmp_path, str(bin_dir / "fakepython"))
+    with pytest.raises(PreflightFailed, match="no sglang package"):
+        engine_versions(exp=m.exp, manager=m)
+    raw = yaml.safe_load(
+        (REPO / "config" / "experiments" / "moe_prefill_gate_slurm.yaml").read_text()
+    )
+    pyxis = load_experiment_file(
+        REPO / "config" / "experiments" / "moe_prefill_gate_slurm.yaml", {}
+    )
+    assert pyxis.runtime.kind == "pyxis" and pyxis.runtime.imaged
+    assert engine_versions(exp=pyxis, manager=m) == {}
+    src, dst = raw["runtime"]["mounts"][0].split(":")[:2]
+    assert model_on_node(pyxis) == src + pyxis.engine.model_path[len(dst.rstrip("/")) :]

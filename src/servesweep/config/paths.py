@@ -118,7 +118,7 @@ class RunPaths:
 
     def builds(self, exp: Experiment) -> list[Path]:
         """Image-check evidence per node (docker, pyxis and apptainer): <images>/<node>.json."""
-        if not (exp.runtime.containers or exp.runtime.slurm_container):
+        if not exp.runtime.imaged:
             return []
         return [self.images(exp) / f"{n}.json" for n in exp.cluster.nodes]
 

@@ -289,9 +289,15 @@ class RuntimeConfig(Strict):
         """Servers and clients run in a container of a Slurm step (pyxis or apptainer)."""
         return self.kind in ("pyxis", "apptainer")
 
+    @property
+    def imaged(self) -> bool:
+        """Servers run from an image (docker, pyxis, apptainer): its SGLang and its mounts,
+        not the node's Python and paths."""
+        return self.containers or self.slurm_container
+
     @model_validator(mode="after")
     def _check_image(self) -> RuntimeConfig:
-        if (self.containers or self.slurm_container) and not self.image:
+        if self.imaged and not self.image:
             raise ValueError(f"image: required when runtime.kind is {self.kind}")
         if self.source is not None and not self.slurm_container:
             raise ValueError("source: only for runtime.kind pyxis or apptainer (docker: build)")

@@ -41,7 +41,7 @@ def check_launch_args(*, exp: Experiment, manager: ServerManager) -> dict[str, A
     nodes = list(dict.fromkeys(exp.cluster.nodes))
     if exp.cluster.local:  # every node is this machine: one parse answers for all
         nodes = nodes[:1]
-    if manager.cluster.containers:
+    if exp.runtime.imaged:
         built = _built_digests(exp, manager)
         if built and all(d == want for d in built):
             return {"digest": want, "parsed_by": "build_images", "commands": len(launches)}

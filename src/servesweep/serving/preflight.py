@@ -142,10 +142,10 @@ VERSION_PROBE = "import importlib.metadata as m; print(m.version('sglang'))"
 
 
 def engine_versions(*, exp: Experiment, manager: ServerManager) -> dict[str, str]:
-    """The SGLang version installed on every node, for plain processes (a docker image's is
-    read by build_images); PreflightFailed when it is not the pinned `engine.version` (a guessed
-    one is observed: a warning, the found version recorded)."""
-    if exp.engine.kind != "sglang" or manager.cluster.containers:
+    """The SGLang version installed on every node, for plain processes (an image's, docker's
+    or a Slurm site's, is read by build_images); PreflightFailed when it is not the pinned
+    `engine.version` (a guessed one is observed: a warning, the found version recorded)."""
+    if exp.engine.kind != "sglang" or exp.runtime.imaged:
         return {}
     found = {}
     for node in exp.cluster.nodes:
@@ -180,7 +180,7 @@ def model_on_node(exp: Experiment) -> str | None:
     path = exp.engine.model_path
     if not path.startswith("/"):
         return None
-    if exp.runtime.containers:
+    if exp.runtime.imaged:
         for mount in exp.runtime.mounts:
             src, _, rest = mount.partition(":")
             dst = rest.split(":")[0]
