@@ -324,6 +324,21 @@ def test_a_node_without_nvidia_smi_is_said_once_per_run(
     assert kept == [w + "\n" for w in warned]
 
 
+def test_no_gpu_gap_is_said_where_the_sim_gives_the_figures(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 27: on the sim the snapshots find no nvidia-smi, but the sim's curve gives every
+    figure: no 'GPU figures unavailable' line (a node without samples still gets it)."""
+    paths = RunPaths(tmp_path / "run")
+    gap = {"node": "local", "status": "unavailable", "detail": "nvidia-smi not found on node local"}
+    sim = {"node": "local", "phase": "sample", "status": "simulated", "detail": "simulated"}
+    bare = {"node": "b", "status": "unavailable", "detail": "nvidia-smi not found on node b"}
+    with caplog.at_level("WARNING"):
+        warn_gpu_gaps([gap, sim, gap, bare], paths=paths, cell="s/c/r1")
+    warned = [r.getMessage() for r in caplog.records if "unavailable" in r.getMessage()]
+    assert len(warned) == 1 and "node b" in warned[0], warned
+
+
 def test_aggregates_cover_every_finished_cell_of_the_configured_matrix(tmp_path: Path) -> None:
     from servesweep.config.load import unnarrowed_env
     from servesweep.config.paths import aggregate_cells

@@ -131,11 +131,13 @@ def gpu_sampler(
 def warn_gpu_gaps(rows: list[dict[str, object]], *, paths: RunPaths, cell: str) -> None:
     """Say once per run, node and reason that a node's GPU figures are unavailable (e.g.
     nvidia-smi not found): a warning in the first cell's log, kept in RunPaths.gpu_gap.
-    Every cell's gpu/*.csv keeps its `unavailable` rows."""
+    Every cell's gpu/*.csv keeps its `unavailable` rows. A node the sim's curve covers (its
+    samples `simulated`) has its figures: its snapshots' gap (no nvidia-smi) is no warning."""
+    simulated = {str(r["node"]) for r in rows if r.get("status") == telemetry.STATUS_SIMULATED}
     gaps = {
         (str(r["node"]), str(r["detail"]))
         for r in rows
-        if r.get("status") == telemetry.STATUS_UNAVAILABLE
+        if r.get("status") == telemetry.STATUS_UNAVAILABLE and str(r["node"]) not in simulated
     }
     for node, detail in sorted(gaps):
         marker = paths.gpu_gap(node, detail)
