@@ -1,4 +1,5 @@
 # Load + validate config, apply env narrowing, expand the matrix, constrain wildcards, helpers.
+import datetime as dt
 import json
 import os
 import sys
@@ -284,6 +285,22 @@ def print_answer():
         metrics=PLOT_METRICS,
         events=PATHS.orchestrator_log,
     )
+
+
+# orchestrator.log's stamp when this invocation read the Snakefile (before any job).
+INVOCATION_STARTED = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def report_lost_cells():
+    """onerror: a cell whose job was SIGKILLed (no handler ran in it) gets its line, its
+    `cell-failed` event, its left client stopped and its hidden client file removed."""
+    from servesweep.workflow.lostcells import report_lost_cells as report
+
+    lines = report(
+        exp=EXP, cells=list(CELLS.values()), paths=PATHS, since=INVOCATION_STARTED
+    )
+    for line in lines:
+        print(line, file=sys.stderr, flush=True)
 
 
 def report_missing():

@@ -409,19 +409,33 @@ def test_cell_job_sigkilled_alone_stale_partials_removed(
     checks: Checks, make_run: Callable[..., Run], shim: FaultShim, reference: pd.DataFrame
 ) -> None:
     checks.scenario(
-        "the cell's job process alone is SIGKILLed mid-cell; the rerun removes partial client "
-        "files and reports them"
+        "the cell's job process alone is SIGKILLed mid-cell (`kill -9`, the OOM killer): "
+        "Snakemake's onerror says so for the cell (its line, `cell-failed`), stops the client "
+        "the job left and removes its hidden client file; the rerun removes older partial "
+        "client files and reports them"
     )
-    run = make_run(WITHIN)
+    run = make_run(WITHIN, workload=workload(LONG_REQUEST_TIMEOUT_S))
+    hidden: list[Path] = []
 
     def kill_job(proc: subprocess.Popen[str]) -> None:
         jobs = [p for p in descendants(proc.pid) if "run_cell" in _cmdline(p)]
+        hidden.extend((run.run_dir / "bench").glob("*/*/.*client.jsonl"))
         for pid in jobs:
             os.kill(pid, signal.SIGKILL)
 
     proc = run_during_hang(run, shim, kill_job)
-    checks.check("the run exits non-zero", proc.returncode != 0, output(proc)[-2000:])
+    checks.check("the killed job's client was writing its hidden file", bool(hidden), str(hidden))
+    check_stopped_cleanly(
+        checks, run, proc, cause=r"JobKilled: .*ended without a status.*SIGKILL", finished=1
+    )
     cell = next(c for c in run.cells if c not in run.finished())
+    failed = [f for _, e, f in run.events() if e == "cell-failed" and f.get("cell") == cell]
+    checks.check("a `cell-failed` event names the killed cell", bool(failed), str(run.events()))
+    checks.check(
+        "the hidden client file is gone before any rerun",
+        not any(p.exists() for p in hidden),
+        str([p for p in hidden if p.exists()]),
+    )
     bench = run.run_dir / "bench" / f"{cell}.log"
     # What a job killed while its client wrote leaves (a hidden per-job file; the older name).
     partials = [
