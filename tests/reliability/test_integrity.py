@@ -221,6 +221,70 @@ def test_gpu_snapshot_cut_corrupted_deleted(checks: Checks, make_run: Callable[.
     _deleted_reruns_its_cell(checks, run, gpu, cell)
 
 
+def test_gpu_file_cut_at_a_line_boundary(checks: Checks, make_run: Callable[..., Run]) -> None:
+    checks.scenario(
+        "a finished GPU file cut at a line boundary (half its lines kept, every line whole), "
+        "then re-aggregated: `incomplete` with blank figures, never accepted as `ok` or "
+        "`simulated`; deleted, its cell reruns"
+    )
+    run = _finished(checks, make_run)
+    cell = run.cells[0]
+    gpu = run.gpu(cell)
+    lines = gpu.read_text().splitlines(keepends=True)
+    gpu.write_text("".join(lines[: len(lines) // 2]))
+    proc = run.snakemake()
+    checks.check("re-aggregation of the cut file succeeds", proc.returncode == 0, output(proc))
+    df = pd.read_csv(run.run_dir / "results.csv")
+    row = df.loc[df["server_id"] == cell.split("/")[0]].iloc[0]
+    checks.check(
+        "the cut file is `incomplete`", row["gpu_status"] == "incomplete", str(row["gpu_status"])
+    )
+    checks.check(
+        "its energy and power are blank, not figures of part of the window",
+        pd.isna(row["gpu_energy_j"]) and pd.isna(row["gpu_power_mean_w"]),
+        str(row[["gpu_energy_j", "gpu_power_mean_w"]].to_dict()),
+    )
+    log = (run.run_dir / "logs" / "collect_results.log").read_text()
+    said = [ln for ln in log.splitlines() if str(gpu.relative_to(run.workdir)) in ln]
+    checks.check("the log names the cut file", bool(said), log[-2000:])
+    checks.message(said[0].split(" WARNING ", 1)[-1])
+    _deleted_reruns_its_cell(checks, run, gpu, cell)
+
+
+def test_config_changed_after_snakemake_dir_lost(
+    checks: Checks, make_run: Callable[..., Run]
+) -> None:
+    checks.scenario(
+        "`.snakemake/` lost, then workload.num_requests edited: the records' own copy of their "
+        "configuration is compared, the changed cells rerun (not 'nothing to be done', exit 0)"
+    )
+    run = _finished(checks, make_run)
+    old = {c: run.raw(c).read_bytes() for c in run.cells}
+    shutil.rmtree(run.workdir / ".snakemake")
+    _edit_config(run, lambda c: c["workload"].update(num_requests=REQUESTS + 1))
+    n_events = len(run.events())
+    proc = run.snakemake()
+    checks.check("the run succeeds", proc.returncode == 0, output(proc)[-3000:])
+    ran = run.started(n_events)
+    checks.check("it reruns every changed cell", sorted(ran) == sorted(run.cells), str(ran))
+    kept = {c: list(run.run_dir.glob(f"raw/.superseded/*/raw/{c}.jsonl")) for c in run.cells}
+    checks.check(
+        "each replaced record is kept under raw/.superseded/<time>/",
+        all(len(p) == 1 and p[0].read_bytes() == old[c] for c, p in kept.items()),
+        str(kept),
+    )
+    df = pd.read_csv(run.run_dir / "results.csv")
+    checks.check(
+        "results.csv holds the new measurement",
+        set(df["completed"]) == {REQUESTS + 1},
+        str(df["completed"].tolist()),
+    )
+    n_events = len(run.events())
+    again = run.snakemake()
+    checks.check("a second run succeeds", again.returncode == 0, output(again)[-2000:])
+    checks.check("it runs no cell", run.started(n_events) == [], str(run.started(n_events)))
+
+
 def _stale_handle(run: Run, pid: int) -> None:
     """current.json as a killed run leaves it, naming `pid` as its server (the PID reused)."""
     backend = TARGET

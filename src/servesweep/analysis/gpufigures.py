@@ -244,6 +244,9 @@ def gpu_figures(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         kept = ("gpu_power_peak_w", "gpu_mem_used_peak_mib", "gpu_util_mean_pct")
         samples.update({k: snapshot[k] for k in kept})
     found = {col: samples.get(col, snapshot.get(col)) for col in GPU_COLUMNS}
+    if snapshot["gpu_status"] == STATUS_INCOMPLETE:  # a cut file: its samples may be cut too
+        found.update({c: math.nan for c in SAMPLE_FIGURES if c not in ("gpu_source",)})
+        found["gpu_samples"] = math.nan
     # the local sim: no nvidia-smi for the snapshots, but its simulated curve gives the figures
     if found["gpu_status"] == STATUS_UNAVAILABLE and found.get("gpu_source") == SOURCE_SIMULATED:
         found["gpu_status"] = STATUS_SIMULATED

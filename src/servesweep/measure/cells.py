@@ -369,7 +369,9 @@ def run_cell(
             logger.warning("cell %s: guessed evidence, observed only: %s", cell.key, short)
         evidence.check(required, counts, cell=cell.key, logs=logs)
         _check_requests(exp=exp, manager=manager, record=record, cell=cell.key, state=state)
-        snapshot = before + after + window + samples
+        # In time order, the after rows last: a file cut at any line loses some of them, so a
+        # cut file is `incomplete` (its before and after rows do not pair up), never `ok`.
+        snapshot = before + window + samples + after
         warn_gpu_gaps(snapshot, paths=manager.paths, cell=cell.key)
         record = BenchRecord.model_validate(
             {
