@@ -793,6 +793,28 @@ def test_event_log_disk_full(checks: Checks, make_run: Callable[..., Run]) -> No
     _reruns_alone(checks, run, cell)
 
 
+def test_analysis_job_disk_full(checks: Checks, make_run: Callable[..., Run]) -> None:
+    checks.scenario(
+        "the disk of the plots is full when an analysis job (plot_results) writes them (ENOSPC): "
+        "its line names the file, not only 'No space left on device'"
+    )
+    run = _finished(checks, make_run)
+    with small_filesystem(run.run_dir / "plots") as mount:
+        filler = fill(mount)
+        line = _one_line_error(checks, run.snakemake("--cores", "1", "all"), "`all`")
+        checks.check(
+            "the error names the cause and a file on the full disk",
+            "No space left on device" in line and f"{run.run_id}/plots/" in line,
+            line,
+        )
+        checks.check("nothing is left running", not run.leftovers(), str(run.leftovers()))
+        filler.unlink()
+    n_events = len(run.events())
+    proc = run.snakemake("--cores", "1", "all")
+    checks.check("the rerun succeeds", proc.returncode == 0, output(proc)[-3000:])
+    checks.check("it runs no cell", run.started(n_events) == [], str(run.started(n_events)))
+
+
 def test_config_edit_keeps_the_records_it_replaces(
     checks: Checks, make_run: Callable[..., Run]
 ) -> None:
