@@ -490,7 +490,7 @@ def test_cell_job_sigkilled_alone_stale_partials_removed(
     proc = run_during_hang(run, shim, kill_job)
     checks.check("the killed job's client was writing its hidden file", bool(hidden), str(hidden))
     check_stopped_cleanly(
-        checks, run, proc, cause=r"JobKilled: .*ended without a status.*SIGKILL", finished=1
+        checks, run, proc, cause=r"JobDied: .*ended without reporting why.*SIGKILL", finished=1
     )
     cell = next(c for c in run.cells if c not in run.finished())
     failed = [f for _, e, f in run.events() if e == "cell-failed" and f.get("cell") == cell]

@@ -123,6 +123,20 @@ def test_the_console_and_the_report_state_each_warning_in_the_same_words():
     assert all(f"  - {w}" in text for w in console)
 
 
+def test_a_cell_whose_node_clock_was_off_is_flagged():
+    """Issue 26 item 7: a node clock off by more than the sampling interval is said."""
+    results = RESULTS.assign(
+        gpu_clock_skewed=[False, True, "True"], gpu_clock_offset_s=[0.01, 2.5, -2.6]
+    )
+    found = answer.warnings(summary=SUMMARY, results=results, events=[])
+    said = [w for w in found if w.startswith("GPU clocks:")]
+    assert said == [
+        "GPU clocks: in 2 of 3 cell-repeats a node's clock was off the workflow host's by more "
+        "than the sampling interval (up to 2.600 s); its samples were aligned by the offset "
+        "measured in the cell (gpu_clock_offset_s in results.csv)."
+    ]
+
+
 def test_a_run_without_deltas_says_why():
     text = block(summary={**SUMMARY, "deltas": [], "note": "one backend only"})
     assert "No deltas: one backend only." in text

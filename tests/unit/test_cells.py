@@ -79,9 +79,11 @@ def test_valid_cell_writes_record_and_gpu_snapshot(tmp_path: Path) -> None:
     assert record.completed == 4 and record.tag == cell.key
     gpu = read_snapshot(paths.gpu(cell))
     phases = [row["phase"] for row in gpu]
-    assert phases[:4] == ["before", "after", "window-start", "window-end"]
-    assert set(phases[4:]) == {"sample"} and len(phases) > 4  # the sim's curve during the client
-    assert {row["status"] for row in gpu[4:]} == {"simulated"}
+    # in time order, the after rows last (a file cut at any line lacks some: `incomplete`)
+    assert phases[:4] == ["before", "clock", "window-start", "window-end"]
+    assert phases[-1] == "after"
+    assert set(phases[4:-1]) == {"sample"} and len(phases) > 5  # the sim's curve
+    assert {row["status"] for row in gpu[4:-1]} == {"simulated"}
     assert "nvidia-smi" in gpu[0]["detail"]
     # the wrapper's figures of the client process, from the last line of its bench log
     process = (record.model_extra or {})[usage.RECORD_KEY]

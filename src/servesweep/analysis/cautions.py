@@ -21,7 +21,8 @@ def cautions(
     events: Sequence[tuple[str, str, Mapping[str, str]]],
 ) -> list[str]:
     """One sentence per caution: fatal and warning server-log findings, re-tokenization drift,
-    invalid (failed) cell attempts, client-saturated cells, coarse intervals."""
+    invalid (failed) cell attempts, client-saturated cells, node clocks off the workflow host's
+    (GPU samples aligned), coarse intervals."""
     out = []
     scan = summary.get("log_scan") or {}
     if scan.get("fatal_findings"):
@@ -59,6 +60,16 @@ def cautions(
                 f"Client saturated in {len(flagged)} of {len(results)} cell-repeats{named}: "
                 "the load generator, not the server, may have set the pace (client_saturated "
                 "in results.csv)."
+            )
+    if "gpu_clock_skewed" in results.columns:
+        skewed = results[results["gpu_clock_skewed"].astype(str) == "True"]
+        if len(skewed):
+            worst = pd.to_numeric(skewed["gpu_clock_offset_s"], errors="coerce").abs().max()
+            out.append(
+                f"GPU clocks: in {len(skewed)} of {len(results)} cell-repeats a node's clock was "
+                f"off the workflow host's by more than the sampling interval (up to {worst:.3f} "
+                "s); its samples were aligned by the offset measured in the cell "
+                "(gpu_clock_offset_s in results.csv)."
             )
     if any(d.get("coarse") for d in summary.get("deltas") or []):
         out.append("Few repeats per cell: intervals are coarse (see the method).")

@@ -21,8 +21,11 @@ from servesweep.measure.client import client_labels, remove_run_partials
 
 logger = logging.getLogger(__name__)
 
-KIND = "JobKilled"
-CAUSE = "its job process ended without a status (killed: SIGKILL, e.g. `kill -9` or the OOM killer)"
+KIND = "JobDied"
+CAUSE = (
+    "its job process ended without reporting why (killed by SIGKILL, e.g. `kill -9` or the OOM "
+    "killer, when its job log ends without an error)"
+)
 
 
 def lost_cells(*, cells: Sequence[CellRepeat], paths: RunPaths, since: str) -> list[CellRepeat]:
@@ -46,8 +49,7 @@ def report_lost_cells(
 ) -> list[str]:
     """For every lost cell (lost_cells): stop the client its job left (this run's, its pool's,
     by label), log `cell-failed`, remove the hidden client files killed jobs left; return one
-    `servesweep: JobKilled: ...` line per cell (naming the cell, the client's node, the bench
-    log)."""
+    `servesweep: JobDied: ...` line per cell (naming the cell, the client's node, its logs)."""
     lost = lost_cells(cells=cells, paths=paths, since=since)
     if not lost:
         return []
@@ -61,11 +63,10 @@ def report_lost_cells(
         node = narrowed.cluster.nodes[0]
         _stop_left_clients(exp=narrowed, paths=paths, pool=pool.index, cell=mine[0].key)
         for cell in mine:
-            bench_log = paths.bench_log(cell)
             events.emit("cell-failed", cell=cell.key, fp=cell.server.fingerprint, error=CAUSE)
             lines.append(
                 f"servesweep: {KIND}: cell {cell.key}: {CAUSE}; no record written; client on "
-                f"node {node}; bench log {bench_log}"
+                f"node {node}; job log {paths.job_log(cell)}; bench log {paths.bench_log(cell)}"
             )
     remove_run_partials(paths.root, events=events)
     return lines

@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from base64 import urlsafe_b64encode
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from servesweep.config.experiment import Experiment
@@ -61,11 +61,12 @@ def changed_without_metadata(
         if not raw.exists() or metadata_path(str(raw), metadata_dir).exists():
             continue
         try:
-            diff = provenance.differences(
-                provenance.recorded(raw), provenance.measured_with(exp, cell)
-            )
+            recorded = provenance.recorded(raw)
         except (OSError, ValueError):  # unreadable: collect_results names it
             continue
+        if not isinstance(recorded, Mapping):  # from before records carried it: nothing to test
+            continue
+        diff = provenance.differences(recorded, provenance.measured_with(exp, cell))
         if not diff:
             continue
         path = marker(paths, cell)
