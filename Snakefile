@@ -56,5 +56,6 @@ onsuccess:
 
 
 onerror:
+    report_lost_cells()
     stop_servers("workflow failed")
     report_missing()

@@ -155,6 +155,8 @@ rule write_landing_page:
         events=run_events,
         method=os.path.join(workflow.basedir, "report", "method.rst"),
         plots=list(KEY_PLOTS.values()),
+        # A case run's answer: its table against the reference (cases.html), shown first.
+        validation=all_case_tables()[1:],
     output:
         rst=str(PATHS.landing_rst),
     log:

@@ -6,6 +6,8 @@
 rule run_cell:
     input:
         prerequisites=CELL_PREREQUISITES,
+        # Only after .snakemake/ was lost (an input function costs per job at 10k cells).
+        changed=cell_changed if CHANGED else [],
     output:
         raw=PATHS.cell_pattern("raw"),
         gpu=PATHS.cell_pattern("gpu"),

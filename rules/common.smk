@@ -1,4 +1,5 @@
 # Load + validate config, apply env narrowing, expand the matrix, constrain wildcards, helpers.
+import datetime as dt
 import json
 import os
 import sys
@@ -18,6 +19,7 @@ from servesweep.measure.provenance import measured_with
 from servesweep.serving.engines import check_experiment
 from servesweep.workflow import progress
 from servesweep.workflow.logsetup import hangup_like_sigterm
+from servesweep.workflow.lostmetadata import changed_without_metadata
 from servesweep.workflow.plan import dry_run_requested, pool_plan, summary_at_exit
 from servesweep.workflow.ratelimit import unthrottle_scheduler
 
@@ -58,6 +60,9 @@ if dry_run_requested(sys.argv):
     summary_at_exit(
         exp=EXP, paths=PATHS, results_dir=PATHS.root.parent, cells=list(CELLS.values())
     )
+# .snakemake/ lost: a record measured with another configuration reruns through a marker input
+# (servesweep.workflow.lostmetadata); {} while Snakemake has its metadata.
+CHANGED = changed_without_metadata(exp=EXP, paths=PATHS, cells=list(CELLS.values()))
 # The set of cells as a param: rules over all cells rerun when it changes (no `input` trigger).
 CELL_KEYS = sorted(CELLS)
 # A params entry of collect_results: a changed SLO recomputes results.csv, never a cell.
@@ -93,6 +98,11 @@ def cell_workload(wildcards):
 
 def cell_measured_with(wildcards):
     return json.dumps(measured_with(EXP, cell_of(wildcards)), sort_keys=True)
+
+
+def cell_changed(wildcards):
+    key = f"{wildcards.server}/{wildcards.client}/r{wildcards.repeat}"
+    return [CHANGED[key]] if key in CHANGED else []
 
 
 def cell_priority(wildcards):
@@ -284,6 +294,22 @@ def print_answer():
         metrics=PLOT_METRICS,
         events=PATHS.orchestrator_log,
     )
+
+
+# orchestrator.log's stamp when this invocation read the Snakefile (before any job).
+INVOCATION_STARTED = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def report_lost_cells():
+    """onerror: a cell whose job was SIGKILLed (no handler ran in it) gets its line, its
+    `cell-failed` event, its left client stopped and its hidden client file removed."""
+    from servesweep.workflow.lostcells import report_lost_cells as report
+
+    lines = report(
+        exp=EXP, cells=list(CELLS.values()), paths=PATHS, since=INVOCATION_STARTED
+    )
+    for line in lines:
+        print(line, file=sys.stderr, flush=True)
 
 
 def report_missing():

@@ -11,6 +11,7 @@ rule write_report:
         events=run_events,
         method=os.path.join(workflow.basedir, "report", "method.rst"),
         key_plots=list(KEY_PLOTS.values()),
+        validation=all_case_tables()[1:],
         plots=[*DELTA_PLOTS.values(), *METRIC_VS_PLOTS.values(), *ENERGY_PLOTS],
         tables=[
             PATHS.results_csv,

@@ -14,5 +14,6 @@ if __name__ == "__main__":
             method=snakemake.input.method,
             metrics=snakemake.params.metrics,
             plots=list(zip(snakemake.params.captions, snakemake.input.plots, strict=True)),
+            validation=snakemake.input.validation,
             out=snakemake.output.rst,
         )

@@ -16,5 +16,6 @@ if __name__ == "__main__":
             key_plots=list(zip(snakemake.params.captions, snakemake.input.key_plots, strict=True)),
             plots=snakemake.input.plots,
             tables=snakemake.input.tables,
+            validation=snakemake.input.validation,
             out=snakemake.output.html,
         )

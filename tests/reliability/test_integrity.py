@@ -221,6 +221,70 @@ def test_gpu_snapshot_cut_corrupted_deleted(checks: Checks, make_run: Callable[.
     _deleted_reruns_its_cell(checks, run, gpu, cell)
 
 
+def test_gpu_file_cut_at_a_line_boundary(checks: Checks, make_run: Callable[..., Run]) -> None:
+    checks.scenario(
+        "a finished GPU file cut at a line boundary (half its lines kept, every line whole), "
+        "then re-aggregated: `incomplete` with blank figures, never accepted as `ok` or "
+        "`simulated`; deleted, its cell reruns"
+    )
+    run = _finished(checks, make_run)
+    cell = run.cells[0]
+    gpu = run.gpu(cell)
+    lines = gpu.read_text().splitlines(keepends=True)
+    gpu.write_text("".join(lines[: len(lines) // 2]))
+    proc = run.snakemake()
+    checks.check("re-aggregation of the cut file succeeds", proc.returncode == 0, output(proc))
+    df = pd.read_csv(run.run_dir / "results.csv")
+    row = df.loc[df["server_id"] == cell.split("/")[0]].iloc[0]
+    checks.check(
+        "the cut file is `incomplete`", row["gpu_status"] == "incomplete", str(row["gpu_status"])
+    )
+    checks.check(
+        "its energy and power are blank, not figures of part of the window",
+        pd.isna(row["gpu_energy_j"]) and pd.isna(row["gpu_power_mean_w"]),
+        str(row[["gpu_energy_j", "gpu_power_mean_w"]].to_dict()),
+    )
+    log = (run.run_dir / "logs" / "collect_results.log").read_text()
+    said = [ln for ln in log.splitlines() if str(gpu.relative_to(run.workdir)) in ln]
+    checks.check("the log names the cut file", bool(said), log[-2000:])
+    checks.message(said[0].split(" WARNING ", 1)[-1])
+    _deleted_reruns_its_cell(checks, run, gpu, cell)
+
+
+def test_config_changed_after_snakemake_dir_lost(
+    checks: Checks, make_run: Callable[..., Run]
+) -> None:
+    checks.scenario(
+        "`.snakemake/` lost, then workload.num_requests edited: the records' own copy of their "
+        "configuration is compared, the changed cells rerun (not 'nothing to be done', exit 0)"
+    )
+    run = _finished(checks, make_run)
+    old = {c: run.raw(c).read_bytes() for c in run.cells}
+    shutil.rmtree(run.workdir / ".snakemake")
+    _edit_config(run, lambda c: c["workload"].update(num_requests=REQUESTS + 1))
+    n_events = len(run.events())
+    proc = run.snakemake()
+    checks.check("the run succeeds", proc.returncode == 0, output(proc)[-3000:])
+    ran = run.started(n_events)
+    checks.check("it reruns every changed cell", sorted(ran) == sorted(run.cells), str(ran))
+    kept = {c: list(run.run_dir.glob(f"raw/.superseded/*/raw/{c}.jsonl")) for c in run.cells}
+    checks.check(
+        "each replaced record is kept under raw/.superseded/<time>/",
+        all(len(p) == 1 and p[0].read_bytes() == old[c] for c, p in kept.items()),
+        str(kept),
+    )
+    df = pd.read_csv(run.run_dir / "results.csv")
+    checks.check(
+        "results.csv holds the new measurement",
+        set(df["completed"]) == {REQUESTS + 1},
+        str(df["completed"].tolist()),
+    )
+    n_events = len(run.events())
+    again = run.snakemake()
+    checks.check("a second run succeeds", again.returncode == 0, output(again)[-2000:])
+    checks.check("it runs no cell", run.started(n_events) == [], str(run.started(n_events)))
+
+
 def _stale_handle(run: Run, pid: int) -> None:
     """current.json as a killed run leaves it, naming `pid` as its server (the PID reused)."""
     backend = TARGET
@@ -409,19 +473,33 @@ def test_cell_job_sigkilled_alone_stale_partials_removed(
     checks: Checks, make_run: Callable[..., Run], shim: FaultShim, reference: pd.DataFrame
 ) -> None:
     checks.scenario(
-        "the cell's job process alone is SIGKILLed mid-cell; the rerun removes partial client "
-        "files and reports them"
+        "the cell's job process alone is SIGKILLed mid-cell (`kill -9`, the OOM killer): "
+        "Snakemake's onerror says so for the cell (its line, `cell-failed`), stops the client "
+        "the job left and removes its hidden client file; the rerun removes older partial "
+        "client files and reports them"
     )
-    run = make_run(WITHIN)
+    run = make_run(WITHIN, workload=workload(LONG_REQUEST_TIMEOUT_S))
+    hidden: list[Path] = []
 
     def kill_job(proc: subprocess.Popen[str]) -> None:
         jobs = [p for p in descendants(proc.pid) if "run_cell" in _cmdline(p)]
+        hidden.extend((run.run_dir / "bench").glob("*/*/.*client.jsonl"))
         for pid in jobs:
             os.kill(pid, signal.SIGKILL)
 
     proc = run_during_hang(run, shim, kill_job)
-    checks.check("the run exits non-zero", proc.returncode != 0, output(proc)[-2000:])
+    checks.check("the killed job's client was writing its hidden file", bool(hidden), str(hidden))
+    check_stopped_cleanly(
+        checks, run, proc, cause=r"JobDied: .*ended without reporting why.*SIGKILL", finished=1
+    )
     cell = next(c for c in run.cells if c not in run.finished())
+    failed = [f for _, e, f in run.events() if e == "cell-failed" and f.get("cell") == cell]
+    checks.check("a `cell-failed` event names the killed cell", bool(failed), str(run.events()))
+    checks.check(
+        "the hidden client file is gone before any rerun",
+        not any(p.exists() for p in hidden),
+        str([p for p in hidden if p.exists()]),
+    )
     bench = run.run_dir / "bench" / f"{cell}.log"
     # What a job killed while its client wrote leaves (a hidden per-job file; the older name).
     partials = [
@@ -713,6 +791,28 @@ def test_event_log_disk_full(checks: Checks, make_run: Callable[..., Run]) -> No
         log.write_bytes(kept)
         filler.unlink()
     _reruns_alone(checks, run, cell)
+
+
+def test_analysis_job_disk_full(checks: Checks, make_run: Callable[..., Run]) -> None:
+    checks.scenario(
+        "the disk of the plots is full when an analysis job (plot_results) writes them (ENOSPC): "
+        "its line names the file, not only 'No space left on device'"
+    )
+    run = _finished(checks, make_run)
+    with small_filesystem(run.run_dir / "plots") as mount:
+        filler = fill(mount)
+        line = _one_line_error(checks, run.snakemake("--cores", "1", "all"), "`all`")
+        checks.check(
+            "the error names the cause and a file on the full disk",
+            "No space left on device" in line and f"{run.run_id}/plots/" in line,
+            line,
+        )
+        checks.check("nothing is left running", not run.leftovers(), str(run.leftovers()))
+        filler.unlink()
+    n_events = len(run.events())
+    proc = run.snakemake("--cores", "1", "all")
+    checks.check("the rerun succeeds", proc.returncode == 0, output(proc)[-3000:])
+    checks.check("it runs no cell", run.started(n_events) == [], str(run.started(n_events)))
 
 
 def test_config_edit_keeps_the_records_it_replaces(

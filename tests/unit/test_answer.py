@@ -96,14 +96,45 @@ def test_the_block_gives_each_cell_its_change_interval_and_verdict():
 def test_the_block_ends_with_the_warnings_and_the_paths():
     events = [("t", "cell-failed", {"cell": "a/concurrency~8/r2", "error": "1 request failed"})]
     text = block(events=events)
-    assert "client saturated in 2 of 3 cell-repeats (b/concurrency~8)" in text
-    assert "invalid cell attempt a/concurrency~8/r2: 1 request failed (not in results.csv)" in text
+    assert "Client saturated in 2 of 3 cell-repeats (b/concurrency~8)" in text
+    assert (
+        "Invalid cell attempt a/concurrency~8/r2: 1 request failed (orchestrator.log; not in "
+        "results.csv)" in text
+    )
     assert text.splitlines()[-2:] == [
         "  results.csv  results/r/results.csv",
         "  report       results/r/report.html",
     ]
     calm = block(results=RESULTS.assign(client_saturated=False))
     assert "Warnings: none" in calm
+
+
+def test_the_console_and_the_report_state_each_warning_in_the_same_words():
+    """Issue 27: one definition per fact (analysis.cautions), not two drifting copies."""
+    from servesweep.analysis import landing
+
+    events = [("t", "cell-failed", {"cell": "a/concurrency~8/r2", "error": "1 request failed"})]
+    summary = {**SUMMARY, "log_scan": {"fatal_findings": 2, "warnings": {"x": 3}}}
+    results = RESULTS.assign(retokenized_ratio=[1.0, 0.99, 1.0])
+    console = answer.warnings(summary=summary, results=results, events=events)
+    report = landing.warnings(summary=summary, results=results, events=events)
+    assert console == report and len(console) == 5, console
+    text = block(summary=summary, results=results, events=events)
+    assert all(f"  - {w}" in text for w in console)
+
+
+def test_a_cell_whose_node_clock_was_off_is_flagged():
+    """Issue 26 item 7: a node clock off by more than the sampling interval is said."""
+    results = RESULTS.assign(
+        gpu_clock_skewed=[False, True, "True"], gpu_clock_offset_s=[0.01, 2.5, -2.6]
+    )
+    found = answer.warnings(summary=SUMMARY, results=results, events=[])
+    said = [w for w in found if w.startswith("GPU clocks:")]
+    assert said == [
+        "GPU clocks: in 2 of 3 cell-repeats a node's clock was off the workflow host's by more "
+        "than the sampling interval (up to 2.600 s); its samples were aligned by the offset "
+        "measured in the cell (gpu_clock_offset_s in results.csv)."
+    ]
 
 
 def test_a_run_without_deltas_says_why():

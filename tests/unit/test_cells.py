@@ -79,9 +79,11 @@ def test_valid_cell_writes_record_and_gpu_snapshot(tmp_path: Path) -> None:
     assert record.completed == 4 and record.tag == cell.key
     gpu = read_snapshot(paths.gpu(cell))
     phases = [row["phase"] for row in gpu]
-    assert phases[:4] == ["before", "after", "window-start", "window-end"]
-    assert set(phases[4:]) == {"sample"} and len(phases) > 4  # the sim's curve during the client
-    assert {row["status"] for row in gpu[4:]} == {"simulated"}
+    # in time order, the after rows last (a file cut at any line lacks some: `incomplete`)
+    assert phases[:4] == ["before", "clock", "window-start", "window-end"]
+    assert phases[-1] == "after"
+    assert set(phases[4:-1]) == {"sample"} and len(phases) > 5  # the sim's curve
+    assert {row["status"] for row in gpu[4:-1]} == {"simulated"}
     assert "nvidia-smi" in gpu[0]["detail"]
     # the wrapper's figures of the client process, from the last line of its bench log
     process = (record.model_extra or {})[usage.RECORD_KEY]
@@ -322,6 +324,21 @@ def test_a_node_without_nvidia_smi_is_said_once_per_run(
     assert "nvidia-smi not found on node a" in warned[0] and "s/c/r0" in warned[0]
     kept = sorted(p.read_text() for p in (paths.logs / "gpu_unavailable").iterdir())
     assert kept == [w + "\n" for w in warned]
+
+
+def test_no_gpu_gap_is_said_where_the_sim_gives_the_figures(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 27: on the sim the snapshots find no nvidia-smi, but the sim's curve gives every
+    figure: no 'GPU figures unavailable' line (a node without samples still gets it)."""
+    paths = RunPaths(tmp_path / "run")
+    gap = {"node": "local", "status": "unavailable", "detail": "nvidia-smi not found on node local"}
+    sim = {"node": "local", "phase": "sample", "status": "simulated", "detail": "simulated"}
+    bare = {"node": "b", "status": "unavailable", "detail": "nvidia-smi not found on node b"}
+    with caplog.at_level("WARNING"):
+        warn_gpu_gaps([gap, sim, gap, bare], paths=paths, cell="s/c/r1")
+    warned = [r.getMessage() for r in caplog.records if "unavailable" in r.getMessage()]
+    assert len(warned) == 1 and "node b" in warned[0], warned
 
 
 def test_aggregates_cover_every_finished_cell_of_the_configured_matrix(tmp_path: Path) -> None:

@@ -71,7 +71,9 @@ def test_bad_config_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[st
     bad.write_text(Path(SEED).read_text().replace("repeats: 3", "repeats: 3\nrepeat: 2"))
     assert main(["commands", "--configfile", str(bad)]) == 1
     err = capsys.readouterr().err.strip()
-    assert err == "servesweep: ConfigError: config key 'repeat': unknown key"
+    assert (
+        err == "servesweep: ConfigError: config key 'repeat': unknown key (did you mean 'repeats'?)"
+    )
 
 
 def test_status_and_down_without_a_server(

@@ -48,6 +48,15 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
     return edit
 
 
+def alias_bomb(levels: int = 9, width: int = 9) -> list[Any]:
+    """Nested lists sharing each level (what YAML aliases load as): 9**9 values once copied,
+    a few hundred objects in memory (yaml.safe_dump writes it back with anchors and aliases)."""
+    node: list[Any] = ["x"] * width
+    for _ in range(levels - 1):
+        node = [node] * width
+    return node
+
+
 CONFIG_KINDS = [
     Bad("unknown key", "colour", {"colour": "blue"}, words=("unknown key",)),
     Bad(
@@ -164,6 +173,31 @@ CONFIG_KINDS = [
         "memory fraction above 1",
         "server.mem_fraction_static",
         {"server": {"mem_fraction_static": 1.5}},
+    ),
+    Bad(
+        "YAML alias bomb in a matrix axis (9 levels of 9 aliases: 387 million values)",
+        "matrix.server.moe_runner_backend",
+        edit=_set("matrix.server.moe_runner_backend", alias_bomb()),
+        words=("expands to more than 100,000 values",),
+    ),
+    Bad(
+        "misspelt matrix axis",
+        "matrix.server.moe_runer_backend",
+        {"matrix": {"server": {"moe_runer_backend": ["marlin"]}}},
+        words=("not a server argument", "did you mean 'moe_runner_backend'"),
+    ),
+    Bad(
+        "misspelt server argument",
+        "server.moe_runer_backend",
+        {"server": {"moe_runer_backend": "marlin"}},
+        words=("unknown key", "did you mean 'moe_runner_backend'"),
+    ),
+    Bad(
+        "env EP_SIZE that is no integer",
+        "EP_SIZE='abc'",
+        env={"EP_SIZE": "abc"},
+        exact="",
+        words=("server.ep_size", "valid integer"),
     ),
     Bad("empty env narrowing", "BACKENDS_CSV", env={"BACKENDS_CSV": " , "}, exact=""),
     Bad(
@@ -330,6 +364,7 @@ WORKFLOW_KINDS = [
         "unknown MoE runner for the pinned SGLang version",
         "page size differing between prefill and decode",
         "env narrowing to a value of the wrong type",
+        "YAML alias bomb in a matrix axis (9 levels of 9 aliases: 387 million values)",
     )
 ]
 

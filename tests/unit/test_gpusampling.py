@@ -288,3 +288,57 @@ def test_real_gpu_capture_rises_and_falls_with_the_load():
             assert during > before + 50 and during > after + 50, (before, during, after)
         else:
             assert during > rise * before and during > rise * after, (before, during, after)
+
+
+def _ahead(rows: list[dict], seconds: float) -> list[dict]:
+    """The rows as a node whose clock is `seconds` ahead of the workflow host stamps them."""
+    return [
+        r | {"timestamp": gpusampling.format_timestamp(
+            gpusampling.parse_timestamp(r["timestamp"]) + seconds)}
+        for r in rows
+    ]  # fmt: skip
+
+
+def test_a_node_clock_ahead_is_aligned_by_its_measured_offset():
+    """Issue 26 item 7: the window is on the workflow host's clock, a node's samples on its
+    own; a node 2.5 s ahead put the load's start outside the window (energy cut by half)."""
+    span = window("2026/12/01 14:13:42.000", "2026/12/01 14:13:48.000")  # load from 44.0
+    true = gpufigures.sample_figures(series_rows() + span)
+    skewed = _ahead(series_rows(), 2.5)
+    clock = [{"node": "n1", "phase": "clock", "status": "ok", "clock_offset_s": 2.5}]
+    aligned = gpufigures.sample_figures(skewed + clock + span)
+    unaligned = gpufigures.sample_figures(skewed + span)  # what a file without the offset gives
+    assert aligned["gpu_energy_j"] == pytest.approx(true["gpu_energy_j"], rel=1e-6)
+    assert aligned["gpu_clock_offset_s"] == 2.5 and aligned["gpu_clock_skewed"] is True
+    assert unaligned["gpu_energy_j"] < 0.75 * true["gpu_energy_j"]
+    assert math.isnan(unaligned["gpu_clock_offset_s"])
+    print(f"energy {true['gpu_energy_j']:.0f} J; unaligned {unaligned['gpu_energy_j']:.0f} J")
+
+
+def test_each_cell_measures_the_node_clocks_and_flags_an_offset_over_the_interval(caplog):
+    class Ahead:  # a node 2.5 s ahead, another in step, a third that cannot say
+        def run(self, node: str, command: str, timeout: float) -> CommandResult:
+            assert command == "date +%s.%N"
+            shift = {"fast": 2.5, "same": 0.0}.get(node)
+            if shift is None:
+                return CommandResult(node, command, 1, "", "date: not found")
+            return CommandResult(node, command, 0, f"{time.time() + shift:.9f}\n", "")
+
+    from servesweep.cluster import clocks
+
+    rows = clocks.clock_rows(transport=Ahead(), nodes=["fast", "same", "mute"])
+    assert [r["status"] for r in rows] == ["ok", "ok", "unavailable"]
+    assert rows[0]["clock_offset_s"] == pytest.approx(2.5, abs=0.05)
+    assert rows[1]["clock_offset_s"] == pytest.approx(0.0, abs=0.05)
+    with caplog.at_level("WARNING"):
+        lines = clocks.warn_offsets(rows, interval_s=0.5, cell="s/c/r1")
+    assert len(lines) == 1 and lines[0].startswith("cell s/c/r1: node fast's clock is +2.")
+    assert "more than the GPU sampling interval (0.5 s)" in lines[0]
+    assert lines[0] in caplog.text
+    # the rows round-trip through a GPU file (the offset is a column of its own)
+    assert (
+        telemetry.parse_snapshot("node,phase,status,detail,clock_offset_s\nfast,clock,ok,,2.5\n")[
+            0
+        ]["clock_offset_s"]
+        == 2.5
+    )

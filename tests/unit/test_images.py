@@ -17,7 +17,7 @@ from servesweep.cluster.runtime import DockerRuntime
 from servesweep.cluster.transport import LocalTransport
 from servesweep.config.load import load_experiment
 from servesweep.config.matrix import image_key
-from servesweep.core.errors import SmokeFailed
+from servesweep.core.errors import DOCTOR_HINT, SmokeFailed, Unreachable
 from servesweep.serving.engines import launch_targets
 from tests.helpers import DEFAULT_CONFIG, REPO, deep_update
 from tests.support.sglang_server import sglang_env
@@ -513,3 +513,26 @@ def test_the_image_contract_records_the_difference_to_the_base_and_fails_on_a_br
     assert "breaks runtime.build.contract against its base phase4:base" in text
     assert "package sgl-kernel changed 0.3.20 -> 0.3.21" in text
     assert "3 sglang files differ, the contract says 2" in text
+
+
+class _UnreachableRuntime(DockerRuntime):
+    """Every docker command fails as an SSH connection to a node that is down does."""
+
+    def run_docker(self, node: str, command: str, **_: object):  # type: ignore[override]
+        raise Unreachable(
+            f"node {node} (tester@127.0.0.9:22): cannot connect: timed out; {DOCTOR_HINT}"
+        )
+
+
+def test_nodes_that_cannot_be_reached_are_unreachable_not_a_failed_smoke(tmp_path: Path) -> None:
+    """Issue 27: two nodes down was 'SmokeFailed: ... (also failed on nodes n2)'."""
+    exp = _exp()
+    runtime = _UnreachableRuntime(LocalTransport(), exp.runtime, sudo_password=None, gpus=None)
+    logs = {n: tmp_path / f"{n}.log" for n in ("n1", "n2")}
+    with pytest.raises(Unreachable) as err:
+        build_images(exp=exp, runtime=runtime, logs=logs, owner=OWNER)
+    assert type(err.value) is Unreachable
+    assert str(err.value) == (
+        "node n1 (tester@127.0.0.9:22): cannot connect: timed out (also failed on nodes n2); "
+        f"{DOCTOR_HINT}"
+    )

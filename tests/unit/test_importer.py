@@ -175,3 +175,24 @@ def test_an_axis_read_from_a_record_never_writes_outside_the_run(tmp_path, capsy
     assert "rejected a.jsonl:2: unreadable: server id 'backend~../../../../outside/x'" in out
     written = {p for p in tmp_path.rglob("*") if p.is_file()} - set(src.iterdir()) - {mapping}
     assert written and all(p.is_relative_to(results / "imp") for p in written), written
+
+
+def test_import_without_mapping_warns_of_files_merged_into_one_cell(tmp_path, capsys):
+    """Four files of four configurations (one backend per folder), same concurrency: without
+    --mapping they are one cell's repeats; the import says so with the count (issue 27)."""
+    src = tmp_path / "src"
+    line = (REAL / "h200-rehearsal-0517-bench-serving.jsonl").read_text().splitlines()[0]
+    for backend in ("marlin", "triton", "cutlass", "flashinfer_mxfp4"):
+        (src / backend).mkdir(parents=True)
+        (src / backend / "run.jsonl").write_text(line + "\n")
+    argv = ["import", str(src), "--run-id", "merged", "--results", str(tmp_path / "results")]
+    assert main([*argv, "--no-plots"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    warned = [x for x in out if "treated as repeats of one cell" in x]
+    concurrency = json.loads(line)["max_concurrency"]
+    assert len(warned) == 1, out
+    assert warned[0].startswith(
+        f"warning cell default/concurrency~{concurrency}: 4 files treated as repeats of one cell "
+        "(cutlass/run.jsonl, flashinfer_mxfp4/run.jsonl, marlin/run.jsonl, ...;"
+    ), warned
+    assert "--mapping" in warned[0]

@@ -191,3 +191,20 @@ def test_the_sim_note_says_the_sim_runs_faster():
         "than simulated time)"
     )
     assert "x wall time" not in note
+
+
+def test_a_case_run_opens_on_its_table_against_the_reference_with_tpot():
+    """Issue 27: a PD run (no deltas) opened on "No deltas in this run"; its answer, the cases
+    against seed 003's reference with TTFT and TPOT, was only under Tables."""
+    validation = (
+        "<p>Against the reference: seed 003</p><table id='reference'><thead><tr><th>Case</th>"
+        "<th>TTFT P50 / P95</th><th>TPOT P50 / P95</th></tr></thead><tbody><tr><td>64-8-c1"
+        "</td><td>1.250 / 1.250 s</td><td>33.10 / 33.10 ms</td></tr></tbody></table>"
+    )
+    note = "no baseline in this run (none configured, or narrowed out of the matrix)"
+    html = page(summary={**SUMMARY, "deltas": [], "note": note}, validation_html=validation)
+    first = html.index("<table id='reference'>")
+    assert "Each case against the reference</h2>" in html
+    assert first < html.index("<table id='cells'>") and first < html.index("Warnings</h2>")
+    assert "TPOT P50 / P95" in html[first:] and "33.10 / 33.10 ms" in html
+    assert "No deltas in this run" not in html

@@ -57,6 +57,8 @@ def test_deltas_are_marked_outside_the_tolerance(tmp_path: Path) -> None:
     assert rows["64-8-c1"]["Delta TPS"] == "**-20.0%**"
     assert rows["16k-1-c8"]["Delta P50 / P95"] == "**+20.0%** / +0.0%"
     assert rows["16k-1-c8"]["Reference"] == "20.555 / 21.345 s"
+    assert rows["16k-1-c8"]["TPOT P50 / P95"] == "N/A"  # one output token, no TPOT
+    assert rows["16k-1-c8"]["Delta TPOT P50 / P95"] == "N/A"
     # The sim's wall-clock figures are compared in simulated units
     scaled = results.assign(
         ttft_p50_ms=results["ttft_p50_ms"] * 0.05,
@@ -67,6 +69,33 @@ def test_deltas_are_marked_outside_the_tolerance(tmp_path: Path) -> None:
         results=scaled, clients=clients, reference=ref, tolerance=0.10, time_factor=1 / 0.05
     )
     assert again.equals(table)
+
+
+def test_the_reference_table_has_tpot_beside_the_reference(tmp_path: Path) -> None:
+    """Issue 27: the PD answer is this table, with TTFT and TPOT (ms, like the case table)."""
+    exp = load_experiment_file(PD, {"SUITE": "all"})
+    ref = load_reference(
+        ROOT / "config" / "reference" / "seed003_pd_standard.yaml", cases=list(exp.cases)
+    )
+    results = pd.DataFrame(
+        [
+            {
+                "client_id": "case~16k-512-c8",
+                "input_tps": 2544.27,
+                "ttft_p50_ms": 18755,
+                "ttft_p95_ms": 23182,
+                "tpot_p50_ms": 69.52,  # +10.0% (inside 10%)
+                "tpot_p95_ms": 79.86,  # +20.0%
+            }
+        ]
+    )
+    table = reference_table(
+        results=results, clients=client_specs(exp), reference=ref, tolerance=0.10
+    )
+    row = table.to_dict("records")[0]
+    assert row["TPOT P50 / P95"] == "69.52 / 79.86 ms"
+    assert row["Reference TPOT"] == "63.20 / 66.55 ms"
+    assert row["Delta TPOT P50 / P95"] == "+10.0% / **+20.0%**"
 
 
 def test_a_bad_reference_file_is_one_line(tmp_path: Path) -> None:

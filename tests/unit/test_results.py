@@ -237,6 +237,7 @@ def test_missing_raw_file_names_cell_and_file(tmp_path):
         ('{"completed": "forty"}', "invalid"),
         (json.dumps({**template(REC_0523), "completed": 0}), "completed = 0"),
         (json.dumps({**template(REC_0523), "median_ttft_ms": None}), "missing median_ttft_ms"),
+        ('{"a":' * 100_000, "JSON nested too deep"),  # a RecursionError (traceback) before
     ],
 )
 def test_invalid_raw_file_names_the_file(tmp_path, content, reason):

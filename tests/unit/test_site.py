@@ -106,3 +106,14 @@ def test_a_guess_must_name_a_config_key_and_enters_lists_by_name(tmp_path: Path)
     raw["guesses"] = ["engine.no_such_key"]
     with pytest.raises(ConfigError, match="guesses.*'engine.no_such_key' names no config key"):
         load_experiment(raw, {}, site_dir=PD.parents[1] / "site")
+
+
+def test_an_alias_bomb_in_a_site_file_is_one_line(tmp_path: Path) -> None:
+    """Issue 26 item 14: the site is merged (copied) too; 9 levels of 9 aliases refused."""
+    levels = ["a: &l0 [x, x, x, x, x, x, x, x, x]"]
+    levels += [f"b{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9)]
+    (tmp_path / "bomb.yaml").write_text("\n".join(levels) + "\n")
+    with pytest.raises(ConfigError) as err:
+        apply_site({"site": "bomb"}, tmp_path)
+    assert str(err.value).startswith(f"config key 'site': {tmp_path / 'bomb.yaml'}: key 'b5': ")
+    assert "expands to more than 100,000 values" in str(err.value)

@@ -227,7 +227,9 @@ def test_mixed_nodes_and_round_trip(tmp_path):
     assert lines[0] == ",".join(telemetry.SNAPSHOT_COLUMNS)
     # The node without nvidia-smi: status and reason, every value empty.
     b_line = next(line for line in lines if line.startswith("b,before,"))
-    assert b_line == "b,before,unavailable,nvidia-smi not found on node b" + "," * 17
+    assert (
+        b_line == "b,before,unavailable,nvidia-smi not found on node b" + "," * 18
+    )  # 17 query fields, clock_offset_s
     back = telemetry.read_snapshot(path)
     assert back[:8] == before[:8]  # the GPU rows read back equal (none has a missing value)
     pd.testing.assert_frame_equal(telemetry.snapshot_frame(back), telemetry.snapshot_frame(both))
@@ -292,6 +294,7 @@ def test_unknown_phase_is_refused():
 
 HEADER = ",".join(telemetry.SNAPSHOT_COLUMNS)
 EMPTY_VALUES = "," * (len(telemetry.COLUMNS) - 1)
+N = len(telemetry.SNAPSHOT_COLUMNS)  # 22: META_COLUMNS, the query fields, clock_offset_s
 
 
 def snapshot_text(*rows: str, header: str = HEADER) -> str:
@@ -305,8 +308,8 @@ def test_parse_snapshot_types_ok_unavailable_and_na_values():
     na_power[telemetry.QUERY_FIELDS.index("power.draw")] = "[N/A]"
     rows = telemetry.parse_snapshot(
         snapshot_text(
-            f"a,after,ok,,{gpu}",
-            f"a,after,ok,,{','.join(na_power)}",
+            f"a,after,ok,,{gpu},",  # no clock_offset_s: a snapshot row
+            f"a,after,ok,,{','.join(na_power)},",
             f"b,after,unavailable,nvidia-smi not found on node b,{EMPTY_VALUES}",
         )
     )
@@ -343,10 +346,10 @@ def test_parse_snapshot_unknown_absent_columns_and_blank_lines():
     ("text", "message"),
     [
         ("", "empty GPU snapshot"),
-        (snapshot_text(f"a,after,ok,,{EMPTY_VALUES}", "a,after,ok,"), "row 2: 4 values for 21"),
-        (snapshot_text(f"a,after,ok,,{EMPTY_VALUES},"), "row 1: 22 values for 21"),
+        (snapshot_text(f"a,after,ok,,{EMPTY_VALUES}", "a,after,ok,"), f"row 2: 4 values for {N}"),
+        (snapshot_text(f"a,after,ok,,{EMPTY_VALUES},"), f"row 1: {N + 1} values for {N}"),
         (
-            snapshot_text("a,after,ok,,t,0,u,n,p,d,80,lots,0,0,0,0,0,0,0,0,P0"),
+            snapshot_text("a,after,ok,,t,0,u,n,p,d,80,lots,0,0,0,0,0,0,0,0,P0,"),
             "row 1: field memory.used: not a number: 'lots'",
         ),
     ],

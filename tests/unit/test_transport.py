@@ -22,7 +22,7 @@ import pytest
 from servesweep.cluster.ssh import SshTransport, resolve_target
 from servesweep.cluster.transport import CommandResult, LocalTransport, run_all
 from servesweep.config.schema import SshOptions
-from servesweep.core.errors import TransportError
+from servesweep.core.errors import TransportError, Unreachable
 
 CANARY = "canary-stdin-4f2a"
 
@@ -531,3 +531,13 @@ def test_private_get_is_never_readable_by_others(
     assert (tmp_path / "a" / "r.jsonl").stat().st_mode & 0o777 == 0o600
     assert (tmp_path / "a" / "s.jsonl").stat().st_mode & 0o777 == 0o644
     assert (tmp_path / "a" / "r.jsonl").read_text() == "{}\n"
+
+
+def test_an_unreachable_node_is_unreachable_with_the_doctor_hint(rig: Rig) -> None:
+    """Issue 27: an SSH failure says Unreachable and how to look (not SmokeFailed)."""
+    with rig.transport() as ssh, pytest.raises(Unreachable) as err:
+        ssh.run("closed", "true", timeout=20)
+    message = str(err.value)
+    assert message.startswith("node closed (tester@127.0.0.1")
+    assert "cannot connect" in message
+    assert message.endswith("; run `servesweep doctor` to check every node")

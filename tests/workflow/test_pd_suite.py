@@ -294,3 +294,51 @@ def test_a_router_without_workers_stops_the_run_and_its_log_says_why(tmp_path: P
     assert verdict.verdict == "fatal" and "sglang_router_rs" in verdict.text
     runtime = ProcessRuntime(LocalTransport())
     assert runtime.find("local", {"run": "wf-pd-no-workers"}) == [], "no process is left"
+
+
+# The landing page as the browser laid it out: its first section heading, the reference
+# table's header cells and rows, and whether it opens on "No deltas".
+PD_LANDING_PROBE = """() => {
+  const prose = document.querySelector('#app .prose');
+  const table = prose.querySelector('table#reference');
+  return {first_h2: (prose.querySelector('h2') || {}).textContent,
+          header: table ? [...table.querySelectorAll('thead th')].map(t => t.textContent) : [],
+          rows: table ? table.querySelectorAll('tbody tr').length : 0,
+          text: prose.innerText};
+}"""
+
+
+def test_the_pd_report_opens_on_the_reference_table_with_tpot_in_a_browser(
+    pd_run: Path, tmp_path: Path
+) -> None:
+    """Issue 27: the PD landing page is the validation answer (each case against seed 003's
+    reference, TTFT and TPOT), not "No deltas in this run" with the table in a submenu."""
+    import os
+    import shutil
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        if os.environ.get("SERVESWEEP_REQUIRE_BROWSER"):
+            pytest.fail("chromium not found, and SERVESWEEP_REQUIRE_BROWSER is set")
+        pytest.skip("chromium not found (apt-get install chromium)")
+    workdir = pd_run.parents[1]
+    report = tmp_path / "report.html"
+    proc = run_snakemake(workdir, "--report", str(report), "--configfile", str(workdir / "pd.yaml"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(report.as_uri())
+            page.wait_for_selector("#app .prose h1", timeout=60_000)
+            found = page.evaluate(PD_LANDING_PROBE)
+        finally:
+            browser.close()
+    assert found["first_h2"] == "Each case against the reference", found["first_h2"]
+    assert found["rows"] == 6, found  # suite "all": every case of seed 003's table
+    assert "TTFT P50 / P95" in found["header"] and "TPOT P50 / P95" in found["header"], found
+    assert "No deltas in this run" not in found["text"]
+    html = (pd_run / "report.html").read_text()
+    assert html.index('id="reference"') < html.index("id='warnings'"), "report.html too"

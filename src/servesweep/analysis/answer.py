@@ -12,13 +12,13 @@ from typing import Any
 import pandas as pd
 
 from servesweep.analysis import labels, stats
+from servesweep.analysis.cautions import cautions
 from servesweep.analysis.summary import SUMMARY_METRICS, cell_label
 
 log = logging.getLogger(__name__)
 
 # Cells listed per candidate; the report and summary.json have them all.
 MAX_CELLS = 12
-MAX_FAILED = 5
 
 
 def change_text(metric: Mapping[str, Any]) -> str:
@@ -61,30 +61,9 @@ def _table(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
 def warnings(
     *, summary: Mapping[str, Any], results: pd.DataFrame, events: Sequence[tuple[str, str, Any]]
 ) -> list[str]:
-    """The warnings a user must see before trusting the answer: client-saturated cells,
-    invalid (failed) cell attempts, fatal server-log findings."""
-    out = []
-    if "client_saturated" in results.columns and len(results):
-        flagged = results[results["client_saturated"].astype(str) == "True"]
-        if len(flagged):
-            cells = sorted({f"{r.server_id}/{r.client_id}" for r in flagged.itertuples()})
-            out.append(
-                f"client saturated in {len(flagged)} of {len(results)} cell-repeats "
-                f"({', '.join(cells[:3])}{' ...' if len(cells) > 3 else ''}): the load "
-                "generator, not the server, may have set the pace"
-            )
-    failed = [fields for _, kind, fields in events if kind == "cell-failed"]
-    for fields in failed[:MAX_FAILED]:
-        out.append(
-            f"invalid cell attempt {fields.get('cell', '?')}: {fields.get('error', '?')} "
-            "(not in results.csv)"
-        )
-    if len(failed) > MAX_FAILED:
-        out.append(f"... and {len(failed) - MAX_FAILED} more invalid cell attempts")
-    fatal = (summary.get("log_scan") or {}).get("fatal_findings")
-    if fatal:
-        out.append(f"server logs: {fatal} fatal finding(s) (logscan.json)")
-    return out
+    """The warnings a user must see before trusting the answer (analysis.cautions: the same
+    sentences as the report's)."""
+    return cautions(summary=summary, results=results, events=events)
 
 
 def answer_block(

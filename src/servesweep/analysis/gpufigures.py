@@ -9,6 +9,7 @@ from typing import Any
 
 from servesweep.cluster.gpusampling import parse_timestamp
 from servesweep.cluster.telemetry import (
+    PHASE_CLOCK,
     PHASE_SAMPLE,
     PHASE_WINDOW_END,
     PHASE_WINDOW_START,
@@ -40,6 +41,8 @@ SAMPLE_FIGURES = (
     "gpu_samples",
     "gpu_node_power_w",
     "gpu_source",
+    "gpu_clock_offset_s",
+    "gpu_clock_skewed",
 )
 # gpu_source values in results.csv.
 SOURCE_MEASURED = "measured"
@@ -145,6 +148,23 @@ def trapezoid(points: Sequence[tuple[float, float]]) -> float:
     )
 
 
+def clock_offsets(rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """node -> its clock minus the workflow host's (the GPU file's `clock` rows; none in a
+    file written before cells measured it)."""
+    found = {}
+    for r in rows:
+        offset = number_of(r.get("clock_offset_s"))
+        if text_of(r.get("phase")) == PHASE_CLOCK and not math.isnan(offset):
+            found[text_of(r.get("node"))] = offset
+    return found
+
+
+def _interval(points: Sequence[tuple[float, Any]]) -> float:
+    """The sampling interval of one GPU's series (median step; inf with fewer than 2)."""
+    steps = sorted(b[0] - a[0] for a, b in zip(points, points[1:], strict=False))
+    return steps[len(steps) // 2] if steps else math.inf
+
+
 def _source(statuses: set[str]) -> str:
     good = statuses & {STATUS_OK, STATUS_SIMULATED}
     if not good:
@@ -168,13 +188,28 @@ def sample_figures(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = dict.fromkeys(SAMPLE_FIGURES, math.nan)
     out["gpu_samples"] = 0
     out["gpu_source"] = _source({text_of(r.get("status")) for r in samples})
+    offsets = clock_offsets(rows)
+    if offsets:
+        out["gpu_clock_offset_s"] = max(offsets.values(), key=abs)
     good = [r for r in samples if text_of(r.get("status")) in (STATUS_OK, STATUS_SIMULATED)]
     if not good:
         return out
+
+    def when(r: Mapping[str, Any]) -> float:
+        """A sample's time on the workflow host's clock (the window's): a node's nvidia-smi
+        stamps its own time; the sim's curve is stamped on the workflow host."""
+        t = parse_timestamp(text_of(r.get("timestamp")))
+        measured = text_of(r.get("status")) == STATUS_OK
+        return t - offsets.get(text_of(r.get("node")), 0.0) if measured else t
+
     series: dict[tuple[str, float], list[tuple[float, Mapping[str, Any]]]] = {}
     for r in good:
         series.setdefault((text_of(r.get("node")), number_of(r.get("index"))), []).append(
-            (parse_timestamp(text_of(r.get("timestamp"))), r)
+            (when(r), r)
+        )
+    if offsets:
+        out["gpu_clock_skewed"] = any(
+            abs(offsets.get(node, 0.0)) > _interval(points) for (node, _), points in series.items()
         )
     t0, t1 = window if window else (-math.inf, math.inf)
     energy, node_mean, node_peak = 0.0, {}, {}
@@ -206,7 +241,7 @@ def sample_figures(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
                 ticks.append(0.0)
                 seen = set()
             seen.add(index)
-            if t0 <= parse_timestamp(text_of(r.get("timestamp"))) <= t1:
+            if t0 <= when(r) <= t1:
                 ticks[-1] += number_of(r.get("power_draw_w"))
         ticks += edges.get(node, {}).values()
         node_peak[node] = max(ticks) if ticks else math.nan
@@ -244,6 +279,9 @@ def gpu_figures(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         kept = ("gpu_power_peak_w", "gpu_mem_used_peak_mib", "gpu_util_mean_pct")
         samples.update({k: snapshot[k] for k in kept})
     found = {col: samples.get(col, snapshot.get(col)) for col in GPU_COLUMNS}
+    if snapshot["gpu_status"] == STATUS_INCOMPLETE:  # a cut file: its samples may be cut too
+        found.update({c: math.nan for c in SAMPLE_FIGURES if c not in ("gpu_source",)})
+        found["gpu_samples"] = math.nan
     # the local sim: no nvidia-smi for the snapshots, but its simulated curve gives the figures
     if found["gpu_status"] == STATUS_UNAVAILABLE and found.get("gpu_source") == SOURCE_SIMULATED:
         found["gpu_status"] = STATUS_SIMULATED

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from servesweep.analysis.summary import load_requests, summarize, write_summary
 from servesweep.config.matrix import segment
 from servesweep.config.paths import cell_file
 from servesweep.config.schema import MIN_RETOKENIZED_RATIO, NAME_PATTERN
+from servesweep.core.bounds import loads_json
 from servesweep.core.files import strict_json, write_json_atomic, write_text_atomic
 from servesweep.core.names import safe_segment
 from servesweep.measure.checks import CheckInputError
@@ -151,6 +151,27 @@ def _axes(rules: dict[str, str | RecordField], *, rel: str, data: dict[str, Any]
     return out
 
 
+def merged_files(
+    cells: dict[tuple[str, str], list[dict[str, Any]]], *, mapping: Mapping
+) -> list[str]:
+    """One warning per cell whose records come from more than one file: they are taken as
+    repeats of one configuration, which is wrong when the files hold different ones (without
+    --mapping every record of one concurrency is one cell)."""
+    out = []
+    for (server_id, client_id), entries in cells.items():
+        files = sorted({e["file"] for e in entries})
+        if len(files) < 2 or mapping.repeat is not None:
+            continue
+        shown = ", ".join(files[:3]) + (", ..." if len(files) > 3 else "")
+        axes = "--mapping gave no server axis" if not mapping.server else "same server axes"
+        out.append(
+            f"cell {server_id}/{client_id}: {len(files)} files treated as repeats of one cell "
+            f"({shown}; {axes}); if they hold different configurations, map an axis from "
+            "the path or a record field (--mapping)"
+        )
+    return out
+
+
 def _records(path: Path) -> list[tuple[int, str]]:
     return [(n, line) for n, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
 
@@ -184,7 +205,7 @@ def import_run(
         for n, line in lines:
             where = f"{rel}:{n}" if len(lines) > 1 else rel
             try:
-                data = json.loads(line)
+                data = loads_json(line)
                 record = BenchRecord.model_validate(data)
                 server = _axes(mapping.server, rel=rel, data=data)
                 client = _axes(mapping.client, rel=rel, data=data)
@@ -208,8 +229,16 @@ def import_run(
                 continue
             if verdict.warnings:
                 report.warnings.append(f"{where}: {verdict.line()}")
-            entry = {"where": where, "line": line, "data": data, "record": record, "repeat": repeat}
+            entry = {
+                "where": where,
+                "file": rel,
+                "line": line,
+                "data": data,
+                "record": record,
+                "repeat": repeat,
+            }
             cells.setdefault(key, []).append({**entry, "server": server, "client": client})
+    report.warnings += merged_files(cells, mapping=mapping)
     rows, request_keys, request_figures = [], [], []
     for (server_id, client_id), entries in cells.items():
         taken: set[int] = set()

@@ -20,14 +20,13 @@ from typing import Any
 import pandas as pd
 
 from servesweep.analysis import labels, stats
+from servesweep.analysis.cautions import cautions
 from servesweep.analysis.summary import SUMMARY_METRICS
-from servesweep.measure.validation import DRIFT_WARNING_RATIO
 
 log = logging.getLogger(__name__)
 
 # Rows of the delta table on the page; summary.json holds them all.
 MAX_DELTA_ROWS = 60
-MAX_WARNINGS_LISTED = 10
 VERDICT_COLORS = {
     stats.BETTER: "#1b9e77",
     stats.WORSE: "#d95f02",
@@ -192,40 +191,9 @@ def warnings(
     results: pd.DataFrame,
     events: Sequence[tuple[str, str, Mapping[str, str]]],
 ) -> list[str]:
-    """What a reader must know before trusting the numbers, one sentence each."""
-    out = []
-    scan = summary.get("log_scan") or {}
-    if scan.get("fatal_findings"):
-        out.append(f"Server logs: {scan['fatal_findings']} fatal finding(s) (logscan.json).")
-    for name, count in sorted((scan.get("warnings") or {}).items()):
-        out.append(f"Server logs: warning {name} x {count} (logscan.json).")
-    if "retokenized_ratio" in results.columns:
-        ratio = pd.to_numeric(results["retokenized_ratio"], errors="coerce")
-        drift = ratio[ratio < DRIFT_WARNING_RATIO]  # the record check's warning (validation)
-        if len(drift):
-            out.append(
-                f"Re-tokenization drift in {len(drift)} of {len(results)} cell-repeats: "
-                f"re-tokenized output / output tokens from {drift.min():.4f} to "
-                f"{drift.max():.4f} (retokenized_ratio in results.csv; docs/validation.md)."
-            )
-    failed = [f for _, kind, f in events if kind == "cell-failed"]
-    for fields in failed[:MAX_WARNINGS_LISTED]:
-        out.append(
-            f"Invalid cell attempt {fields.get('cell', '?')}: {fields.get('error', '?')} "
-            "(orchestrator.log; its figures are not in results.csv)."
-        )
-    if len(failed) > MAX_WARNINGS_LISTED:
-        out.append(f"... and {len(failed) - MAX_WARNINGS_LISTED} more failed cell attempts.")
-    if "client_saturated" in results.columns:
-        n = int((results["client_saturated"].astype(str) == "True").sum())
-        if n:
-            out.append(
-                f"Client saturated in {n} of {len(results)} cell-repeats: the load generator, "
-                "not the server, may have set the pace (client_saturated in results.csv)."
-            )
-    if any(d.get("coarse") for d in summary.get("deltas") or []):
-        out.append("Few repeats per cell: intervals are coarse (see the method below).")
-    return out
+    """What a reader must know before trusting the numbers (analysis.cautions: the same
+    sentences as the console's answer block)."""
+    return cautions(summary=summary, results=results, events=events)
 
 
 def key_plots(
@@ -265,9 +233,12 @@ def answer_parts(
     plots: Sequence[tuple[str, Path]],
     builds: Sequence[Mapping[str, Any]] = (),
     events: Sequence[tuple[str, str, Mapping[str, str]]] = (),
+    validation_html: str = "",
 ) -> list[str]:
     """The answer as HTML blocks (the landing page's and report.html's first part): the sim
-    banner, identity, deltas, medians per cell, warnings, key plots."""
+    banner, identity, the validation answer of a case run (`validation_html`: its cases.html,
+    each case against the reference table, TTFT and TPOT), deltas, medians per cell, warnings,
+    key plots."""
     run_id = str(manifest.get("run_id") or summary.get("run_id") or "?")
     ident = identity(run_id=run_id, manifest=manifest, builds=builds)
     engine = manifest.get("engine") or {}
@@ -286,11 +257,16 @@ def answer_parts(
         + "</table>"
     )
     rows = delta_rows(summary, metrics)
-    parts.append("<h2 id='answer'>Deltas vs the baseline</h2>")
+    if validation_html:
+        parts.append("<h2 id='answer'>Each case against the reference</h2>")
+        parts.append(f"<div id='validation'>{validation_html}</div>")
     if rows:
+        anchor = "deltas-heading" if validation_html else "answer"
+        parts.append(f"<h2 id='{anchor}'>Deltas vs the baseline</h2>")
         parts.append(_delta_table(rows, baseline or "none"))
-    else:
+    elif not validation_html:
         why = summary.get("note") or "no candidate cell has a baseline twin"
+        parts.append("<h2 id='answer'>Deltas vs the baseline</h2>")
         parts.append(
             f"<p id='no-deltas'><b>No deltas in this run:</b> {_e(why)}. "
             "No delta plots are drawn; the medians per cell follow.</p>"
@@ -326,6 +302,7 @@ def landing_page(
     builds: Sequence[Mapping[str, Any]] = (),
     events: Sequence[tuple[str, str, Mapping[str, str]]] = (),
     method_rst: str = "",
+    validation_html: str = "",
 ) -> str:
     """The landing page as reStructuredText (see the module docstring): `metrics` for the
     tables, `plots` (caption, PNG) embedded, `method_rst` appended."""
@@ -339,6 +316,7 @@ def landing_page(
         plots=plots,
         builds=builds,
         events=events,
+        validation_html=validation_html,
     )
     parts.append(
         "<h2 id='more'>More</h2><p>Every plot and table is in the menu on the left "

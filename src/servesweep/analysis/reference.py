@@ -21,6 +21,9 @@ COLUMNS = [
     "Input TPS",
     "Reference TPS",
     "Delta TPS",
+    "TPOT P50 / P95",
+    "Reference TPOT",
+    "Delta TPOT P50 / P95",
 ]
 
 
@@ -81,8 +84,9 @@ def reference_table(
     tolerance: float,
     time_factor: float = 1.0,
 ) -> pd.DataFrame:
-    """One row per case the reference has: this run's TTFT P50/P95 and input TPS (medians over
-    repeats) beside the reference's, with the relative delta, bold when |delta| > tolerance.
+    """One row per case the reference has: this run's TTFT P50/P95, input TPS and TPOT P50/P95
+    (medians over repeats) beside the reference's, with the relative delta, bold when |delta|
+    > tolerance (TPOT: N/A where either side has none).
     `time_factor` turns measured seconds into the reference's (the sim's 1 / time_scale; input
     TPS is divided by it)."""
     rows = []
@@ -93,10 +97,14 @@ def reference_table(
         cell = results[results["client_id"] == client.id]
         if ref is None or cell.empty:
             continue
-        med = cell[["input_tps", "ttft_p50_ms", "ttft_p95_ms"]].median()
+        figures = ["input_tps", "ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms", "tpot_p95_ms"]
+        med = cell.reindex(columns=figures).apply(pd.to_numeric, errors="coerce").median()
         p50 = med["ttft_p50_ms"] / 1000 * time_factor
         p95 = med["ttft_p95_ms"] / 1000 * time_factor
         tps = med["input_tps"] / time_factor
+        # TPOT in ms, like the case table; N/A where a case makes one token or none streams
+        t50, t95 = med["tpot_p50_ms"] * time_factor, med["tpot_p95_ms"] * time_factor
+        has_ref = ref.tpot_p50_ms is not None and ref.tpot_p95_ms is not None
         rows.append(
             {
                 "Case": name,
@@ -109,6 +117,16 @@ def reference_table(
                 "Input TPS": f"{tps:.2f}",
                 "Reference TPS": f"{ref.input_tps:.2f}",
                 "Delta TPS": _delta(tps, ref.input_tps, tolerance),
+                "TPOT P50 / P95": "N/A" if math.isnan(t50) else f"{t50:.2f} / {t95:.2f} ms",
+                "Reference TPOT": (
+                    f"{ref.tpot_p50_ms:.2f} / {ref.tpot_p95_ms:.2f} ms" if has_ref else "N/A"
+                ),
+                "Delta TPOT P50 / P95": (
+                    f"{_delta(t50, ref.tpot_p50_ms or 0.0, tolerance)} / "
+                    f"{_delta(t95, ref.tpot_p95_ms or 0.0, tolerance)}"
+                    if has_ref and not math.isnan(t50)
+                    else "N/A"
+                ),
             }
         )
     return pd.DataFrame(rows, columns=COLUMNS)

@@ -258,7 +258,12 @@ def cell_gpu(path: Path, *, cell: CellRepeat) -> dict[str, Any]:
         raise CellFailed(f"cell {cell.key}: {exc}; delete {path} to rerun the cell") from None
     found = gpu_figures(rows)
     if found["gpu_status"] == telemetry.STATUS_INCOMPLETE:
-        log.warning("cell %s: GPU snapshot %s lacks before or after rows", cell.key, path)
+        log.warning(
+            "cell %s: GPU snapshot %s is cut short (its before and after rows do not pair up): "
+            "GPU figures left blank; delete it to rerun the cell",
+            cell.key,
+            path,
+        )
     return found
 
 

@@ -24,7 +24,7 @@ from servesweep.config.experiment import Experiment
 from servesweep.config.guesses import ENGINE_VERSION, guessed
 from servesweep.config.matrix import image_key
 from servesweep.config.schema import BaseImage, ImageBuild, ImageCheck
-from servesweep.core.errors import SmokeFailed
+from servesweep.core.errors import DOCTOR_HINT, SmokeFailed, Unreachable
 
 logger = logging.getLogger(__name__)
 
@@ -492,5 +492,13 @@ def build_images(
         first = next(iter(failed.values()))
         if len(failed) == 1:
             raise first
-        raise SmokeFailed(f"{first} (also failed on nodes {', '.join(list(failed)[1:])})")
+        # All unreachable (or all one other kind): that kind, not a smoke failure.
+        kind = type(first) if all(type(r) is type(first) for r in failed.values()) else SmokeFailed
+        also = f" (also failed on nodes {', '.join(list(failed)[1:])})"
+        text = str(first)
+        if isinstance(first, Unreachable):  # the hint stays last
+            text = text.removesuffix(f"; {DOCTOR_HINT}") + also + f"; {DOCTOR_HINT}"
+        else:
+            text += also
+        raise kind(text)
     return {node: r for node, r in results.items() if not isinstance(r, BaseException)}

@@ -25,7 +25,7 @@ from paramiko.auth_strategy import AuthFailure, AuthStrategy, InMemoryPrivateKey
 
 from servesweep.cluster.transport import CommandResult
 from servesweep.config.schema import SshOptions
-from servesweep.core.errors import TransportError
+from servesweep.core.errors import DOCTOR_HINT, TransportError, Unreachable
 from servesweep.core.files import current_umask
 
 logger = logging.getLogger(__name__)
@@ -219,15 +219,15 @@ class SshTransport:
             )
         except paramiko.BadHostKeyException as exc:
             client.close()
-            raise TransportError(
+            raise Unreachable(
                 f"{where}: host key {exc.key.get_name()} {exc.key.fingerprint} does not match "
-                f"the known_hosts entry; refusing to connect"
+                f"the known_hosts entry; refusing to connect; {DOCTOR_HINT}"
             ) from None
         except AuthFailure as exc:
             client.close()
-            raise TransportError(
+            raise Unreachable(
                 f"{where}: authentication failed as user {target.user} "
-                f"(tried: {_auth_failure(exc)})"
+                f"(tried: {_auth_failure(exc)}); {DOCTOR_HINT}"
             ) from None
         except paramiko.SSHException as exc:
             client.close()
@@ -237,11 +237,11 @@ class SshTransport:
                     f" (add its key to {primary}, e.g. with ssh-keyscan, "
                     f"or set cluster.ssh.accept_new_host_keys)"
                 )
-            raise TransportError(f"{where}: {exc}{hint}") from None
+            raise Unreachable(f"{where}: {exc}{hint}; {DOCTOR_HINT}") from None
         except Exception as exc:  # socket errors, timeouts, DNS, proxy command failures
             client.close()
             reason = str(exc) or type(exc).__name__
-            raise TransportError(f"{where}: cannot connect: {reason}") from None
+            raise Unreachable(f"{where}: cannot connect: {reason}; {DOCTOR_HINT}") from None
         finally:
             keys.close()
         transport = client.get_transport()
@@ -437,9 +437,12 @@ class SshTransport:
         with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
             failures = {n: r for n, r in zip(nodes, pool.map(probe, nodes), strict=True) if r}
         if failures:
-            raise TransportError(
+            raise Unreachable(
                 f"{len(failures)} of {len(nodes)} node(s) unreachable: "
-                + "; ".join(f"{n}: {why}" for n, why in failures.items())
+                + "; ".join(
+                    f"{n}: {why.removesuffix(f'; {DOCTOR_HINT}')}" for n, why in failures.items()
+                )
+                + f"; {DOCTOR_HINT}"
             )
 
 

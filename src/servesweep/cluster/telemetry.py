@@ -59,6 +59,8 @@ COLUMNS: dict[str, str] = {
     "clocks.sm": "clocks_sm_mhz",
     "clocks.mem": "clocks_mem_mhz",
     "pstate": "pstate",
+    # Not an nvidia-smi field: a `clock` row's node clock minus the workflow host's (seconds).
+    "clock.offset": "clock_offset_s",
 }
 STRING_FIELDS = frozenset({"timestamp", "uuid", "name", "pci.bus_id", "driver_version", "pstate"})
 # Header names nvidia-smi prints for some query names (seen in the recorded `--format=csv`).
@@ -88,7 +90,10 @@ PHASE_SAMPLE = "sample"
 PHASE_WINDOW_START = "window-start"
 PHASE_WINDOW_END = "window-end"
 WINDOW_PHASES = (PHASE_WINDOW_START, PHASE_WINDOW_END)
-ROW_PHASES = (*PHASES, PHASE_SAMPLE, *WINDOW_PHASES)
+# A node's clock offset to the workflow host's, measured in the cell (cluster.clocks): the
+# window is in the host's clock, a node's samples in its own.
+PHASE_CLOCK = "clock"
+ROW_PHASES = (*PHASES, PHASE_SAMPLE, *WINDOW_PHASES, PHASE_CLOCK)
 # Exit codes of `sh -c` when the command is missing (127) or not executable (126).
 NOT_FOUND_CODES = (126, 127)
 
@@ -213,7 +218,7 @@ def node_rows(result: CommandResult, *, phase: str) -> list[dict[str, Any]]:
     if not gpus:
         return _unavailable(node, phase, f"nvidia-smi listed no GPUs on node {node}")
     meta = {"node": node, "phase": phase, "status": STATUS_OK, "detail": ""}
-    return [{**meta, **gpu} for gpu in gpus]
+    return [_MISSING_ROW | meta | gpu for gpu in gpus]
 
 
 def visible_rows(

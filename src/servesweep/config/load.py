@@ -13,6 +13,7 @@ from pydantic import TypeAdapter, ValidationError
 from servesweep.config.experiment import Experiment
 from servesweep.config.schema import ServerArgs, Workload, error_key
 from servesweep.config.site import apply_site
+from servesweep.core.bounds import TooLarge, check_size
 from servesweep.core.errors import ConfigError
 
 # Env variables that set one matrix axis from a comma-separated list (as in seed 000).
@@ -36,7 +37,7 @@ def first_error(exc: ValidationError) -> str:
 
 
 def format_error(exc: ValidationError) -> str:
-    key, msg = error_key(exc)
+    key, msg = error_key(exc, Experiment)
     return f"config key '{key or '<top level>'}': {msg}"
 
 
@@ -85,6 +86,17 @@ def apply_env(raw: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
     return data
 
 
+def env_var_of_key(key: str, env: Mapping[str, str]) -> str | None:
+    """The env variable that set config key `key` (EP_SIZE: server.ep_size, ...), if one did."""
+    keys = {
+        "RUN_ID": "run_id",
+        "SUITE": "suite",
+        CLIENT_KIND_ENV: "client.kind",
+        **{var: f"server.{arg}" for var, arg in SERVER_ARG_ENV.items()},
+    }
+    return next((var for var, k in keys.items() if k == key and var in env), None)
+
+
 def unnarrowed_env(env: Mapping[str, str]) -> dict[str, str]:
     """`env` without the variables that narrow what runs (the run's full matrix)."""
     return {k: v for k, v in env.items() if k not in NARROWING_ENV}
@@ -131,6 +143,10 @@ def load_experiment(
     deltas are computed for the missing side).
     """
     env = env or {}
+    try:
+        check_size(raw)  # before anything copies it (a YAML alias bomb expands on copy)
+    except TooLarge as exc:
+        raise ConfigError(str(exc)) from None
     raw = apply_site(raw, site_dir)
     try:
         Experiment.model_validate(raw)
@@ -149,6 +165,10 @@ def load_experiment(
     try:
         exp = Experiment.model_validate(data)
     except ValidationError as exc:
+        key, _ = error_key(exc, Experiment)
+        var = env_var_of_key(key, env)
+        if var is not None:  # the value came from the environment: name the variable first
+            raise ConfigError(f"env {var}={env[var]!r}: {format_error(exc)}") from None
         raise ConfigError(format_error(exc) + " (after env narrowing)") from None
     kept = {
         k: v
@@ -175,6 +195,8 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     try:
         with open(path) as fh:
             raw = yaml.safe_load(fh) or {}
+    except RecursionError:
+        raise ConfigError(f"config file {path}: nested too deep") from None
     except OSError as exc:
         raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:

@@ -81,6 +81,10 @@ class RunPaths:
     def bench_log(self, cell: CellRepeat) -> Path:
         return self._cell("bench", cell)
 
+    def job_log(self, cell: CellRepeat) -> Path:
+        """The run_cell job's own log (logs/run_cell/...)."""
+        return self._cell("job", cell)
+
     def gpu(self, cell: CellRepeat) -> Path:
         return self._cell("gpu", cell)
 

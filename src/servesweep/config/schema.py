@@ -3,11 +3,14 @@ the validation helpers the experiment and loader share."""
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import json
 import math
 import re
-from collections.abc import Mapping
+import types
+import typing
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
@@ -545,7 +548,11 @@ class Matrix(Strict):
         ):
             for name, values in axes.items():
                 if name not in model.model_fields or name in ("extra_args", "env"):
-                    raise ValueError(f"matrix.{side}.{name}: not a {model.__name__} field")
+                    what = "server argument" if side == "server" else "workload field"
+                    known = [f for f in model.model_fields if f not in ("extra_args", "env")]
+                    raise ValueError(
+                        f"matrix.{side}.{name}: not a {what}{did_you_mean(name, known)}"
+                    )
                 if not values:
                     raise ValueError(f"matrix.{side}.{name}: empty axis")
                 if len({json.dumps(v) for v in values}) != len(values):
@@ -577,14 +584,56 @@ def validated(model: type[M], base: M, axes: dict[str, Any], where: str) -> M:
 KEYED = re.compile(r"^([A-Za-z_][\w.\-]*): (.*)$", re.S)
 
 
-def error_key(exc: ValidationError) -> tuple[str, str]:
+def did_you_mean(name: str, known: Sequence[str]) -> str:
+    """` (did you mean 'x'?)` for the closest of `known` to a misspelt `name`, else ""."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.75)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _models_in(annotation: Any) -> list[Any]:
+    """The annotations one level inside `annotation` that a location part can lead into."""
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _models_in(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [t for a in typing.get_args(annotation) for t in _models_in(a)]
+    return [annotation]
+
+
+def keys_at(root: type[BaseModel], loc: Sequence[str | int]) -> list[str]:
+    """The keys a config may hold where `loc` (pydantic's location of an unknown key) points:
+    the field names of the model(s) there; [] where none is known."""
+    current: list[Any] = _models_in(root)
+    for part in loc[:-1]:
+        found: list[Any] = []
+        for t in current:
+            if isinstance(t, type) and issubclass(t, BaseModel):
+                field = t.model_fields.get(str(part))
+                if field is not None:
+                    found += _models_in(field.annotation)
+            elif typing.get_origin(t) in (dict, Mapping, list, tuple):
+                args = typing.get_args(t)
+                if args:
+                    found += _models_in(args[-1] if typing.get_origin(t) is not tuple else args[0])
+        current = found
+    return [
+        name
+        for t in current
+        if isinstance(t, type) and issubclass(t, BaseModel)
+        for name in t.model_fields
+    ]
+
+
+def error_key(exc: ValidationError, root: type[BaseModel] | None = None) -> tuple[str, str]:
     """(dotted key, message) of the first error: pydantic's location, extended by the key a
-    model validator names at the start of its message."""
+    model validator names at the start of its message. With the `root` model an unknown key
+    gets the closest known key as a hint."""
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"])
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
-        return loc, "unknown key"
+        hint = did_you_mean(str(err["loc"][-1]), keys_at(root, err["loc"])) if root else ""
+        return loc, f"unknown key{hint}"
     match = KEYED.match(msg) if err["type"] == "value_error" else None
     if match:
         key, msg = match.groups()

@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from servesweep.core.bounds import TooLarge, check_size
 from servesweep.core.errors import ConfigError
 
 SITE_KEY = "site"
@@ -39,6 +40,11 @@ def read_site(name: str, site_dir: str | Path | None = None) -> tuple[dict[str, 
     data = yaml.safe_load(path.read_text()) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"config key 'site': {path} must be a mapping")
+    try:
+        check_size(data)  # a YAML alias bomb expands when the site is merged
+    except TooLarge as exc:
+        where = str(exc).removeprefix("config key ")
+        raise ConfigError(f"config key 'site': {path}: key {where}") from None
     guesses = data.pop(GUESSES_KEY, []) or []
     if not isinstance(guesses, list) or not all(isinstance(g, str) for g in guesses):
         raise ConfigError(f"config key 'site': {path}: {GUESSES_KEY} must be a list of keys")

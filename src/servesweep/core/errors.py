@@ -15,6 +15,15 @@ class TransportError(ServesweepError):
     """A node could not be reached or a command on it failed."""
 
 
+class Unreachable(TransportError):
+    """A node could not be reached at all (connection, host key, authentication): the message
+    ends with DOCTOR_HINT."""
+
+
+# What an Unreachable error tells the user to run: doctor checks every node (ssh, docker, GPUs).
+DOCTOR_HINT = "run `servesweep doctor` to check every node"
+
+
 class ServerStartError(ServesweepError):
     """A server did not start or did not become ready."""
 

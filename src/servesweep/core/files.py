@@ -34,8 +34,11 @@ def atomic_open(
     The file gets `perms`, or what a plain open() would give: 0666 less the umask (mkstemp's
     own 0600 would hide results from the group whatever the umask; only secrets are 0600)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise _naming(exc, path) from exc
     os.fchmod(fd, perms if perms is not None else 0o666 & ~current_umask())
     try:
         with os.fdopen(fd, mode) as fh:
@@ -43,10 +46,19 @@ def atomic_open(
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(exc, OSError):  # a full disk names no file by itself (a write, a flush)
+            raise _naming(exc, path) from exc
         raise
+
+
+def _naming(exc: OSError, path: Path) -> OSError:
+    """`exc` with the file it was writing in its message (`[Errno 28] ... writing <path>`)."""
+    if str(path) in str(exc):
+        return exc
+    return type(exc)(exc.errno, f"{exc.strerror or exc} writing {path}")
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:

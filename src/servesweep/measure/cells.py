@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from servesweep.cluster import gpusampling, http, telemetry
+from servesweep.cluster import clocks, gpusampling, http, telemetry
 from servesweep.config.experiment import Experiment
 from servesweep.config.matrix import CellRepeat, client_specs, derived_seed
 from servesweep.config.paths import RunPaths
@@ -136,11 +136,13 @@ def gpu_sampler(
 def warn_gpu_gaps(rows: list[dict[str, object]], *, paths: RunPaths, cell: str) -> None:
     """Say once per run, node and reason that a node's GPU figures are unavailable (e.g.
     nvidia-smi not found): a warning in the first cell's log, kept in RunPaths.gpu_gap.
-    Every cell's gpu/*.csv keeps its `unavailable` rows."""
+    Every cell's gpu/*.csv keeps its `unavailable` rows. A node the sim's curve covers (its
+    samples `simulated`) has its figures: its snapshots' gap (no nvidia-smi) is no warning."""
+    simulated = {str(r["node"]) for r in rows if r.get("status") == telemetry.STATUS_SIMULATED}
     gaps = {
         (str(r["node"]), str(r["detail"]))
         for r in rows
-        if r.get("status") == telemetry.STATUS_UNAVAILABLE
+        if r.get("status") == telemetry.STATUS_UNAVAILABLE and str(r["node"]) not in simulated
     }
     for node, detail in sorted(gaps):
         marker = paths.gpu_gap(node, detail)
@@ -325,6 +327,9 @@ def run_cell(
         before = telemetry.take_snapshot(
             transport=manager.transport, nodes=nodes, phase="before", timeout=SNAPSHOT_TIMEOUT_S
         )
+        # Each node's clock against this host's: the window below is in this host's clock.
+        clock = clocks.clock_rows(transport=manager.transport, nodes=nodes)
+        clocks.warn_offsets(clock, interval_s=exp.telemetry.gpu_interval_ms / 1000, cell=cell.key)
         sampler = gpu_sampler(exp=exp, manager=manager, state=state, cell=cell)
         sampler.start()
         try:
@@ -346,8 +351,10 @@ def run_cell(
             samples = sampler.stop()
         # The client's clock stops at its last response (its `duration`); the window ends when
         # it wrote its record (bench_serving exits ~1.8 s later), else when it returned here.
-        clock = (record.model_extra or {}).get(CLOCK_KEY) or {}
-        end = clock.get("record_written_at") or client_end
+        written_at = ((record.model_extra or {}).get(CLOCK_KEY) or {}).get("record_written_at")
+        # `date -r` on the client's node gives its clock: back to this host's by its offset.
+        offsets = {r["node"]: r["clock_offset_s"] for r in clock if "clock_offset_s" in r}
+        end = written_at - offsets.get(nodes[0], 0.0) if written_at else client_end
         window = gpusampling.window_rows(end - (record.duration or 0.0), end)
         after = telemetry.take_snapshot(
             transport=manager.transport, nodes=nodes, phase="after", timeout=SNAPSHOT_TIMEOUT_S
@@ -372,8 +379,11 @@ def run_cell(
             logger.warning("cell %s: guessed evidence, observed only: %s", cell.key, short)
         evidence.check(required, counts, cell=cell.key, logs=logs)
         _check_requests(exp=exp, manager=manager, record=record, cell=cell.key, state=state)
+        # In time order, the after rows last: a file cut at any line loses some of them, so a
+        # cut file is `incomplete` (its before and after rows do not pair up), never `ok`. A
+        # node that is a slice of its host keeps only its own GPUs' rows (cluster.gpu_ids).
         snapshot = telemetry.visible_rows(
-            before + after + window + samples,
+            before + clock + window + samples + after,
             {node: exp.cluster.visible_gpus(node) for node in nodes},
         )
         warn_gpu_gaps(snapshot, paths=manager.paths, cell=cell.key)

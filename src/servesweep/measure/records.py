@@ -3,7 +3,6 @@ for both clients' records (the key layout is in recordkeys, which the client its
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Collection
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from servesweep.core.bounds import loads_json
 from servesweep.core.files import restore_non_finite, strict_json, write_text_atomic
 
 
@@ -65,7 +65,7 @@ def parse_record_line(line: str, *, keys: Collection[str] | None = None) -> Benc
     With `keys`, only those keys are validated and kept: much cheaper when a caller needs a
     few figures of a record with per-request details.
     """
-    data = restore_non_finite(json.loads(line))
+    data = restore_non_finite(loads_json(line))
     if keys is not None and isinstance(data, dict):
         data = {k: data[k] for k in keys if k in data}
     return BenchRecord.model_validate(data)

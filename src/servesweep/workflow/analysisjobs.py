@@ -3,6 +3,7 @@ manifest, cross-run comparison (see servesweep.workflow.jobs for how a job is ca
 
 from __future__ import annotations
 
+import html as _html
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -139,7 +140,8 @@ def write_case_table(
             f"\nSimulated engine at time_scale {scale}: times are wall-clock; simulated "
             f"seconds = shown / {scale}, simulated TPS = shown x {scale}.\n"
         )
-    text, page = markdown_table(table) + note, table.to_html(index=False, border=0)
+    text = markdown_table(table) + note
+    page = table.to_html(index=False, border=0, table_id="cases-table")
     if exp.reference is not None and reference:
         ref = load_reference(reference[0], cases=list(exp.cases))
         versus = reference_table(
@@ -155,7 +157,13 @@ def write_case_table(
             f"±{exp.reference.tolerance:.0%}.\n\n"
         )
         text += heading + markdown_table(versus)
-        page += f"<p>{heading.strip()}</p>" + versus.to_html(index=False, border=0)
+        # The validation answer first (the PD landing page shows this file), the cases after.
+        page = (
+            f"<p>{_html.escape(heading.strip())}</p>"
+            + versus.to_html(index=False, border=0, table_id="reference")
+            + "<p>Every case of this run (medians over repeats):</p>"
+            + page
+        )
     write_text_atomic(md, text)
     write_text_atomic(html, page)
 
@@ -171,9 +179,11 @@ def write_landing_page(
     metrics: Sequence[str],
     plots: Sequence[tuple[str, PathLike]],
     out: PathLike,
+    validation: Sequence[PathLike] = (),
 ) -> None:
     """Rule write_landing_page: the report's first page (servesweep.analysis.landing); `events`: the
-    run's orchestrator.log, if it has one; `plots`: (caption, PNG) of the key plots."""
+    run's orchestrator.log, if it has one; `plots`: (caption, PNG) of the key plots;
+    `validation`: a case run's cases.html (its table against the reference), shown first."""
     page = landing_page(
         summary=json.loads(Path(summary_json).read_text()),
         manifest=json.loads(Path(manifest_json).read_text()),
@@ -183,6 +193,7 @@ def write_landing_page(
         builds=[json.loads(Path(b).read_text()) for b in builds],
         events=[e for path in events for e in read_events(path)],
         method_rst=Path(method).read_text(),
+        validation_html="".join(Path(p).read_text() for p in validation),
     )
     write_text_atomic(out, page)
 
@@ -200,9 +211,11 @@ def write_report(
     plots: Sequence[PathLike],
     tables: Sequence[PathLike],
     out: PathLike,
+    validation: Sequence[PathLike] = (),
 ) -> None:
     """Rule write_report: report.html, the answer first (servesweep.analysis.htmlreport);
-    `plots`: every plot of the run; `tables`: files the page links to (beside it)."""
+    `plots`: every plot of the run; `tables`: files the page links to (beside it);
+    `validation`: a case run's cases.html, shown first."""
     summary = json.loads(Path(summary_json).read_text())
     manifest = json.loads(Path(manifest_json).read_text())
     answer = answer_parts(
@@ -213,6 +226,7 @@ def write_report(
         plots=[(caption, Path(p)) for caption, p in key_plots],
         builds=[json.loads(Path(b).read_text()) for b in builds],
         events=[e for path in events for e in read_events(path)],
+        validation_html="".join(Path(p).read_text() for p in validation),
     )
     here = Path(out).parent
     page = report_html(

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from servesweep.cluster import gpuidle
+from servesweep.cluster import clocks, gpuidle
 from servesweep.cluster.images import version_probe
 from servesweep.cluster.runtime import Launch, owner_dir
 from servesweep.cluster.transport import node_address
@@ -159,13 +159,12 @@ def check_ports(exp: Experiment, manager: ServerManager, node: str) -> Check:
 
 def check_clock(exp: Experiment, manager: ServerManager, node: str) -> Check:
     before = time.time()
-    ok, out = _run(manager, node, "date +%s.%N")
+    ok, out = _run(manager, node, clocks.DATE_COMMAND)
     after = time.time()
     try:
-        remote = float(out.split()[-1])
+        skew = clocks.offset_of(out, before=before, after=after)  # as each cell measures it
     except (ValueError, IndexError):
         return Check(node, "clock", "fail", f"cannot read the clock: {out[:80]}")
-    skew = remote - (before + after) / 2
     status = "ok" if ok and abs(skew) < MAX_CLOCK_SKEW_S else "fail"
     return Check(node, "clock", status, f"skew {skew:+.3f} s (limit {MAX_CLOCK_SKEW_S:.0f} s)")
 
