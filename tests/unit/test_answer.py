@@ -115,7 +115,7 @@ def test_the_console_and_the_report_state_each_warning_in_the_same_words():
 
     events = [("t", "cell-failed", {"cell": "a/concurrency~8/r2", "error": "1 request failed"})]
     summary = {**SUMMARY, "log_scan": {"fatal_findings": 2, "warnings": {"x": 3}}}
-    results = RESULTS.assign(retokenized_ratio=[1.0, 0.99, 1.0])
+    results = RESULTS.assign(retokenized_ratio=[1.0, 0.80, 1.0])  # below the 0.85 warning
     console = answer.warnings(summary=summary, results=results, events=events)
     report = landing.warnings(summary=summary, results=results, events=events)
     assert console == report and len(console) == 5, console
