@@ -28,11 +28,11 @@ from servesweep.measure.cells import (
     _check_client,
     check_prerequisites,
     run_cell,
-    server_lock,
     warn_gpu_gaps,
 )
 from servesweep.measure.client import CLOCK_KEY, client_labels, client_timeout, client_usage
 from servesweep.measure.loadgen import usage
+from servesweep.measure.locks import server_lock
 from servesweep.measure.records import BenchRecord, read_record
 from servesweep.serving.servers import ServerManager
 from tests.helpers import DEFAULT_CONFIG, deep_update, free_port
@@ -190,7 +190,7 @@ def test_the_server_lock_admits_one_holder_at_a_time(tmp_path: Path) -> None:
     lock = tmp_path / "service" / "nodes~a.lock"
     holder = (
         "import sys, time; from pathlib import Path\n"
-        "from servesweep.measure.cells import server_lock\n"
+        "from servesweep.measure.locks import server_lock\n"
         "with server_lock(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(1.0)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", holder, str(lock)], stdout=subprocess.PIPE)
@@ -207,7 +207,7 @@ def test_the_server_lock_admits_one_holder_at_a_time(tmp_path: Path) -> None:
 def test_two_runs_of_one_checkout_share_node_locks_and_a_cell_is_measured_once(
     tmp_path: Path,
 ) -> None:
-    from servesweep.measure.cells import cell_lock
+    from servesweep.measure.locks import cell_lock
 
     exp, paths, _, cell = _setup(tmp_path)
     other = RunPaths(paths.root.parent / "another-run")

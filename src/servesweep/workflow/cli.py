@@ -25,8 +25,9 @@ from servesweep.config.paths import RunPaths
 from servesweep.config.schema import MIN_RETOKENIZED_RATIO
 from servesweep.core.errors import ConfigError, ServesweepError
 from servesweep.core.files import write_json_atomic
-from servesweep.measure.cells import lock_holder, run_warmup
+from servesweep.measure.cells import run_warmup
 from servesweep.measure.client import client_files, client_launch
+from servesweep.measure.locks import lock_holder
 from servesweep.serving.engines import base_url, check_experiment, keyed, launch_targets
 from servesweep.serving.launches import resolve_ports
 from servesweep.serving.neighbours import describe_server

@@ -24,8 +24,9 @@ from servesweep.config.paths import RunPaths
 from servesweep.core.errors import ConfigError, PoolStopped
 from servesweep.core.files import write_json_atomic, write_text_atomic
 from servesweep.measure import provenance
-from servesweep.measure.cells import cell_lock, check_prerequisites, server_lock
+from servesweep.measure.cells import check_prerequisites
 from servesweep.measure.cells import run_cell as run_cell_repeat
+from servesweep.measure.locks import cell_lock, server_lock
 from servesweep.serving.engines import launch_targets
 from servesweep.serving.preflight import run_preflight
 from servesweep.serving.servers import connect
