@@ -20,7 +20,7 @@ from typing import Any
 import pandas as pd
 
 from servesweep.analysis import labels, stats
-from servesweep.analysis.summary import SUMMARY_METRICS
+from servesweep.analysis.planned import key_plots  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -225,19 +225,6 @@ def warnings(
     if any(d.get("coarse") for d in summary.get("deltas") or []):
         out.append("Few repeats per cell: intervals are coarse (see the method below).")
     return out
-
-
-def key_plots(
-    *, deltas: Mapping[str, str], metric_vs: Mapping[str, str], x: str | None
-) -> dict[str, str]:
-    """caption -> PNG of the plots the page shows: the delta plots (else the metric-vs
-    plots) of the first latency and the first throughput among the plotted metrics."""
-    plots, what = (deltas, "change vs baseline") if deltas else (metric_vs, f"against {x}")
-    picked: list[str] = []
-    for direction in ("lower", "higher"):
-        picked += [m for m in plots if SUMMARY_METRICS.get(m) == direction][:1]
-    picked += [m for m in plots if m not in picked][: max(0, 2 - len(picked))]
-    return {f"{labels.label(m)}: {what}": plots[m] for m in picked}
 
 
 def image_figure(path: Path, caption: str) -> str:

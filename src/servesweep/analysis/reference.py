@@ -5,13 +5,16 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from servesweep.config.matrix import ClientSpec
 from servesweep.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 COLUMNS = [
     "Case",
@@ -111,4 +114,6 @@ def reference_table(
                 "Delta TPS": _delta(tps, ref.input_tps, tolerance),
             }
         )
+    import pandas as pd  # here: the Snakefile loads the reference without pandas
+
     return pd.DataFrame(rows, columns=COLUMNS)
