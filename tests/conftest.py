@@ -54,3 +54,33 @@ def staged_sglang(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A local tokenizer directory bench loads with AutoTokenizer (no network)."""
     return build_tokenizer(tmp_path_factory.mktemp("tokenizer"), words=sim_words())
+
+
+# Collection order is xdist's scheduling order: the longest work first, so that no worker
+# starts a whole run while the others have finished.
+WHOLE_RUN_MARKERS = ("workflow", "integration", "reliability", "contract")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests sharing a module-scoped fixture (a whole run: test_default_matrix's, the PD
+    suite's) form one xdist group, run by one worker (pyproject: --dist loadgroup), so the run
+    is made once; these groups come first, then the other tests that run real workflows, then
+    the unit tests. Without xdist only the order changes (stable within each kind)."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        shared = [
+            name
+            for name in getattr(item, "fixturenames", ())
+            if info is not None
+            and info.name2fixturedefs.get(name)
+            and info.name2fixturedefs[name][-1].scope == "module"
+        ]
+        if shared and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}:{shared[0]}"))
+
+    def kind(item: pytest.Item) -> int:
+        if item.get_closest_marker("xdist_group") is not None:
+            return 0
+        return 1 if any(item.get_closest_marker(m) for m in WHOLE_RUN_MARKERS) else 2
+
+    items.sort(key=kind)

@@ -37,4 +37,5 @@ def test_cell_params_equal_the_per_cell_computation() -> None:
         for key, cell in reversed(cells.items()):
             assert params.fingerprint(key) == cell.server.fingerprint
             assert params.workload(key) == workload_key(cell.workload)
+            assert params.value(key) == measured_with(exp, cell)
             assert params.measured_with(key) == json.dumps(measured_with(exp, cell), sort_keys=True)

@@ -69,18 +69,22 @@ class CellParams:
         """workload_key of the cell's workload (its seed included)."""
         return self._workload(self._cells[key])[0]
 
+    def value(self, key: str) -> dict[str, Any]:
+        """measured_with() of the cell (its workload's value shared with other cells: read,
+        never change it)."""
+        cell = self._cells[key]
+        return {
+            "fingerprint": cell.server.fingerprint,
+            "workload": self._workload(cell)[1],
+            "client": self._client,
+            "warmup_after_start": self._warmup,
+        }
+
     def measured_with(self, key: str) -> str:
         """measured_with() of the cell as sorted-key JSON."""
         found = self._measured.get(key)
         if found is None:
-            cell = self._cells[key]
-            value = {
-                "fingerprint": cell.server.fingerprint,
-                "workload": self._workload(cell)[1],
-                "client": self._client,
-                "warmup_after_start": self._warmup,
-            }
-            found = self._measured[key] = json.dumps(value, sort_keys=True)
+            found = self._measured[key] = json.dumps(self.value(key), sort_keys=True)
         return found
 
 
