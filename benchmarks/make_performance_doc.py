@@ -425,6 +425,48 @@ def large_run_section(data: dict[str, Any], before: dict[str, Any] | None) -> st
     return "\n".join(out)
 
 
+def ci_section(data: dict[str, Any]) -> str:
+    """`ci.json` (written by hand from CI logs and local timings): the test suite's wall time
+    per stop, and the slow modules' time serially and on xdist workers on one machine."""
+    parts = [
+        "## CI time per stop",
+        "",
+        data.get("note", ""),
+        "",
+        table(
+            ["stop", "commit", "command", "machine", "wall s", "outcome"],
+            [
+                [
+                    s["stop"],
+                    f"`{s['commit']}`",
+                    f"`{s['command']}`",
+                    s["machine"],
+                    num(s["wall_s"], 0),
+                    s["outcome"],
+                ]
+                for s in data.get("stops", [])
+            ],
+        ),  # fmt: skip
+    ]
+    for run in data.get("local", []):
+        parts += [
+            "",
+            f"*{run['title']}* ({run['when']}, `{run['where']}`):",
+            "",
+            table(
+                ["tests", "serial s", "workers", "parallel s"],
+                [
+                    [f"`{r['tests']}`", num(r["serial_s"], 0), r["workers"]]
+                    + [num(r["parallel_s"], 0)]
+                    for r in run["rows"]
+                ],
+            ),
+        ]
+        if run.get("detail"):
+            parts += ["", run["detail"]]
+    return "\n".join(parts)
+
+
 SECTIONS: dict[str, Callable[[dict[str, Any], dict[str, Any] | None], str]] = {
     "client": client_section,
     "planning": planning_section,
@@ -544,6 +586,9 @@ def render(results: Path) -> str:
             parts += ["", SECTIONS[name](found[name], before.get(name))]
         else:
             parts += ["", f"## {name}", "", f"Not measured (no `{name}.json`)."]
+    ci = load(results, "ci")
+    if ci is not None:
+        parts += ["", ci_section(ci)]
     return "\n".join(parts) + "\n"
 
 
