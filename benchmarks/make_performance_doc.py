@@ -573,7 +573,11 @@ def render(results: Path) -> str:
         "",
         "Figures of single runs of `benchmarks/*.py` (see `benchmarks/README.md`) on a shared, "
         "noisy machine: read them as ratios and orders of magnitude, not as exact timings. "
-        "Each section says when and where it was measured.",
+        "Each section says when and where it was measured: all on `vm`, a 2-core machine "
+        "shared with other sessions, never the 16-core H200 host of the issues' figures; a "
+        "load average above 2 at the start means the other sessions' work ran beside the "
+        "script (planning and aggregation of 2026-12-02: load 4-8), which inflates every "
+        "timing and moves ratios by far more than their run-to-run noise.",
         "",
         SMOKE_NOTE,
         "",
