@@ -202,12 +202,23 @@ def planning_section(data: dict[str, Any], before: dict[str, Any] | None) -> str
         "",
         "Where a cell job costs more than a plain one (cProfile of both dry-runs at 10k): it has "
         "three files (raw record, GPU snapshot, bench log) with three wildcards in long, "
-        "self-describing paths; two params functions (fingerprint, workload: the rerun "
-        "triggers) and a priority function, whose signatures Snakemake inspects per job; and "
+        "self-describing paths; three params functions (fingerprint, workload, measured_with: "
+        "the rerun triggers) and a priority function, whose signatures Snakemake inspects per "
+        "job; and "
         "its raw file is requested twice, by `all` (a deleted raw file reruns its cell; "
         "without it Snakemake keeps results.csv and ignores the hole) and by "
         "`collect_results`. Each is a feature the workflow promises (DESIGN.md, README); "
         "none is large alone, together they are about 0.6 ms per job.",
+        "",
+        "Issue 29 (2026-12-02, this machine, load 1.1, `--profile 10000`, wall ratio 1.85 in "
+        "that run): Snakemake's input functions and params take 14.3 of the 49.7 profiled s; "
+        "the workflow's own functions in them 0.3 s, since the per-cell params are computed "
+        "once per config and cell (provenance.CellParams); the rest is Snakemake's cost per "
+        "call, three params functions and a priority function per job. One params function "
+        "(measured_with holds the fingerprint and the workload) would save about two thirds of "
+        "it, but changes run_cell's params: every finished cell of an existing run would rerun "
+        "once. The Snakefile no longer imports pandas or numpy (analysis.planned), which "
+        "costs every size the same, about 1 s here.",
     ]
     prof = data.get("profile")
     if prof:
@@ -576,8 +587,8 @@ def render(results: Path) -> str:
         "Each section says when and where it was measured: all on `vm`, a 2-core machine "
         "shared with other sessions, never the 16-core H200 host of the issues' figures; a "
         "load average above 2 at the start means the other sessions' work ran beside the "
-        "script (planning and aggregation of 2026-12-02: load 4-8), which inflates every "
-        "timing and moves ratios by far more than their run-to-run noise.",
+        "script (aggregation of 2026-12-02: load 4.4), which inflates every timing and moves "
+        "ratios by far more than their run-to-run noise.",
         "",
         SMOKE_NOTE,
         "",
