@@ -202,12 +202,24 @@ def planning_section(data: dict[str, Any], before: dict[str, Any] | None) -> str
         "",
         "Where a cell job costs more than a plain one (cProfile of both dry-runs at 10k): it has "
         "three files (raw record, GPU snapshot, bench log) with three wildcards in long, "
-        "self-describing paths; two params functions (fingerprint, workload: the rerun "
-        "triggers) and a priority function, whose signatures Snakemake inspects per job; and "
+        "self-describing paths; three params functions (fingerprint, workload, measured_with: "
+        "the rerun triggers) and a priority function, whose signatures Snakemake inspects per "
+        "job; and "
         "its raw file is requested twice, by `all` (a deleted raw file reruns its cell; "
         "without it Snakemake keeps results.csv and ignores the hole) and by "
         "`collect_results`. Each is a feature the workflow promises (DESIGN.md, README); "
         "none is large alone, together they are about 0.6 ms per job.",
+        "",
+        "Issue 29 (2026-12-02, this machine, load 1.1, `--profile 10000`, wall ratio 1.85 in "
+        "that run): Snakemake's input functions and params take 14.3 of the 49.7 profiled s; "
+        "the workflow's own functions in them 0.3 s, since the per-cell params are computed "
+        "once per config and cell (provenance.CellParams); the rest is Snakemake's cost per "
+        "call, three params functions and a priority function per job. One params function "
+        "(measured_with holds the fingerprint and the workload) would save about two thirds of "
+        "it, but changes run_cell's params: every finished cell of an existing run would rerun "
+        "once. The Snakefile's modules no longer import pandas (analysis.planned; numpy still "
+        "comes with Snakemake's own report module), which costs every size the same, about "
+        "0.6 s here.",
     ]
     prof = data.get("profile")
     if prof:
@@ -425,6 +437,48 @@ def large_run_section(data: dict[str, Any], before: dict[str, Any] | None) -> st
     return "\n".join(out)
 
 
+def ci_section(data: dict[str, Any]) -> str:
+    """`ci.json` (written by hand from CI logs and local timings): the test suite's wall time
+    per stop, and the slow modules' time serially and on xdist workers on one machine."""
+    parts = [
+        "## CI time per stop",
+        "",
+        data.get("note", ""),
+        "",
+        table(
+            ["stop", "commit", "command", "machine", "wall s", "outcome"],
+            [
+                [
+                    s["stop"],
+                    f"`{s['commit']}`",
+                    f"`{s['command']}`",
+                    s["machine"],
+                    num(s["wall_s"], 0),
+                    s["outcome"],
+                ]
+                for s in data.get("stops", [])
+            ],
+        ),  # fmt: skip
+    ]
+    for run in data.get("local", []):
+        parts += [
+            "",
+            f"*{run['title']}* ({run['when']}, `{run['where']}`):",
+            "",
+            table(
+                ["tests", "serial s", "workers", "parallel s"],
+                [
+                    [f"`{r['tests']}`", num(r["serial_s"], 0), r["workers"]]
+                    + [num(r["parallel_s"], 0)]
+                    for r in run["rows"]
+                ],
+            ),
+        ]
+        if run.get("detail"):
+            parts += ["", run["detail"]]
+    return "\n".join(parts)
+
+
 SECTIONS: dict[str, Callable[[dict[str, Any], dict[str, Any] | None], str]] = {
     "client": client_section,
     "planning": planning_section,
@@ -531,7 +585,11 @@ def render(results: Path) -> str:
         "",
         "Figures of single runs of `benchmarks/*.py` (see `benchmarks/README.md`) on a shared, "
         "noisy machine: read them as ratios and orders of magnitude, not as exact timings. "
-        "Each section says when and where it was measured.",
+        "Each section says when and where it was measured: all on `vm`, a 2-core machine "
+        "shared with other sessions, never the 16-core H200 host of the issues' figures; a "
+        "load average above 2 at the start means the other sessions' work ran beside the "
+        "script (aggregation of 2026-12-02: load 4.4), which inflates every timing and moves "
+        "ratios by far more than their run-to-run noise.",
         "",
         SMOKE_NOTE,
         "",
@@ -544,6 +602,9 @@ def render(results: Path) -> str:
             parts += ["", SECTIONS[name](found[name], before.get(name))]
         else:
             parts += ["", f"## {name}", "", f"Not measured (no `{name}.json`)."]
+    ci = load(results, "ci")
+    if ci is not None:
+        parts += ["", ci_section(ci)]
     return "\n".join(parts) + "\n"
 
 

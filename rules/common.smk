@@ -5,17 +5,20 @@ import os
 import sys
 from pathlib import Path
 
-from servesweep.analysis import answer
-from servesweep.analysis.compare import run_inputs
-from servesweep.analysis.landing import key_plots
+# No module here imports pandas or numpy (a dry-run pays none of the analysis imports).
+from servesweep.analysis.planned import (
+    expected_delta_note,
+    key_plots,
+    plot_metrics,
+    run_inputs,
+)
 from servesweep.analysis.reference import load_reference
-from servesweep.analysis.summary import expected_delta_note, plot_metrics
 from servesweep.cluster import pools
 from servesweep.config.load import load_experiment, unnarrowed_env
-from servesweep.config.matrix import axis_names, measured_config, workload_key
+from servesweep.config.matrix import axis_names, measured_config
 from servesweep.config.paths import RunPaths, aggregate_cells
 from servesweep.core.errors import ConfigError
-from servesweep.measure.provenance import measured_with
+from servesweep.measure.provenance import CellParams
 from servesweep.serving.engines import check_experiment
 from servesweep.workflow import progress
 from servesweep.workflow.logsetup import hangup_like_sigterm
@@ -84,20 +87,25 @@ wildcard_constraints:
     run_b=r"[A-Za-z0-9][A-Za-z0-9._-]*",
 
 
+def cell_key(wildcards):
+    return f"{wildcards.server}/{wildcards.client}/r{wildcards.repeat}"
+
+
 def cell_of(wildcards):
-    return KNOWN_CELLS[f"{wildcards.server}/{wildcards.client}/r{wildcards.repeat}"]
+    return KNOWN_CELLS[cell_key(wildcards)]
 
 
+# run_cell's params (its rerun triggers), computed once per config and cell (CELL_PARAMS).
 def cell_fingerprint(wildcards):
-    return cell_of(wildcards).server.fingerprint
+    return CELL_PARAMS.fingerprint(cell_key(wildcards))
 
 
 def cell_workload(wildcards):
-    return workload_key(cell_of(wildcards).workload)
+    return CELL_PARAMS.workload(cell_key(wildcards))
 
 
 def cell_measured_with(wildcards):
-    return json.dumps(measured_with(EXP, cell_of(wildcards)), sort_keys=True)
+    return CELL_PARAMS.measured_with(cell_key(wildcards))
 
 
 def cell_changed(wildcards):
@@ -139,7 +147,11 @@ AGGREGATED = (
 AGGREGATED_KEYS = [cell.key for cell in AGGREGATED]
 # A finished cell outside the selection is an input of collect_results: its job is known too.
 KNOWN_CELLS = {cell.key: cell for cell in AGGREGATED} | CELLS
-AGGREGATED_RAW = [str(PATHS.raw(cell)) for cell in AGGREGATED]
+CELL_PARAMS = CellParams(EXP, KNOWN_CELLS)
+# Not narrowed: the same cells in the same order as RAW_FILES (10k paths built once, not twice).
+AGGREGATED_RAW = (
+    [str(PATHS.raw(cell)) for cell in AGGREGATED] if NARROWED else RAW_FILES
+)
 AGGREGATED_GPU = [str(PATHS.gpu(cell)) for cell in AGGREGATED]
 BUILDS = [str(p) for p in PATHS.builds(EXP)]
 BUILD_LOGS = [str(p) for p in PATHS.build_logs(EXP)]
@@ -287,6 +299,9 @@ def start_progress():
 
 def print_answer():
     """onsuccess: the run's answer, warnings and file paths, last on the console."""
+    # Imported here: pandas, which no dry-run needs.
+    from servesweep.analysis import answer
+
     answer.print_answer(
         summary_json=PATHS.summary_json,
         results_csv=PATHS.results_csv,

@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import threading
+import uuid
 from pathlib import Path
 
 import pandas as pd
@@ -114,7 +115,7 @@ def test_matrix_over_ssh_docker_with_sudo(
     password_file: Path,
     ssh: SshTransport,
 ) -> None:
-    run_id = "it-cluster"
+    run_id = f"it-cluster-{uuid.uuid4().hex[:6]}"  # its own: leftovers are its own
     cfg = experiment_file(tmp_path, _config(nodes_dir, run_id))
     watch = ProcessWatch(sweeper_password)
     watch.start()
@@ -210,7 +211,7 @@ def test_matrix_over_ssh_docker_with_sudo(
 def test_failed_smoke_aborts_before_any_server_starts(
     tmp_path: Path, nodes_dir: Path, docker_node: str, password_file: Path
 ) -> None:
-    run_id = "it-smoke"
+    run_id = f"it-smoke-{uuid.uuid4().hex[:6]}"  # its own: leftovers are its own
     cfg = experiment_file(
         tmp_path, _config(nodes_dir, run_id, runtime={"smoke": ["echo broken kernel; exit 3"]})
     )
@@ -243,7 +244,7 @@ def test_bench_serving_client_runs_in_the_image(
 ) -> None:
     """SGLang's own bench_serving in a one-shot container on the client node; record copied
     back and validated like the builtin client's."""
-    run_id = "it-bench"
+    run_id = f"it-bench-{uuid.uuid4().hex[:6]}"  # its own: leftovers are its own
     config = _config(nodes_dir, run_id)
     config["cluster"] = ssh_cluster(nodes_dir, ["node1"], gpus_per_node=8)
     runtime = config["runtime"]

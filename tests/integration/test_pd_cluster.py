@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 import pandas as pd
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.integration
 def test_pd_standard_suite_over_ssh_and_docker(
     tmp_path: Path, nodes_dir: Path, docker_node: str, ssh: SshTransport
 ) -> None:
-    run_id = "it-pd"
+    run_id = f"it-pd-{uuid.uuid4().hex[:6]}"  # its own: leftovers are its own
     local = yaml.safe_load((REPO / "config/experiments/pd_standard_local.yaml").read_text())
     prefill, decode = list(NODES[:2]), list(NODES[2:])
     changes = {

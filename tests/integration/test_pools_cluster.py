@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import uuid
 from pathlib import Path
 
 import pandas as pd
@@ -44,7 +45,7 @@ class LabelWatch(threading.Thread):
 def test_two_pools_over_ssh_and_docker(
     tmp_path: Path, nodes_dir: Path, docker_node: str, ssh: SshTransport
 ) -> None:
-    run_id = "it-pools"
+    run_id = f"it-pools-{uuid.uuid4().hex[:6]}"  # its own: leftovers are its own
     changes = {
         "run_id": run_id,
         "cluster": ssh_cluster(nodes_dir, NODES, gpus_per_node=8, nodes_per_server=2, pools="auto"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from tests.reliability.harness import (
     remove_containers,
     unique_run_id,
 )
+from tests.support.shared import once
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -87,13 +89,17 @@ def make_cluster_run(
 
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> pd.DataFrame:
-    """results.csv of the matrix run once without any fault."""
-    workdir = tmp_path_factory.mktemp("reference")
-    shim = FaultShim.create(workdir / "shim")
-    run = Run.create(workdir, local_config(unique_run_id("reference"), shim))
-    try:
-        proc = run.snakemake()
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        return pd.read_csv(run.run_dir / "results.csv")
-    finally:
-        kill_local_leftovers(run.port)
+    """results.csv of the matrix run once without any fault (once per session, whatever the
+    number of xdist workers)."""
+
+    def make(workdir: Path) -> None:
+        shim = FaultShim.create(workdir / "shim")
+        run = Run.create(workdir, local_config(unique_run_id("reference"), shim))
+        try:
+            proc = run.snakemake()
+            assert proc.returncode == 0, proc.stderr[-4000:]
+            shutil.copyfile(run.run_dir / "results.csv", workdir / "reference.csv")
+        finally:
+            kill_local_leftovers(run.port)
+
+    return pd.read_csv(once(tmp_path_factory, "reliability-reference", make) / "reference.csv")

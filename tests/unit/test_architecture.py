@@ -128,3 +128,29 @@ def test_the_sim_imports_nothing_else_of_the_package():
         if not dep.startswith("servesweep.sim")
     }
     assert reach == set()
+
+
+def test_the_snakefile_loads_without_pandas_or_numpy():
+    """What rules/*.smk import at load time: a dry-run pays no analysis imports (pandas and
+    numpy are the table jobs'; docs/performance.md, planning)."""
+    import re
+    import subprocess
+    import sys
+
+    rules = PACKAGE.parents[1] / "rules"
+    found = sorted(
+        {
+            m
+            for smk in rules.glob("*.smk")
+            for m in re.findall(r"^from (servesweep[\w.]*) import", smk.read_text(), re.M)
+        }
+    )
+    assert "servesweep.analysis.planned" in found, found
+    code = (
+        f"import sys\nfor m in {found!r}: __import__(m)\n"
+        "print(sorted(m for m in ('pandas', 'numpy', 'matplotlib') if m in sys.modules))"
+    )
+    env = {"PYTHONPATH": str(PACKAGE.parent), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout

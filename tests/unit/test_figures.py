@@ -92,3 +92,18 @@ def test_efficiency_figures():
     assert math.isnan(no_energy["joules_per_output_token"])
     assert math.isnan(no_energy["interactivity_tps"])  # TPOT undefined (1-token outputs)
     assert no_energy["output_tps_per_gpu"] == 62.5
+
+
+def test_tail_percentiles_are_numpys_exactly() -> None:
+    """tail_figures' own percentile of sorted values (np.percentile's per-call overhead
+    dominated large results.csv) is np.percentile's linear method to the last bit."""
+    import numpy as np
+
+    from servesweep.analysis.figures import TAIL_PERCENTILES, _percentile_of_sorted
+
+    rng = np.random.default_rng(3)
+    qs = sorted({q for v in TAIL_PERCENTILES.values() for q in v} | {0.0, 50.0, 100.0})
+    for n in (1, 2, 3, 7, 40, 1001):
+        values = rng.lognormal(0.0, 1.0, n)
+        for q in qs:
+            assert _percentile_of_sorted(np.sort(values), q) == float(np.percentile(values, q))

@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import textwrap
+import uuid
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,9 @@ def _exp(**runtime: object):
     raw = deep_update(
         raw,
         {
+            # a run id of its own: the one-shot containers' logs live under the owner's folder
+            # by run id, shared by every test of this module on parallel workers otherwise
+            "run_id": f"img-{uuid.uuid4().hex[:8]}",
             "runtime": {"kind": "docker", "image": "img:test", "gpus": None, **runtime},
             "engine": {"python": sys.executable},
         },

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import uuid
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,7 @@ SMALL = {
 def test_failed_request_aborts_and_leaves_no_raw_file(
     tmp_path: Path, fault: dict, expected: str
 ) -> None:
-    run_id = "wf-fault"
+    run_id = f"wf-fault-{uuid.uuid4().hex[:6]}"  # its own: leftovers are its own
     cfg = experiment_file(
         tmp_path,
         {

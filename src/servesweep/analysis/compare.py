@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 
 from servesweep.analysis import labels, stats, summary
+from servesweep.analysis.planned import run_inputs  # noqa: F401 (re-exported)
 from servesweep.analysis.results import (
     DERIVED,
     ENGINE_COLUMNS,
@@ -22,7 +23,6 @@ from servesweep.analysis.results import (
     read_requests_csv,
     read_results_csv,
 )
-from servesweep.config.paths import RunPaths
 from servesweep.core.files import atomic_open
 
 log = logging.getLogger(__name__)
@@ -59,17 +59,6 @@ Cell = tuple[str, str]
 
 
 # ---------------------------------------------------------------- inputs (I/O edge)
-
-
-def run_inputs(*, run_dir: str | Path, current: bool = False) -> dict[str, Any]:
-    """The files a comparison reads from one run: results.csv and requests.csv.
-
-    requests.csv is listed for the run of the current config (the workflow makes it) and for
-    any other run that has one (without it a run's cells are resampled at the repeat level).
-    """
-    paths = RunPaths(Path(run_dir))
-    found = current or paths.requests_csv.exists()
-    return {"csv": str(paths.results_csv), "requests": [str(paths.requests_csv)] if found else []}
 
 
 def load_run(

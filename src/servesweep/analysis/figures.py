@@ -57,11 +57,23 @@ def tail_figures(details: RequestDetails | None) -> dict[str, float]:
         return out
     for figure, qs in TAIL_PERCENTILES.items():
         values = getattr(details, figure)
-        values = values[np.isfinite(values)]
+        values = np.sort(values[np.isfinite(values)])
         if values.size:
-            for q, v in zip(qs, np.percentile(values, qs), strict=True):
-                out[tail_column(figure, q)] = float(v)
+            for q in qs:
+                out[tail_column(figure, q)] = _percentile_of_sorted(values, q)
     return out
+
+
+def _percentile_of_sorted(values: np.ndarray, q: float) -> float:
+    """np.percentile(values, q) (its default, linear method, and its interpolation formula)
+    of sorted values: without np.percentile's per-call overhead, which dominated a 10k-record
+    results.csv (two calls per record)."""
+    h = (values.size - 1) * (q / 100)
+    lo = math.floor(h)
+    a, b = float(values[lo]), float(values[min(lo + 1, values.size - 1)])
+    t = h - lo
+    diff = b - a
+    return b - diff * (1 - t) if t >= 0.5 else a + diff * t
 
 
 def _ratio(num: float, den: float) -> float:

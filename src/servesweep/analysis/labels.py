@@ -6,8 +6,6 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-import pandas as pd
-
 # Column -> label (unit in brackets) where the generic rule below reads badly.
 LABELS: dict[str, str] = {
     "input_tps": "input throughput [tok/s]",
@@ -104,5 +102,7 @@ def engine_of(results: Any) -> dict[str, Any]:
         return {}
     kind = str(results["engine_kind"].iloc[0])
     scale = results["sim_time_scale"].iloc[0] if "sim_time_scale" in results.columns else None
+    import pandas as pd  # here: the Snakefile imports labels (analysis.planned) without pandas
+
     scale = pd.to_numeric(pd.Series([scale]), errors="coerce").iloc[0]
     return {"kind": kind, "time_scale": None if pd.isna(scale) else float(scale)}

@@ -21,7 +21,7 @@ import pandas as pd
 
 from servesweep.analysis import labels, stats
 from servesweep.analysis.cautions import cautions
-from servesweep.analysis.summary import SUMMARY_METRICS
+from servesweep.analysis.planned import key_plots  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -194,19 +194,6 @@ def warnings(
     """What a reader must know before trusting the numbers (analysis.cautions: the same
     sentences as the console's answer block)."""
     return cautions(summary=summary, results=results, events=events)
-
-
-def key_plots(
-    *, deltas: Mapping[str, str], metric_vs: Mapping[str, str], x: str | None
-) -> dict[str, str]:
-    """caption -> PNG of the plots the page shows: the delta plots (else the metric-vs
-    plots) of the first latency and the first throughput among the plotted metrics."""
-    plots, what = (deltas, "change vs baseline") if deltas else (metric_vs, f"against {x}")
-    picked: list[str] = []
-    for direction in ("lower", "higher"):
-        picked += [m for m in plots if SUMMARY_METRICS.get(m) == direction][:1]
-    picked += [m for m in plots if m not in picked][: max(0, 2 - len(picked))]
-    return {f"{labels.label(m)}: {what}": plots[m] for m in picked}
 
 
 def image_figure(path: Path, caption: str) -> str:

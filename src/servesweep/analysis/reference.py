@@ -5,13 +5,16 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from servesweep.config.matrix import ClientSpec
 from servesweep.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 COLUMNS = [
     "Case",
@@ -89,6 +92,8 @@ def reference_table(
     > tolerance (TPOT: N/A where either side has none).
     `time_factor` turns measured seconds into the reference's (the sim's 1 / time_scale; input
     TPS is divided by it)."""
+    import pandas as pd  # here: the Snakefile loads the reference without pandas
+
     rows = []
     labels: Mapping[str, str] = {c.id: c.axes.get("case", c.id) for c in clients}
     for client in clients:

@@ -14,40 +14,19 @@ import numpy as np
 import pandas as pd
 
 from servesweep.analysis import labels, stats, symptoms
-from servesweep.config.experiment import Experiment
-from servesweep.config.matrix import cell_repeats
-from servesweep.core.errors import ConfigError
+from servesweep.analysis.planned import (  # noqa: F401 (re-exported: the summary's names)
+    SUMMARY_METRICS,
+    _key,
+    _twins,
+    cell_label,
+    expected_delta_note,
+    plot_metrics,
+)
 from servesweep.core.files import write_text_atomic
 from servesweep.measure.records import read_record
 
 log = logging.getLogger(__name__)
 
-# Metrics summarized per cell and compared with the baseline, and which direction is better.
-SUMMARY_METRICS: dict[str, str] = {
-    "ttft_p50_ms": "lower",
-    "ttft_p95_ms": "lower",
-    "ttft_p99_ms": "lower",
-    "e2e_p50_ms": "lower",
-    "input_tps": "higher",
-    "tpot_p50_ms": "lower",  # only for cells whose requests produced more than one token
-    "ttft_p99_9_ms": "lower",
-    "e2e_p99_ms": "lower",
-    "tpot_p99_ms": "lower",
-    "itl_p99_ms": "lower",
-    "output_tps_peak": "higher",
-    "concurrency_mean": "higher",  # achieved (Little's law) under the same client cap
-    "input_tps_per_gpu": "higher",
-    "output_tps_per_gpu": "higher",
-    "interactivity_tps": "higher",
-    "gpu_energy_j": "lower",
-    "gpu_power_mean_w": "lower",
-    "joules_per_output_token": "lower",
-    "joules_per_input_token": "lower",
-    "output_tokens_per_watt": "higher",
-    "goodput_rps": "higher",
-    "goodput_tps": "higher",
-    "slo_pct": "higher",
-}
 # Listed for every cell even without a value; the others (energy without GPU samples, goodput
 # without an SLO, tails without per-request details) only where a repeat has one.
 ALWAYS_LISTED = frozenset(
@@ -67,17 +46,6 @@ OUTPUT_DEPENDENT = (
 )
 
 
-def plot_metrics(exp: Experiment) -> list[str]:
-    """The run's plotted metrics (config `plots.metrics`), each a summary metric."""
-    for metric in exp.plots.metrics:
-        if metric not in SUMMARY_METRICS:
-            raise ConfigError(
-                f"config key 'plots.metrics': {metric!r} is not a summary metric "
-                f"(one of {', '.join(SUMMARY_METRICS)})"
-            )
-    return list(exp.plots.metrics)
-
-
 # ---------------------------------------------------------------- cells, medians, deltas
 
 
@@ -95,16 +63,6 @@ def _py(value: Any) -> Any:
 def json_value(value: Any) -> Any:
     """A JSON-ready Python scalar (numpy unwrapped, NaN/NA -> None)."""
     return _py(value)
-
-
-def _key(value: Any) -> str:
-    """Comparable form of an axis value: 8192, 8192.0 and "8192" are the same cell."""
-    value = _py(value)
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
 
 
 def _cell_positions(
@@ -239,11 +197,6 @@ def compare(
     return out
 
 
-def cell_label(axes: Mapping[str, Any]) -> str:
-    """`moe_runner_backend=flashinfer_mxfp4, chunked_prefill_size=8192, concurrency=8`."""
-    return ", ".join(f"{k}={_key(v)}" for k, v in axes.items()) or "default"
-
-
 # ---------------------------------------------------------------- bootstrap inputs
 
 # (server_id, client_id, repeat) -> per-request figures of that cell-repeat (None: none).
@@ -327,52 +280,6 @@ def cell_replicates(
 
 
 # ---------------------------------------------------------------- summary.json
-
-
-def expected_delta_note(exp: Experiment) -> str | None:
-    """Why a run of `exp` will have no deltas vs its baseline (summary.json's `note` once it
-    ran), None when its matrix has candidate cells with baseline twins."""
-    cells = {(c.server.id, c.client.id): {**c.server.axes, **c.client.axes}
-             for c in cell_repeats(exp)}  # fmt: skip
-    return _twins(list(cells.values()), exp.baseline, warn=False)[1]
-
-
-def _twins(
-    groups: Sequence[Mapping[str, Any]], baseline: Mapping[str, Any], *, warn: bool = True
-) -> tuple[dict[int, int], str | None]:
-    """Candidate cell index -> its baseline twin's index (cells given by their axes), and a
-    note when there are none; `warn`: log each candidate without a twin."""
-    if not baseline:
-        return {}, "no baseline in this run (none configured, or narrowed out of the matrix)"
-    if not groups:
-        return {}, "no results in this run"
-    (axis, value), *_ = baseline.items()
-    axes_known = list(groups[0])
-    if axis not in axes_known:
-        return {}, f"baseline axis {axis} is not an axis of this run"
-    want = _key(value)
-    others = [a for a in axes_known if a != axis]
-    index = {
-        tuple(_key(ax[a]) for a in others): i
-        for i, ax in enumerate(groups)
-        if _key(ax[axis]) == want
-    }
-    if not index:
-        return {}, f"baseline {axis}={want} has no results in this run"
-    twins = {}
-    for i, ax in enumerate(groups):
-        if _key(ax[axis]) == want:
-            continue
-        twin = index.get(tuple(_key(ax[a]) for a in others))
-        if twin is None:
-            if not warn:
-                continue
-            log.warning("cell %s has no baseline twin with %s=%s", cell_label(ax), axis, want)
-            continue
-        twins[i] = twin
-    if not twins:
-        return {}, f"only the baseline {axis}={want} ran: no other value to compare"
-    return twins, None
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,56 @@ def measured_with(exp: Experiment, cell: CellRepeat) -> dict[str, Any]:
     }
 
 
+class CellParams:
+    """run_cell's params of every cell-repeat of `cells` (key -> cell), as Snakemake asks for
+    them once per job: computed once per config and cell. The client, the warm-up and each
+    (client config, repeat)'s workload are shared by many cells (10 server configs of a 10k
+    matrix: 1,000 workloads), so a cell costs a dict lookup and one small JSON dump. Values
+    equal workload_key(cell.workload) and json.dumps(measured_with(exp, cell), sort_keys=True).
+    """
+
+    def __init__(self, exp: Experiment, cells: Mapping[str, CellRepeat]) -> None:
+        self._cells = cells
+        self._client = client_identity(exp)
+        self._warmup = exp.warmup_after_start
+        # id(client spec), repeat -> (workload_key, its JSON value); the cells hold the specs
+        self._workloads: dict[tuple[int, int], tuple[str, Any]] = {}
+        self._measured: dict[str, str] = {}
+
+    def _workload(self, cell: CellRepeat) -> tuple[str, Any]:
+        at = (id(cell.client), cell.repeat)
+        found = self._workloads.get(at)
+        if found is None:
+            text = workload_key(cell.workload)
+            found = self._workloads[at] = (text, json.loads(text))
+        return found
+
+    def fingerprint(self, key: str) -> str:
+        return self._cells[key].server.fingerprint
+
+    def workload(self, key: str) -> str:
+        """workload_key of the cell's workload (its seed included)."""
+        return self._workload(self._cells[key])[0]
+
+    def value(self, key: str) -> dict[str, Any]:
+        """measured_with() of the cell (its workload's value shared with other cells: read,
+        never change it)."""
+        cell = self._cells[key]
+        return {
+            "fingerprint": cell.server.fingerprint,
+            "workload": self._workload(cell)[1],
+            "client": self._client,
+            "warmup_after_start": self._warmup,
+        }
+
+    def measured_with(self, key: str) -> str:
+        """measured_with() of the cell as sorted-key JSON."""
+        found = self._measured.get(key)
+        if found is None:
+            found = self._measured[key] = json.dumps(self.value(key), sort_keys=True)
+        return found
+
+
 # The record's last bytes read for KEY: it follows the per-request details (cells.py adds it
 # last but for a few small keys), so the planner reads no record whole.
 TAIL_BYTES = 1 << 16

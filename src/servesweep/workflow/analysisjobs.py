@@ -8,35 +8,21 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from servesweep.analysis import compare
-from servesweep.analysis.casetable import case_table, markdown_table
-from servesweep.analysis.htmlreport import report_html
-from servesweep.analysis.landing import answer_parts, image_figure, landing_page
-from servesweep.analysis.reference import load_reference, reference_table
-from servesweep.analysis.results import collect_results as collect
-from servesweep.analysis.results import (
-    read_requests_csv,
-    read_results_csv,
-    write_requests_csv,
-    write_results_csv,
-)
-from servesweep.analysis.summary import load_requests, warmups, write_summary
-from servesweep.analysis.summary import summarize as summarize_results
-from servesweep.cluster.pools import PoolPlan, pooled_cells
 from servesweep.config.load import load_experiment, unnarrowed_env
 from servesweep.config.matrix import client_specs
 from servesweep.config.paths import RunPaths, aggregate_cells
 from servesweep.core.errors import CellFailed
 from servesweep.core.events import read_events
 from servesweep.core.files import write_json_atomic, write_text_atomic
-from servesweep.measure.provenance import measured_with
-from servesweep.serving.logscan import scan_run
-from servesweep.workflow.jobs import PathLike, experiment
-from servesweep.workflow.manifest import build_manifest
-from servesweep.workflow.plan import pool_plan
-from servesweep.workflow.superseded import superseded_files
+from servesweep.workflow.jobconfig import PathLike, experiment
+
+if TYPE_CHECKING:
+    from servesweep.cluster.pools import PoolPlan
+
+# Each job imports the analysis modules it uses in its function: a job's process pays for its
+# own (collect_results neither the summary's nor the comparison's, the log scan no pandas).
 
 
 def collect_results(
@@ -51,6 +37,11 @@ def collect_results(
     """Rule collect_results: results.csv (one row per cell-repeat) and requests.csv (one row
     per request) from the raw records and GPU snapshots of `cell_keys` (the selected cells and
     every other finished one of the configured matrix; `raw` and `gpu` in matrix order)."""
+    from servesweep.analysis.results import collect_results as collect
+    from servesweep.analysis.results import write_requests_csv, write_results_csv
+    from servesweep.cluster.pools import pooled_cells
+    from servesweep.measure.provenance import CellParams
+
     exp, paths = experiment(config)
     configured = load_experiment(config, unnarrowed_env(os.environ))
     cells = aggregate_cells(
@@ -63,13 +54,14 @@ def collect_results(
             f"run {exp.run_id}: raw files appeared or vanished since the workflow planned "
             f"collect_results; run the workflow again"
         )
+    params = CellParams(exp, {c.key: c for c in cells})
     results, requests = collect(
         run_id=exp.run_id,
         cells=cells,
         raw=[Path(p) for p in raw],
         gpu=[Path(p) for p in gpu],
         min_retokenized_ratio=exp.validation.min_retokenized_ratio,
-        measured_with=[measured_with(exp, c) for c in cells],
+        measured_with=[params.value(c.key) for c in cells],
         slo=exp.slo,
         saturation=exp.client.saturation,
         engine_kind=exp.engine.kind,
@@ -81,6 +73,8 @@ def collect_results(
 
 def planned_pools(exp: Any, paths: RunPaths) -> PoolPlan:
     """The pool plan the workflow ran with (its onstart wrote pools.json; kept from there)."""
+    from servesweep.workflow.plan import pool_plan
+
     return pool_plan(exp=exp, paths=paths, results_dir=paths.root.parent)
 
 
@@ -88,6 +82,8 @@ def scan_logs(
     *, logs: Sequence[PathLike], service_root: PathLike, evidence: Mapping[str, str], out: PathLike
 ) -> None:
     """Rule scan_logs: final scan of every server log (fatal patterns, evidence)."""
+    from servesweep.serving.logscan import scan_run
+
     write_json_atomic(out, scan_run(logs=logs, service_root=service_root, evidence=dict(evidence)))
 
 
@@ -104,6 +100,10 @@ def summarize(
 ) -> None:
     """Rule summarize: medians, intervals, verdicts, final log scan and warm-ups; `baseline`
     and the axes are the rule's params (a changed baseline reruns it)."""
+    from servesweep.analysis.results import read_requests_csv, read_results_csv
+    from servesweep.analysis.summary import load_requests, warmups, write_summary
+    from servesweep.analysis.summary import summarize as summarize_results
+
     results = read_results_csv(results_csv)
     summary = summarize_results(
         results=results,
@@ -128,6 +128,10 @@ def write_case_table(
 ) -> None:
     """Rule write_case_table: the seed's PD table (markdown and HTML), and beside it each
     case against the reference table (`reference`: its file, or none)."""
+    from servesweep.analysis.casetable import case_table, markdown_table
+    from servesweep.analysis.reference import load_reference, reference_table
+    from servesweep.analysis.results import read_results_csv
+
     exp, _ = experiment(config)
     results = read_results_csv(results_csv)
     clients = client_specs(exp)
@@ -184,6 +188,9 @@ def write_landing_page(
     """Rule write_landing_page: the report's first page (servesweep.analysis.landing); `events`: the
     run's orchestrator.log, if it has one; `plots`: (caption, PNG) of the key plots;
     `validation`: a case run's cases.html (its table against the reference), shown first."""
+    from servesweep.analysis.landing import landing_page
+    from servesweep.analysis.results import read_results_csv
+
     page = landing_page(
         summary=json.loads(Path(summary_json).read_text()),
         manifest=json.loads(Path(manifest_json).read_text()),
@@ -216,6 +223,10 @@ def write_report(
     """Rule write_report: report.html, the answer first (servesweep.analysis.htmlreport);
     `plots`: every plot of the run; `tables`: files the page links to (beside it);
     `validation`: a case run's cases.html, shown first."""
+    from servesweep.analysis.htmlreport import report_html
+    from servesweep.analysis.landing import answer_parts, image_figure
+    from servesweep.analysis.results import read_results_csv
+
     summary = json.loads(Path(summary_json).read_text())
     manifest = json.loads(Path(manifest_json).read_text())
     answer = answer_parts(
@@ -248,6 +259,9 @@ def write_manifest(
     out: PathLike,
 ) -> None:
     """Rule write_manifest: resolved config, fingerprints, versions, image evidence."""
+    from servesweep.workflow.manifest import build_manifest
+    from servesweep.workflow.superseded import superseded_files
+
     exp, paths = experiment(config)
     manifest = build_manifest(
         exp=exp,
@@ -273,6 +287,8 @@ def compare_runs(
 ) -> None:
     """Rule compare_runs: run B vs run A per common cell, with intervals, verdicts.
     `requests_*` hold the run's requests.csv, or nothing (compare.run_inputs)."""
+    from servesweep.analysis import compare
+
     table_a, per_request_a = compare.load_run(
         results_csv=results_a, requests_csv=next(iter(requests_a), None)
     )

@@ -17,10 +17,7 @@ from typing import Any
 
 from servesweep.cluster import pools
 from servesweep.cluster.images import build_images as build_all
-from servesweep.config.experiment import Experiment
-from servesweep.config.load import load_experiment
 from servesweep.config.matrix import CellRepeat, client_specs, server_specs, workload_key
-from servesweep.config.paths import RunPaths
 from servesweep.core.errors import ConfigError, PoolStopped
 from servesweep.core.files import write_json_atomic, write_text_atomic
 from servesweep.measure import provenance
@@ -31,15 +28,8 @@ from servesweep.serving.engines import launch_targets
 from servesweep.serving.preflight import run_preflight
 from servesweep.serving.servers import connect
 from servesweep.workflow import progress
+from servesweep.workflow.jobconfig import PathLike, experiment  # noqa: F401 (re-exported)
 from servesweep.workflow.logsetup import console
-
-PathLike = str | Path
-
-
-def experiment(config: Mapping[str, Any]) -> tuple[Experiment, RunPaths]:
-    """The resolved experiment and its paths, exactly as the Snakefile resolved them."""
-    exp = load_experiment(config, os.environ)
-    return exp, RunPaths.for_run(exp)
 
 
 def build_images(

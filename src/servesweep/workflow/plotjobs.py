@@ -10,7 +10,7 @@ from typing import Any
 from servesweep.analysis import plots
 from servesweep.analysis.results import read_results_csv
 from servesweep.analysis.summary import read_summary
-from servesweep.workflow.jobs import PathLike, experiment
+from servesweep.workflow.jobconfig import PathLike, experiment
 
 
 def plot_results(
