@@ -10,6 +10,7 @@ import os
 import threading
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -198,8 +199,9 @@ def test_sweeper_needs_sudo_for_docker(ssh: SshTransport, docker_node: str) -> N
 
 
 def test_scanner_sees_a_password_in_argv(ssh: SshTransport, sweeper_password: str) -> None:
-    """The control: a leak into argv IS caught, so an empty result below means something."""
-    leak = sweeper_password + "-control"
+    """The control: a leak into argv IS caught, so an empty result below means something. Its
+    token is not the password: the password scans of tests on other workers must not see it."""
+    leak = f"control-{uuid.uuid4().hex}"
     with ProcessScanner(leak) as scanner:
         ssh.run("node1-sweeper", f"sleep 0.5 || echo {leak}; sh -c 'sleep 0.5' {leak}", timeout=60)
     assert scanner.hits
