@@ -20,6 +20,7 @@ from servesweep.config.schema import PD_ROLES
 from servesweep.core.errors import PreflightFailed
 from servesweep.serving import launchcheck
 from servesweep.serving.engines import listening_ports
+from servesweep.serving.neighbours import check_foreign
 from servesweep.serving.servers import ServerManager
 from servesweep.serving.state import ServerState
 
@@ -290,7 +291,8 @@ def run_preflight(*, exp: Experiment, manager: ServerManager) -> dict[str, Any]:
         if manager.service(spec.fingerprint) is not None:
             checks["ports"].append({"server": spec.id, "skipped": "its service is up (reused)"})
             continue
-        manager.check_foreign(spec)  # another owner's server: name it, not just the port
+        # another owner's server: name it, not just the port
+        check_foreign(manager.runtime, manager.exp, spec, owner=manager.owner)
         for node, port in listening_ports(pool_exp, spec):
             if port == AUTO_PORT:
                 checks["ports"].append({"node": node, "port": "auto"})

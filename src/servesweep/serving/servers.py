@@ -445,10 +445,6 @@ class ServerManager:
                 removed += 1
         return removed
 
-    def check_foreign(self, spec: ServerSpec) -> None:
-        """One-line error naming the owner of a server that is in `spec`'s way."""
-        check_foreign(self.runtime, self.exp, spec, owner=self.owner)
-
     def remove_foreign(self, specs: list[ServerSpec]) -> list[Labelled]:
         """`servesweep down --force`: stop other owners' servers in the way of `specs`."""
         removed: dict[tuple[str, str], Labelled] = {}
