@@ -3,15 +3,18 @@
 #   OUT=/some/dir bash tools/rehearsal/run.sh STEP...
 # with the staged bundle in .bundle/site.tar.xz (tools/rehearsal/stage_bundle.sh) and, to resume,
 # the results/ of the last call. Steps, run in the order given:
+#   receive        only keep a carried part of a bundle (site.tar.xz.KofN, pd.tar.xz.KofN), and
+#                  unpack the bundle once all its parts are here
 #   builtin        the rehearsal matrix with the builtin client   (RUN_ID h200-rehearsal)
 #   bench_serving  the same matrix with SGLang's bench_serving    (RUN_ID h200-rehearsal-bench)
 #   flow           seed 003's flow: servesweep up, two runs (two RUN_IDs) on the service, down
 #   x4             the multi-GPU matrix, TP = EP = GPUS (default 4; h200x4_rehearsal.yaml)
 #   pd-probe       seconds: does the PD bundle load here (Mooncake's libraries, the router)?
 #   pd             seed 003's six cases, prefill on GPUs 0-1, decode on 2-3 (h200x4_pd_rehearsal.yaml)
-# x4 and pd make the 7.6 B model (X4_MODEL_ARGS). pd-probe and pd need .bundle/pd.tar.xz, carried
-# in a call of its own (site.tar.xz + pd.tar.xz pass the 64 MiB carry limit): a warm machine
-# keeps what an earlier call unpacked under $WORK.
+# x4 and pd make the 7.6 B model (X4_MODEL_ARGS). pd-probe and pd need .bundle/pd.tar.xz. The
+# device tool's 64 MiB carry counts the checkout too, so each bundle is carried as parts
+# (NAME.tar.xz.KofN), one per call on a warm machine, which keeps what earlier calls left under
+# $WORK; `receive` is the step for a call that only brings a part.
 # Every step resumes: Snakemake runs only the cell-repeats without a record. A step that would
 # start after BUDGET_S is skipped; a running one is stopped with Ctrl-C (SIGINT) at the budget,
 # which keeps every finished cell. Whatever ran, $OUT gets results.tar.xz (results/ as it is
@@ -39,15 +42,39 @@ mark "start: $(hostname), $(python3 -V 2>&1), $(nproc) cpus, steps: ${steps[*]}"
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,power.draw \
   --format=csv,noheader | sed 's/^/[gpu] /' | tee -a "$out/run.log"
 
-if [ ! -f "$work/site/.unpacked" ]; then
-  mkdir -p "$work/site"
-  xz -T0 -dc .bundle/site.tar.xz | tar -x -C "$work/site" && touch "$work/site/.unpacked" \
-    || { mark "FAIL: could not unpack .bundle/site.tar.xz"; exit 2; }
+# unpack NAME: .bundle/NAME.tar.xz whole, or its parts NAME.tar.xz.KofN (stage_bundle.sh), one
+# carried per call on a warm machine: each call keeps its part under $work/parts, and the last
+# one unpacks. Returns 1 while parts are missing (or none of NAME is here).
+unpack() {
+  local name=$1 files want
+  [ -f "$work/site/.$name-unpacked" ] && return 0
+  mkdir -p "$work/site" "$work/parts"
+  for part in ".bundle/$name.tar.xz."*of*; do [ -f "$part" ] && cp "$part" "$work/parts/"; done
+  files=(".bundle/$name.tar.xz")
+  if [ ! -f "${files[0]}" ]; then
+    mapfile -t files < <(ls "$work/parts/$name.tar.xz."*of* 2>/dev/null | sort -V)
+    [ "${#files[@]}" = 0 ] && return 1
+    want=$(printf '%s\n' "${files[@]}" | sed 's/.*of//' | sort -u)
+    if [ "$(wc -w <<<"$want")" != 1 ] || [ "${#files[@]}" != "$want" ]; then
+      mark "bundle $name: ${#files[@]} of $want parts here ($(cd "$work/parts" && ls "$name".* | tr '\n' ' ')); carry the next part while this machine is warm"
+      return 1
+    fi
+  fi
+  cat "${files[@]}" | xz -T0 -dc | tar -x -C "$work/site" && touch "$work/site/.$name-unpacked" \
+    || { mark "FAIL: could not unpack ${files[*]}"; exit 2; }
+  rm -f "$work/parts/$name.tar.xz."*
+}
+if ! unpack site; then
+  [ "${steps[*]}" = receive ] && exit 0
+  mark "FAIL: no complete bundle: carry .bundle/site.tar.xz or each of its parts"
+  exit 2
 fi
-if [ -f .bundle/pd.tar.xz ] && [ ! -f "$work/site/.pd-unpacked" ]; then
-  xz -T0 -dc .bundle/pd.tar.xz | tar -x -C "$work/site" && touch "$work/site/.pd-unpacked" \
-    || { mark "FAIL: could not unpack .bundle/pd.tar.xz"; exit 2; }
+if ! unpack pd && [ -n "$(ls "$work/parts/pd.tar.xz."* 2>/dev/null)" ]; then
+  [ "${steps[*]}" = receive ] && exit 0
+  mark "FAIL: the PD bundle is incomplete: carry its next part"
+  exit 2
 fi
+[ "${steps[*]}" = receive ] && { mark "bundle: complete and unpacked"; exit 0; }
 export PYTHONPATH="$work/site:$PWD/src"
 mark "bundle unpacked in $work/site ($(du -sh "$work/site" | cut -f1))"
 if [ -f "$work/site/mooncake/engine.so" ]; then

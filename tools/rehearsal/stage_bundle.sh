@@ -7,9 +7,9 @@
 #   bash tools/rehearsal/stage_bundle.sh .bundle        # .bundle/site.tar.xz
 #   bash tools/rehearsal/stage_bundle.sh .bundle pd     # .bundle/pd.tar.xz: the PD extras
 #     (Mooncake, sglang-router, and the system libraries in bundle-pd-debs.txt under pdlibs/)
-# Writes .bundle/site.tar.xz (unpack it on the GPU machine and put it first on PYTHONPATH;
-# tools/rehearsal/run.sh does both). .bundle/wheels keeps the downloads, so a rerun fetches
-# nothing. Any python3 with pip works here: cp312/manylinux wheels are chosen by flags.
+# Writes .bundle/site.tar.xz and its parts site.tar.xz.KofN (unpack it on the GPU machine and
+# put it first on PYTHONPATH; tools/rehearsal/run.sh does both). .bundle/wheels keeps the
+# downloads, so a rerun fetches nothing. Any python3 with pip works here: cp312/manylinux wheels are chosen by flags.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:?usage: stage_bundle.sh OUTDIR [pd]}
@@ -26,6 +26,19 @@ esac
 plat=(--only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 --abi abi3
   --abi none --platform any --platform manylinux1_x86_64 --platform manylinux2014_x86_64)
 for n in 5 17 24 26 27 28 31 34 35; do plat+=(--platform "manylinux_2_${n}_x86_64"); done
+
+# The device tool's carry counts the checkout too (64 MiB in all): once the committed evidence
+# grew past 8 MB, a 56 MB bundle no longer fits beside it. split_parts NAME writes parts of
+# PART_MB each (NAME.tar.xz.KofN), carried one per call on a warm machine; run.sh keeps them
+# and unpacks the bundle once all its parts are there.
+split_parts() {
+  echo "== split $1.tar.xz into parts of ${PART_MB:=28} MB"
+  rm -f "$out/$1.tar.xz."*of* "$out/$1.tar.xz.part"*
+  split -b "${PART_MB}M" -d -a 1 "$out/$1.tar.xz" "$out/$1.tar.xz.part"
+  local parts=("$out/$1.tar.xz.part"*) i
+  for i in "${!parts[@]}"; do mv "${parts[$i]}" "$out/$1.tar.xz.$((i + 1))of${#parts[@]}"; done
+  ls -la "$out/$1.tar.xz."*of*
+}
 
 echo "== download (no deps: the file lists every package)"
 grep -v '^#' "$req" | while read -r pin; do
@@ -59,6 +72,7 @@ if [ "$kind" = pd ]; then
   tar -C "$s" -cf - . | xz -9 -T0 >"$out/pd.tar.xz.tmp"
   mv "$out/pd.tar.xz.tmp" "$out/pd.tar.xz"
   ls -la "$out/pd.tar.xz"
+  split_parts pd
   exit 0
 fi
 
@@ -81,3 +95,5 @@ echo "== compress"
 tar -C "$s" -cf - . | xz -9 -T0 >"$out/site.tar.xz.tmp"
 mv "$out/site.tar.xz.tmp" "$out/site.tar.xz"
 ls -la "$out/site.tar.xz"
+split_parts site
+
