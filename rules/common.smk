@@ -21,6 +21,7 @@ from servesweep.core.errors import ConfigError
 from servesweep.measure.provenance import CellParams
 from servesweep.serving.engines import check_experiment
 from servesweep.workflow import progress
+from servesweep.workflow.jobconfig import per_job
 from servesweep.workflow.logsetup import hangup_like_sigterm
 from servesweep.workflow.lostmetadata import changed_without_metadata
 from servesweep.workflow.plan import dry_run_requested, pool_plan, summary_at_exit
@@ -96,27 +97,33 @@ def cell_of(wildcards):
 
 
 # run_cell's params (its rerun triggers), computed once per config and cell (CELL_PARAMS).
+@per_job
 def cell_fingerprint(wildcards):
     return CELL_PARAMS.fingerprint(cell_key(wildcards))
 
 
+@per_job
 def cell_workload(wildcards):
     return CELL_PARAMS.workload(cell_key(wildcards))
 
 
+@per_job
 def cell_measured_with(wildcards):
     return CELL_PARAMS.measured_with(cell_key(wildcards))
 
 
+@per_job
 def cell_changed(wildcards):
     key = f"{wildcards.server}/{wildcards.client}/r{wildcards.repeat}"
     return [CHANGED[key]] if key in CHANGED else []
 
 
+@per_job
 def cell_priority(wildcards):
     return cell_of(wildcards).priority
 
 
+@per_job
 def cell_pool(wildcards):
     return cell_of(wildcards).server.pool
 
