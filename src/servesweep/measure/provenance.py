@@ -50,16 +50,22 @@ class CellParams:
         self._cells = cells
         self._client = client_identity(exp)
         self._warmup = exp.warmup_after_start
-        # id(client spec), repeat -> (workload_key, its JSON value); the cells hold the specs
-        self._workloads: dict[tuple[int, int], tuple[str, Any]] = {}
+        # id(client spec), repeat -> (workload_key, its JSON value, its sorted-key JSON); the
+        # cells hold the specs
+        self._workloads: dict[tuple[int, int], tuple[str, Any, str]] = {}
         self._measured: dict[str, str] = {}
+        # measured_with's sorted-key JSON around the per-cell parts: the keys in sorted order,
+        # json.dumps' default separators (a test compares it with json.dumps of value())
+        self._head = f'{{"client": {json.dumps(self._client, sort_keys=True)}, "fingerprint": '
+        self._middle = f', "warmup_after_start": {json.dumps(self._warmup)}, "workload": '
 
-    def _workload(self, cell: CellRepeat) -> tuple[str, Any]:
+    def _workload(self, cell: CellRepeat) -> tuple[str, Any, str]:
         at = (id(cell.client), cell.repeat)
         found = self._workloads.get(at)
         if found is None:
             text = workload_key(cell.workload)
-            found = self._workloads[at] = (text, json.loads(text))
+            value = json.loads(text)
+            found = self._workloads[at] = (text, value, json.dumps(value, sort_keys=True))
         return found
 
     def fingerprint(self, key: str) -> str:
@@ -84,7 +90,11 @@ class CellParams:
         """measured_with() of the cell as sorted-key JSON."""
         found = self._measured.get(key)
         if found is None:
-            found = self._measured[key] = json.dumps(self.value(key), sort_keys=True)
+            cell = self._cells[key]
+            fingerprint = json.dumps(cell.server.fingerprint)
+            workload = self._workload(cell)[2]
+            found = f"{self._head}{fingerprint}{self._middle}{workload}}}"
+            self._measured[key] = found
         return found
 
 
