@@ -106,6 +106,61 @@ def test_a_process_left_by_a_short_step_dies_with_the_step(tmp_path: Path) -> No
     assert wait_until(lambda: _left(run_id) == [], 30), _left(run_id)
 
 
+def test_the_gpu_sampling_loop_lives_in_a_step_of_its_own_until_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cell's nvidia-smi loop is started in the background; under proctrack/cgroup a short
+    step would take it down at once (energy `unavailable` on every Slurm site). It samples
+    until the sampler stops it, and nothing of it is left in squeue."""
+    from servesweep.cluster import gpusampling
+
+    run_id = f"it-slurm-gpuloop-{uuid.uuid4().hex[:6]}"
+    exp = _exp(run_id, cluster={"nodes": ["node3"]})
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "nvidia-smi"  # srun passes the head's PATH to the step
+    line = "GPU-x, 691.33, 700.00, 100, 25, 1139, 143771, 1440, 3201, 57, P0"
+    fake.write_text(
+        "#!/bin/sh\n"
+        "while :; do now=$(date '+%Y/%m/%d %H:%M:%S.%3N'); "
+        f'echo "$now, 0, {line}"; sleep 0.05; done\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    transport = SlurmTransport(exp, results_root=tmp_path)
+    try:
+        sampler = gpusampling.NvidiaSmiSampler(
+            transport=transport,
+            nodes=["node3"],
+            interval_ms=50,
+            remote_dir=str(tmp_path / "gpu"),
+            max_s=60,
+        )
+        sampler.start()
+        assert set(sampler.pids) == {"node3"}, sampler.rows
+        time.sleep(2)
+        rows = sampler.stop()
+        # 2 s of 50 ms samples: a loop that died with a short step leaves at most one or two
+        assert len(rows) >= 15 and {r["status"] for r in rows} == {"ok"}, rows[:3]
+        assert wait_until(lambda: _steps(run_id) == [], 20), _steps(run_id)  # the step ended
+    finally:
+        transport.close()
+        _release(exp, tmp_path)
+    assert wait_until(lambda: _left(run_id) == [], 30), _left(run_id)
+
+
+def _steps(run_id: str) -> list[str]:
+    """This run's job steps still in squeue (`JOB.STEP` ids of its allocations)."""
+    steps = subprocess.run(["squeue", "-h", "-s", "-o", "%i %j"], capture_output=True, text=True)
+    jobs = {line.split()[0] for line in _squeue_jobs(run_id)}
+    return [ln for ln in steps.stdout.splitlines() if ln.split(".")[0] in jobs]
+
+
+def _squeue_jobs(run_id: str) -> list[str]:
+    out = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True).stdout
+    return [ln for ln in out.splitlines() if f"-{run_id}-" in ln]
+
+
 def _release(exp, root: Path) -> None:
     from servesweep.cluster.slurm import release_allocations
 

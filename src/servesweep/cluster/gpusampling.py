@@ -149,7 +149,7 @@ class NvidiaSmiSampler:
             command = loop_command(
                 interval_ms=self.interval_ms, out=self._out(node), max_s=self.max_s
             )
-            res = self.transport.run(node, command, timeout=STOP_TIMEOUT_S)
+            res = self.transport.run_background(node, command, timeout=STOP_TIMEOUT_S)
             pid = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
             if res.returncode in telemetry.NOT_FOUND_CODES:
                 self.rows.append(_unavailable(node, f"nvidia-smi not found on node {node}"))

@@ -19,6 +19,7 @@ import fcntl
 import logging
 import os
 import re
+import select
 import shlex
 import subprocess
 import time
@@ -190,6 +191,7 @@ class SlurmTransport:
         self.owner = current_owner(results_root)
         self.pools = [tuple(p.nodes) for p in node_pools(exp)]
         self._jobs: dict[str, str] = {}  # allocation name -> job id (granted)
+        self._held: list[subprocess.Popen[str]] = []  # run_background's head-side sruns
 
     # ---------------------------------------------------------- allocations
     def pool_of(self, node: str) -> tuple[str, ...]:
@@ -267,6 +269,42 @@ class SlurmTransport:
             ) from None
         return CommandResult(node, command, proc.returncode, proc.stdout, proc.stderr)
 
+    def run_background(self, node: str, command: str, *, timeout: float) -> CommandResult:
+        """`command` in a step of its own that ends with the process it starts (`; wait`),
+        its head-side srun in a session of its own: under proctrack/cgroup a short step's
+        background processes die with the step. Returns once the pid line is printed (or the
+        step ended without one); close() ends the steps still held."""
+        job = self.allocate(node)
+        argv = [*step_argv(job, node), "/bin/sh", "-c", f"{command}; wait"]
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # a Ctrl-C to the run's group never reaches it
+        )
+        assert proc.stdout is not None
+        printed: list[str] = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not select.select([proc.stdout], [], [], 0.1)[0]:
+                continue
+            line = proc.stdout.readline()
+            if not line:  # the step ended before a pid: the command's own failure
+                proc.wait()
+                return CommandResult(node, command, proc.returncode, "".join(printed), "")
+            printed.append(line)
+            if line.strip().isdigit():
+                self._held.append(proc)
+                return CommandResult(node, command, 0, "".join(printed), "")
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait()
+        raise TransportError(
+            f"command timed out after {timeout:.0f}s on node {node} (job {job}): {command[:120]}"
+        )
+
     def run_existing(self, node: str, command: str, *, timeout: float) -> CommandResult | None:
         """`run` in an allocation that already exists (None: there is none; none is made)."""
         if self.find(node) is None:
@@ -302,7 +340,13 @@ class SlurmTransport:
             raise TransportError(f"Slurm nodes not usable: {', '.join(bad)}")
 
     def close(self) -> None:
-        return None
+        """End the held steps whose process is still running (a loop nobody stopped)."""
+        for proc in self._held:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                proc.wait()
+        self._held.clear()
 
 
 def release_allocations(exp: Experiment, *, results_root: str | Path = "results") -> list[str]:

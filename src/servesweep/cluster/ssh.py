@@ -376,6 +376,9 @@ class SshTransport:
             finally:
                 sftp.close()
 
+    def run_background(self, node: str, command: str, *, timeout: float) -> CommandResult:
+        return self.run(node, command, timeout=timeout)
+
     def put(self, node: str, local: Path, remote: str) -> None:
         remote = _sftp_path(remote)
         part = f"{remote}.part-{uuid.uuid4().hex[:8]}"

@@ -58,6 +58,12 @@ class Transport(Protocol):
         """Run `command` with a POSIX shell on `node`; `stdin` is fed and never logged."""
         ...
 
+    def run_background(self, node: str, command: str, *, timeout: float) -> CommandResult:
+        """Run `command`, which starts a background process and prints its pid, so that the
+        process outlives this call (as `run` where a node keeps what a command leaves running;
+        Slurm ends a step's processes with the step, so there the step is held open)."""
+        ...
+
     def put(self, node: str, local: Path, remote: str) -> None:
         """Copy a local file to `remote` on `node`."""
         ...
@@ -152,6 +158,9 @@ class LocalTransport:
                 f"command timed out after {timeout:.0f}s on node {node}: {command[:120]}"
             ) from None
         return CommandResult(node, command, proc.returncode, proc.stdout, proc.stderr)
+
+    def run_background(self, node: str, command: str, *, timeout: float) -> CommandResult:
+        return self.run(node, command, timeout=timeout)
 
     def put(self, node: str, local: Path, remote: str) -> None:
         Path(remote).parent.mkdir(parents=True, exist_ok=True)
