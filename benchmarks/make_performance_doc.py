@@ -198,6 +198,55 @@ def planning_section(data: dict[str, Any], before: dict[str, Any] | None) -> str
             ],
         ),
     ]
+    shaped = [r for r in data["rows"] if "shaped_wall_s" in r]
+    if shaped:
+        out += [
+            "",
+            f"The same runs beside a third Snakefile: {p['shaped']}, and none of servesweep's "
+            "code. What Snakemake itself charges for the per-job features the workflow "
+            "promises is shaped / plain; the workflow's own overhead is servesweep / shaped "
+            "(its config, matrix and paths at parse time, its other rules, longer paths):",
+            "",
+            table(
+                [
+                    "cell-repeats",
+                    "shaped s",
+                    "shaped / plain (wall)",
+                    "shaped / plain (CPU)",
+                    "servesweep / shaped (wall)",
+                    "servesweep / shaped (CPU)",
+                ],
+                [
+                    [
+                        r["cell_repeats"],
+                        r["shaped_wall_s"],
+                        r["shaped_ratio_wall"],
+                        r["shaped_cpu_s"] / r["plain_cpu_s"],
+                        r["ratio_wall_vs_shaped"],
+                        r["ratio_cpu_vs_shaped"],
+                    ]
+                    for r in shaped
+                ],
+            ),
+            "",
+            "Stop 34 (cProfile of the workflow, the plain and the shaped Snakefile at 10k): the "
+            "largest single charge is Snakemake's check of a `script:` rule's file, once per "
+            "job (`snakemake.script.get_source` from `ScriptProcessor.process_job`): it reads the "
+            "script through Snakemake's source cache, whose three `parse_uri` calls each build "
+            "a new `collections.namedtuple` class inside smart_open. Timed alone, 0.40-0.43 ms "
+            "per job here, about 4 s of a 10k dry-run whose plain baseline takes 15-16 s: "
+            "0.25x of the ratio, paid by every Snakefile whose jobs run `script:`, which the "
+            "house style asks of every rule (scripts/<rule>.py). Snakemake 9.27.1 and "
+            "smart_open 9.0.4 are the newest releases; both still do it. The three params "
+            "functions and the priority function cost Snakemake's `inspect.signature` "
+            "two to three times per call: run_cell's functions now carry a stored "
+            "`__signature__` (workflow.jobconfig.per_job), ~3x cheaper per inspection; and "
+            "`measured_with` is joined from precomputed JSON parts (10k cells: 0.12 s). "
+            "Merging the three params into one would save most of the rest of their cost, but "
+            "Snakemake compares the set of params values stored with each output: every "
+            "finished cell of every existing run would rerun once (hours on a cluster); not "
+            "done.",
+        ]
     out += [
         "",
         "Where a cell job costs more than a plain one (cProfile of both dry-runs at 10k): it has "
@@ -214,12 +263,9 @@ def planning_section(data: dict[str, Any], before: dict[str, Any] | None) -> str
         "that run): Snakemake's input functions and params take 14.3 of the 49.7 profiled s; "
         "the workflow's own functions in them 0.3 s, since the per-cell params are computed "
         "once per config and cell (provenance.CellParams); the rest is Snakemake's cost per "
-        "call, three params functions and a priority function per job. One params function "
-        "(measured_with holds the fingerprint and the workload) would save about two thirds of "
-        "it, but changes run_cell's params: every finished cell of an existing run would rerun "
-        "once. The Snakefile's modules no longer import pandas (analysis.planned; numpy still "
-        "comes with Snakemake's own report module), which costs every size the same, about "
-        "0.6 s here.",
+        "call, three params functions and a priority function per job. The Snakefile's "
+        "modules no longer import pandas (analysis.planned; numpy still comes with Snakemake's "
+        "own report module), which costs every size the same, about 0.6 s here.",
     ]
     prof = data.get("profile")
     if prof:

@@ -163,12 +163,13 @@ for step in "${steps[@]}"; do
   pd-probe)
     { # each line: what was checked, then what it printed
       echo "## nvidia-smi topo -m"; nvidia-smi topo -m
-      echo "## ldd mooncake/engine.so (not found: missing)"; ldd "$work/site/mooncake/engine.so"
+      echo "## ldd mooncake/engine.so (missing: '=> not found')"; ldd "$work/site/mooncake/engine.so"
       echo "## import mooncake.engine"; python3 -c "from mooncake.engine import TransferEngine; print('ok', TransferEngine)"
       echo "## sglang_router.launch_router --help (mini-lb)"; python3 -m sglang_router.launch_router --help | grep -i -E 'mini|pd-disagg'
+      echo "## SGLang's Mooncake connector (what a PD server imports)"; python3 -c "import sglang.srt.disaggregation.mooncake.conn as c; print('ok', c.__name__)" 2>&1 | grep -v -i warn | tail -3
       echo "## /dev/infiniband"; ls /dev/infiniband 2>&1
     } >"$out/pd-probe.txt" 2>&1
-    mark "pd-probe: $(grep -c 'not found' "$out/pd-probe.txt") libraries not found; $(grep -c '^ok' "$out/pd-probe.txt") import ok"
+    mark "pd-probe: $(grep -c '=> not found' "$out/pd-probe.txt") libraries not found; $(grep -c '^ok' "$out/pd-probe.txt") import ok"
     ;;
   pd) cfg=config/experiments/h200x4_pd_rehearsal.yaml snake h200x4-pd-rehearsal ;;
   *) mark "unknown step $step" ;;
@@ -176,5 +177,9 @@ for step in "${steps[@]}"; do
 done
 
 kill $watcher 2>/dev/null
-tar -cf - results | xz -T0 -6 >"$out/results.tar.xz"
-mark "end: results.tar.xz $(du -h "$out/results.tar.xz" | cut -f1)"
+if [ -d results ]; then
+  tar -cf - results | xz -T0 -6 >"$out/results.tar.xz"
+  mark "end: results.tar.xz $(du -h "$out/results.tar.xz" | cut -f1)"
+else
+  mark "end: no results/ (no run was made)"
+fi
