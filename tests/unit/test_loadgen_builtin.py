@@ -139,45 +139,44 @@ def test_non_streamed_body_is_one_line():
 
 META = {"id": "r1", "finish_reason": None, "prompt_tokens": 12, "completion_tokens": 3}
 SGLANG_CHUNK = {"text": " a b c", "output_ids": [101, 7, 4095], "meta_info": META}
-TRICKY_TEXTS = ["", ' "output_ids": [1]}, "x', "a]b\\", '\u00e9\u4e2d \\"', "\n\t"]
+TRICKY_TEXTS = ["", ' "output_ids": [1]}, "x', "a]b\\", '\u00e9\u4e2d \\"', "\n\t,"]
+SGLANG_SHAPES = [
+    SGLANG_CHUNK,
+    {**SGLANG_CHUNK, "prompt_token_ids": [1, 2]},  # SGLang adds it after meta_info
+    {**SGLANG_CHUNK, "output_ids": []},
+    {**SGLANG_CHUNK, "text": None},
+    *({**SGLANG_CHUNK, "text": t} for t in TRICKY_TEXTS),
+]
+OTHER_SHAPES = [
+    {"text": " a", "output_ids": [5]},  # nothing after the ids
+    {"output_ids": [1], "meta_info": META},  # token ids only: no text
+    {"meta_info": META, "text": " a", "output_ids": [1]},  # text not first
+    {"text": " a", "x": 1, "output_ids": [1], "meta_info": META},  # a key between
+    {"text": " a", "m": {"output_ids": [1], "c": 2}, "meta_info": META},  # a nested id key
+    {"text": " a", "m": {"output_ids": [1]}, "meta_info": META},
+    {"text": " a", "output_ids": [[1, 2], [3]], "meta_info": META},  # not a flat id list
+    {"text": " a", "output_ids": ["a],", 1], "meta_info": META},
+    {"text": " a", "output_ids": ["a]", 1], "meta_info": META},
+    {"error": {"message": "boom", "code": 500}},
+]
+
+
+def encodings(data: dict) -> list[bytes]:
+    return [orjson.dumps(data), json.dumps(data).encode()]  # SGLang's and the sim's spacing
 
 
 def without_ids(data: dict) -> dict:
     return {k: v for k, v in data.items() if k != "output_ids"}
 
 
-@pytest.mark.parametrize(
-    "line",
-    [
-        json.dumps(SGLANG_CHUNK).encode(),  # the sim: json.dumps spacing
-        orjson.dumps(SGLANG_CHUNK),  # SGLang: orjson, compact
-        orjson.dumps({**SGLANG_CHUNK, "prompt_token_ids": [1, 2]}),  # after meta_info
-        orjson.dumps({**SGLANG_CHUNK, "output_ids": []}),
-        orjson.dumps({"text": " a", "output_ids": [5]}),  # nothing after the ids
-        *(orjson.dumps({**SGLANG_CHUNK, "text": t}) for t in TRICKY_TEXTS),
-        *(json.dumps({**SGLANG_CHUNK, "text": t}).encode() for t in TRICKY_TEXTS),
-    ],
-)
+@pytest.mark.parametrize("line", [e for d in SGLANG_SHAPES for e in encodings(d)])
 def test_decode_chunk_skips_the_ids_of_sglang_chunks(line):
     assert decode_chunk(line) == without_ids(orjson.loads(line))
-    assert "output_ids" not in decode_chunk(line)  # the cheap path was taken
 
 
-@pytest.mark.parametrize(
-    "data",
-    [
-        {"output_ids": [1], "meta_info": META},  # token ids only: no text
-        {"meta_info": META, "text": " a", "output_ids": [1]},  # text not first
-        {"text": None, "output_ids": [1], "meta_info": META},
-        {"text": " a", "meta_info": {"output_ids": [1]}, "output_ids": [2]},  # a key between
-        {"text": " a", "output_ids": [[1, 2], [3]], "meta_info": META},  # not a flat id list
-        {"text": " a", "output_ids": [-1, 2.5], "meta_info": META},
-        {"error": {"message": "boom", "code": 500}},
-    ],
-)
-def test_decode_chunk_decodes_other_shapes_whole(data):
-    for line in (orjson.dumps(data), json.dumps(data).encode()):
-        assert decode_chunk(line) == orjson.loads(line)
+@pytest.mark.parametrize("line", [e for d in OTHER_SHAPES for e in encodings(d)])
+def test_decode_chunk_decodes_other_shapes_whole(line):
+    assert decode_chunk(line) == orjson.loads(line)
 
 
 @pytest.mark.parametrize(
@@ -185,7 +184,7 @@ def test_decode_chunk_decodes_other_shapes_whole(data):
     [
         b'{"text":"a","output_ids":[1],}',  # trailing comma
         b'{"text":"a","output_ids":[1],"meta_info":{}',  # cut short
-        b'{"text":"a" "b","output_ids":[1]}',
+        b'{"text":"a" "b","output_ids":[1],"meta_info":{}}',
         b'{"text":"a","output_ids":[1],"text":"b"}',  # a repeated key: the full decoder's call
     ],
 )

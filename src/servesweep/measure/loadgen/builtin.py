@@ -154,41 +154,37 @@ def _error_text(error: Any) -> str:
 
 _TEXT_FIRST = b'{"text":'
 _IDS_KEY = b'"output_ids":'
-_ID_CHARS = b"0123456789, "
 
 
 def decode_chunk(line: bytes) -> Any:
-    """`_loads(line)`, except that a chunk shaped `{"text": "...", "output_ids": [ints], ...}`
+    """`_loads(line)`, except that a chunk shaped `{"text": ..., "output_ids": [...], ...}`
     (SGLang's and the sim's) comes back without `output_ids`, which the parser never reads: they
-    are cumulative, and decoding them into ints was most of the JSON work per token. The ids are
-    checked to be digits, commas and spaces (not re-parsed); any other shape, or one this scan
-    cannot vouch for, is decoded whole."""
-    if line.startswith(_TEXT_FIRST):
-        ids = line.find(_IDS_KEY)
-        end = line.find(b"]", ids)
-        # A JSON string holds no unescaped quote, so the first `"output_ids":` is a key; the
-        # text is the one literal before it (else the slice does not decode: fall back).
-        text = line[len(_TEXT_FIRST) : ids].strip(b" ")
-        ints = line[ids + len(_IDS_KEY) : end].lstrip(b" ")
-        tail = line[end + 1 :]
-        if (
-            ids > 0
-            and end > 0
-            and text[:1] == b'"'
-            and text[-1:] == b","
-            and ints[:1] == b"["
-            and not ints[1:].translate(None, _ID_CHARS)
-            and tail[:1] in (b",", b"}")
-        ):
-            try:
-                value = _loads(text[:-1])
-                data = _loads(b"{" + tail[1:] if tail[:1] == b"," else b"{" + tail)
-            except ValueError:
-                return _loads(line)
-            # `,}` (a trailing comma) and repeated keys are for the full decoder to judge
-            if (data or tail[:1] == b"}") and "text" not in data and "output_ids" not in data:
-                data["text"] = value
-                return data
+    are cumulative, and decoding them into ints was most of the JSON work per token. The ids
+    are skipped, not checked; any other shape is decoded whole."""
+    ids = line.find(_IDS_KEY) if line.startswith(_TEXT_FIRST) else -1
+    comma = line.rfind(b",", 0, ids)  # between the text and the ids
+    end = line.find(b"]", ids)  # a flat list of ints holds no other `]`
+    if (
+        comma > len(_TEXT_FIRST)
+        and end > 0
+        and line[end + 1 : end + 2] == b","
+        and (
+            line.startswith(b"[", ids + len(_IDS_KEY))
+            or line.startswith(b" [", ids + len(_IDS_KEY))
+        )
+    ):
+        # A JSON string holds no unescaped quote, so the first `"output_ids":` is a key. Both
+        # parts decode only if it is the top level's, right after the text: before it, the text
+        # must be one value; after it, an id list with nested lists or strings, or a nested
+        # `"output_ids":`, leaves a tail that does not decode. Else: decode the whole line.
+        try:
+            text = _loads(line[len(_TEXT_FIRST) : comma])
+            data = _loads(b"{" + line[end + 2 :])
+        except ValueError:
+            return _loads(line)
+        if data and "text" not in data and "output_ids" not in data:  # `,}`, repeated keys
+            data["text"] = text
+            return data
     return _loads(line)
 
 
