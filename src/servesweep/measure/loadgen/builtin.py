@@ -51,7 +51,10 @@ log = logging.getLogger(__name__)
 # - the 1 s pause before the measured run only follows warmup requests; one /server_info
 #   call, inside `duration` as bench's first call is;
 # - nothing completed -> no record and exit 1 (bench writes NaN metrics);
-# - the payload is input_ids + sampling_params + stream only (no lora/logprob defaults).
+# - the payload is input_ids + sampling_params + stream only (no lora/logprob defaults);
+# - a streamed chunk's cumulative `output_ids` are skipped, not decoded (`decode_chunk`): a
+#   malformed id list would fail bench's request, not ours;
+# - the request timeout is asyncio's, around the request (bench: aiohttp's session timeout).
 
 DEFAULT_PORT = 30000
 READ_BUFSIZE = 10 * 1024**2  # bench's aiohttp read buffer: long cumulative SSE lines
