@@ -11,11 +11,13 @@ from pathlib import Path
 
 import aiohttp
 import numpy as np
+import orjson
 import pytest
 
 from servesweep.measure.loadgen.builtin import (
     BenchOptions,
     build_parser,
+    decode_chunk,
     main,
     parse_lines,
     request_body,
@@ -133,6 +135,67 @@ def test_non_streamed_body_is_one_line():
     res = parsed([body], [100.4])
     assert res.success and res.ttft == pytest.approx(0.4) == pytest.approx(res.latency)
     assert res.itl == []
+
+
+META = {"id": "r1", "finish_reason": None, "prompt_tokens": 12, "completion_tokens": 3}
+SGLANG_CHUNK = {"text": " a b c", "output_ids": [101, 7, 4095], "meta_info": META}
+TRICKY_TEXTS = ["", ' "output_ids": [1]}, "x', "a]b\\", '\u00e9\u4e2d \\"', "\n\t,"]
+SGLANG_SHAPES = [
+    SGLANG_CHUNK,
+    {**SGLANG_CHUNK, "prompt_token_ids": [1, 2]},  # SGLang adds it after meta_info
+    {**SGLANG_CHUNK, "output_ids": []},
+    {**SGLANG_CHUNK, "text": None},
+    *({**SGLANG_CHUNK, "text": t} for t in TRICKY_TEXTS),
+]
+OTHER_SHAPES = [
+    {"text": " a", "output_ids": [5]},  # nothing after the ids
+    {"output_ids": [1], "meta_info": META},  # token ids only: no text
+    {"meta_info": META, "text": " a", "output_ids": [1]},  # text not first
+    {"text": " a", "x": 1, "output_ids": [1], "meta_info": META},  # a key between
+    {"text": " a", "m": {"output_ids": [1], "c": 2}, "meta_info": META},  # a nested id key
+    {"text": " a", "m": {"output_ids": [1]}, "meta_info": META},
+    {"text": " a", "output_ids": [[1, 2], [3]], "meta_info": META},  # not a flat id list
+    {"text": " a", "output_ids": ["a],", 1], "meta_info": META},
+    {"text": " a", "output_ids": ["a]", 1], "meta_info": META},
+    {"error": {"message": "boom", "code": 500}},
+]
+
+
+def encodings(data: dict) -> list[bytes]:
+    return [orjson.dumps(data), json.dumps(data).encode()]  # SGLang's and the sim's spacing
+
+
+def without_ids(data: dict) -> dict:
+    return {k: v for k, v in data.items() if k != "output_ids"}
+
+
+@pytest.mark.parametrize("line", [e for d in SGLANG_SHAPES for e in encodings(d)])
+def test_decode_chunk_skips_the_ids_of_sglang_chunks(line):
+    assert decode_chunk(line) == without_ids(orjson.loads(line))
+
+
+@pytest.mark.parametrize("line", [e for d in OTHER_SHAPES for e in encodings(d)])
+def test_decode_chunk_decodes_other_shapes_whole(line):
+    assert decode_chunk(line) == orjson.loads(line)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"text":"a","output_ids":[1],}',  # trailing comma
+        b'{"text":"a","output_ids":[1],"meta_info":{}',  # cut short
+        b'{"text":"a" "b","output_ids":[1],"meta_info":{}}',
+        b'{"text":"a","output_ids":[1],"text":"b"}',  # a repeated key: the full decoder's call
+    ],
+)
+def test_decode_chunk_agrees_with_the_full_decoder_on_odd_lines(line):
+    try:
+        expected = orjson.loads(line)
+    except ValueError:
+        with pytest.raises(ValueError):
+            decode_chunk(line)
+    else:
+        assert decode_chunk(line) == expected
 
 
 # ---------------------------------------------------------------- CLI

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import gc
 import json
 import logging
@@ -52,7 +51,10 @@ log = logging.getLogger(__name__)
 # - the 1 s pause before the measured run only follows warmup requests; one /server_info
 #   call, inside `duration` as bench's first call is;
 # - nothing completed -> no record and exit 1 (bench writes NaN metrics);
-# - the payload is input_ids + sampling_params + stream only (no lora/logprob defaults).
+# - the payload is input_ids + sampling_params + stream only (no lora/logprob defaults);
+# - a streamed chunk's cumulative `output_ids` are skipped, not decoded (`decode_chunk`): a
+#   malformed id list would fail bench's request, not ours;
+# - the request timeout is asyncio's, around the request (bench: aiohttp's session timeout).
 
 DEFAULT_PORT = 30000
 READ_BUFSIZE = 10 * 1024**2  # bench's aiohttp read buffer: long cumulative SSE lines
@@ -153,6 +155,42 @@ def _error_text(error: Any) -> str:
     return "mid-stream error: " + (error if isinstance(error, str) else json.dumps(error))
 
 
+_TEXT_FIRST = b'{"text":'
+_IDS_KEY = b'"output_ids":'
+
+
+def decode_chunk(line: bytes) -> Any:
+    """`_loads(line)`, except that a chunk shaped `{"text": ..., "output_ids": [...], ...}`
+    (SGLang's and the sim's) comes back without `output_ids`, which the parser never reads: they
+    are cumulative, and decoding them into ints was most of the JSON work per token. The ids
+    are skipped, not checked; any other shape is decoded whole."""
+    ids = line.find(_IDS_KEY) if line.startswith(_TEXT_FIRST) else -1
+    comma = line.rfind(b",", 0, ids)  # between the text and the ids
+    end = line.find(b"]", ids)  # a flat list of ints holds no other `]`
+    if (
+        comma > len(_TEXT_FIRST)
+        and end > 0
+        and line[end + 1 : end + 2] == b","
+        and (
+            line.startswith(b"[", ids + len(_IDS_KEY))
+            or line.startswith(b" [", ids + len(_IDS_KEY))
+        )
+    ):
+        # A JSON string holds no unescaped quote, so the first `"output_ids":` is a key. Both
+        # parts decode only if it is the top level's, right after the text: before it, the text
+        # must be one value; after it, an id list with nested lists or strings, or a nested
+        # `"output_ids":`, leaves a tail that does not decode. Else: decode the whole line.
+        try:
+            text = _loads(line[len(_TEXT_FIRST) : comma])
+            data = _loads(b"{" + line[end + 2 :])
+        except ValueError:
+            return _loads(line)
+        if data and "text" not in data and "output_ids" not in data:  # `,}`, repeated keys
+            data["text"] = text
+            return data
+    return _loads(line)
+
+
 def parse_lines(lines: list[bytes], times: list[float], res: RequestResult) -> None:
     """Apply bench's stream parser to received lines (for tests; the client parses inline)."""
     state = _StreamState(res)
@@ -187,7 +225,7 @@ class _StreamState:
             line = line[6:]
         if line == b"[DONE]":
             return True
-        data = _loads(line)
+        data = decode_chunk(line)
         if "error" in data:
             self.res.error = _error_text(data["error"])
             return False
@@ -205,7 +243,10 @@ class _StreamState:
                 new = output_len - self.last_len
                 if new == 0:
                     return True
-                self.res.itl.extend([(now - self.last_ts) / new] * new)
+                if new == 1:
+                    self.res.itl.append(now - self.last_ts)
+                else:
+                    self.res.itl.extend([(now - self.last_ts) / new] * new)
             self.last_ts = now
             self.last_len = output_len
         elif self.ttft == 0.0 and meta.get("completion_tokens"):
@@ -231,7 +272,8 @@ async def read_stream(
     """Feed each line of a streamed body to `state`, timed when its bytes arrived; False if a
     line was an error line. One read per network chunk, not one per line (two per SSE event)."""
     pending = b""
-    async for data in content.iter_any():
+    readany = content.readany  # iter_any() without its iterator's extra coroutine per chunk
+    while data := await readany():
         now = clock()
         if pending:
             data = pending + data
@@ -240,11 +282,6 @@ async def read_stream(
             if line and not state.feed(line, now):
                 return False
     return not pending or state.feed(pending, clock())
-
-
-@functools.lru_cache(maxsize=8)
-def _timeout(total_s: float) -> aiohttp.ClientTimeout:
-    return aiohttp.ClientTimeout(total=total_s)
 
 
 async def send_request(
@@ -263,9 +300,12 @@ async def send_request(
     res.start_time = clock()
     state = _StreamState(res)
     try:
-        async with session.post(
-            url, data=prompt.body, headers=JSON_HEADERS, timeout=_timeout(timeout_s)
-        ) as resp:
+        # asyncio's timeout, not aiohttp's: one timer per request, where aiohttp's enters and
+        # leaves a timer context at every chunk the stream waits for
+        async with (
+            asyncio.timeout(timeout_s),
+            session.post(url, data=prompt.body, headers=JSON_HEADERS) as resp,
+        ):
             if resp.status != 200:
                 res.error = f"HTTP {resp.status} {resp.reason or ''}: {await resp.text()}"
             elif stream:
