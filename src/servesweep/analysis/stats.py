@@ -220,7 +220,12 @@ def figure_stat(values: np.ndarray, stat: float | str) -> float:
     """One statistic of sorted values (numpy's linear percentile, or the mean)."""
     if stat == "mean":
         return float(values.mean())
-    h, lo, hi = _ranks(len(values), float(stat))
+    return _linear(values, *_ranks(len(values), float(stat)))
+
+
+def _linear(values: np.ndarray, h: float, lo: int, hi: int) -> float:
+    """numpy's linear percentile at rank h of values whose positions lo and hi hold what a
+    sort would put there."""
     return float(values[lo] + (h - lo) * (values[hi] - values[lo]))
 
 
@@ -365,12 +370,15 @@ def _request_sizes(
 
 
 def interval(values: np.ndarray, *, level: float = LEVEL) -> tuple[float, float] | None:
-    """Percentile interval of bootstrap replicates (non-finite ones dropped); None if none."""
-    finite = np.sort(values[np.isfinite(values)])
+    """Percentile interval of bootstrap replicates (non-finite ones dropped); None if none.
+    Only the ranks the two percentiles read are put in place (np.partition, not a sort)."""
+    finite = values[np.isfinite(values)]
     if finite.size == 0:
         return None
     tail = 50.0 * (1.0 - level)
-    return figure_stat(finite, tail), figure_stat(finite, 100.0 - tail)
+    low, high = _ranks(finite.size, tail), _ranks(finite.size, 100.0 - tail)
+    placed = np.partition(finite, sorted({*low[1:], *high[1:]}))
+    return _linear(placed, *low), _linear(placed, *high)
 
 
 def delta_pct(candidate: np.ndarray, baseline: np.ndarray) -> np.ndarray:
@@ -418,7 +426,9 @@ def p_value(deltas: np.ndarray) -> float | None:
     finite = deltas[np.isfinite(deltas)]
     if finite.size == 0:
         return None
-    below, above = float(np.mean(finite <= 0.0)), float(np.mean(finite >= 0.0))
+    # Shares as np.mean of the flags gives them (count / size), without its reduction.
+    below = np.count_nonzero(finite <= 0.0) / finite.size
+    above = np.count_nonzero(finite >= 0.0) / finite.size
     return min(1.0, 2.0 * min(below, above))
 
 
