@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from servesweep.analysis import figures, stats
 from servesweep.analysis.gpufigures import GPU_COLUMNS, gpu_figures
 from servesweep.analysis.tablecsv import runs_csv_text
+from servesweep.analysis.tables import read_requests_csv, read_results_csv  # noqa: F401
 from servesweep.cluster import telemetry
 from servesweep.config.matrix import CellRepeat
 from servesweep.config.schema import MIN_RETOKENIZED_RATIO, SaturationConfig, SloConfig
@@ -494,18 +495,8 @@ def write_results_csv(df: pd.DataFrame, path: str | Path) -> None:
         df.to_csv(fh, index=False, float_format=_significant)
 
 
-def read_results_csv(path: str | Path) -> pd.DataFrame:
-    """Read results.csv back (integer columns stay integers where they have no gaps)."""
-    return pd.read_csv(path)
-
-
 def write_requests_csv(df: pd.DataFrame, path: str | Path) -> None:
     """Write requests.csv atomically (floats in their shortest exact form), the text of
     df.to_csv(index=False) (tablecsv: each cell-repeat's ids formatted once)."""
     with atomic_open(path) as fh:
         fh.write(runs_csv_text(df, ids=len(REQUEST_ID_COLUMNS)))
-
-
-def read_requests_csv(path: str | Path) -> pd.DataFrame:
-    """Read requests.csv back; the floats come back bit for bit (tests/unit/test_results.py)."""
-    return pd.read_csv(path, dtype={"server_id": str, "client_id": str})
