@@ -14,6 +14,8 @@ from pydantic import ValidationError
 
 from servesweep.analysis import figures, stats
 from servesweep.analysis.gpufigures import GPU_COLUMNS, gpu_figures
+from servesweep.analysis.tablecsv import runs_csv_text
+from servesweep.analysis.tables import read_requests_csv, read_results_csv  # noqa: F401
 from servesweep.cluster import telemetry
 from servesweep.config.matrix import CellRepeat
 from servesweep.config.schema import MIN_RETOKENIZED_RATIO, SaturationConfig, SloConfig
@@ -116,10 +118,17 @@ def _number(key: str, value: Any) -> float:
     return float(value)
 
 
+def _fields(record: BenchRecord | Mapping[str, Any]) -> dict[str, Any]:
+    """A record's keys and values: model_dump's, without copying every per-request list."""
+    if isinstance(record, BenchRecord):
+        return {**record.__dict__, **(record.model_extra or {})}
+    return dict(record)
+
+
 def record_metrics(record: BenchRecord | Mapping[str, Any]) -> dict[str, float | int]:
     """The METRICS and DERIVED figures of one record; absent keys are NaN (older
     bench_serving versions)."""
-    data = record.model_dump() if isinstance(record, BenchRecord) else dict(record)
+    data = _fields(record)
     out: dict[str, float | int] = {}
     for column, key in METRICS.items():
         value = _number(key, data.get(key))
@@ -167,7 +176,7 @@ def layout_figures(cell: CellRepeat, *, axes: Sequence[str]) -> dict[str, Any]:
 
 def check_record(record: BenchRecord | Mapping[str, Any]) -> list[str]:
     """Why a record cannot be analysed (missing required keys, nothing completed); [] if fine."""
-    data = record.model_dump() if isinstance(record, BenchRecord) else dict(record)
+    data = _fields(record)
     problems = [f"missing {key}" for key in REQUIRED_KEYS if data.get(key) is None]
     completed = data.get("completed")
     if isinstance(completed, int | float) and completed < 1:
@@ -191,7 +200,8 @@ def read_cell(
     delete = f"; delete {path} to rerun the cell"
     try:
         record = read_record(path)
-        metrics = record_metrics(record)
+        fields = _fields(record)
+        metrics = record_metrics(fields)
     except FileNotFoundError:
         raise CellFailed(f"cell {cell.key}: raw record {path} is missing") from None
     except (ValueError, ValidationError) as exc:  # JSON, line count, field types
@@ -199,7 +209,7 @@ def read_cell(
         raise CellFailed(
             f"cell {cell.key}: raw record {path} is invalid: {first}{delete}"
         ) from None
-    problems = check_record(record)
+    problems = check_record(fields)
     if not problems:
         # The cell's checks; only the presence of per-request details is not required again
         # (requests.csv, and so the bootstrap, falls back to repeats without them).
@@ -213,8 +223,10 @@ def read_cell(
     if problems:
         shown = "; ".join(problems[: validation.MAX_SHOWN])
         raise CellFailed(f"cell {cell.key}: raw record {path} is invalid: {shown}{delete}")
-    if measured_with is not None and stale is not None:
-        diff = provenance.differences((record.model_extra or {}).get(provenance.KEY), measured_with)
+    recorded = (record.model_extra or {}).get(provenance.KEY)
+    # Equal mappings have no differences: the key-by-key diff only for a record that differs.
+    if measured_with is not None and stale is not None and recorded != measured_with:
+        diff = provenance.differences(recorded, measured_with)
         if diff:
             stale.append((cell.key, str(path), diff))
     return {**metrics, **hygiene_columns(record)}, _request_figures(path, record)
@@ -466,8 +478,8 @@ def significant(df: pd.DataFrame) -> pd.DataFrame:
     spec = f"%.{SIGNIFICANT_DIGITS - 1}e"
     for col in out.columns:
         if pd.api.types.is_float_dtype(out[col]):
-            values = out[col].to_numpy(dtype=float)
-            out[col] = np.char.mod(spec, values).astype(float)
+            values = out[col].to_numpy(dtype=float).tolist()
+            out[col] = np.array([float(spec % v) for v in values], dtype=float)
     return out
 
 
@@ -483,17 +495,8 @@ def write_results_csv(df: pd.DataFrame, path: str | Path) -> None:
         df.to_csv(fh, index=False, float_format=_significant)
 
 
-def read_results_csv(path: str | Path) -> pd.DataFrame:
-    """Read results.csv back (integer columns stay integers where they have no gaps)."""
-    return pd.read_csv(path)
-
-
 def write_requests_csv(df: pd.DataFrame, path: str | Path) -> None:
-    """Write requests.csv atomically (floats in their shortest exact form)."""
+    """Write requests.csv atomically (floats in their shortest exact form), the text of
+    df.to_csv(index=False) (tablecsv: each cell-repeat's ids formatted once)."""
     with atomic_open(path) as fh:
-        df.to_csv(fh, index=False)
-
-
-def read_requests_csv(path: str | Path) -> pd.DataFrame:
-    """Read requests.csv back; the floats come back bit for bit (tests/unit/test_results.py)."""
-    return pd.read_csv(path, dtype={"server_id": str, "client_id": str})
+        fh.write(runs_csv_text(df, ids=len(REQUEST_ID_COLUMNS)))

@@ -23,6 +23,7 @@ from servesweep.analysis.planned import (  # noqa: F401 (re-exported: the summar
     plot_metrics,
 )
 from servesweep.core.files import write_text_atomic
+from servesweep.core.jsontext import indented_json
 from servesweep.measure.records import read_record
 
 log = logging.getLogger(__name__)
@@ -536,16 +537,9 @@ def summarize(
 
 
 def write_summary(summary: Mapping[str, Any], path: str | Path) -> None:
-    """Write summary.json atomically; strict JSON (no NaN/Infinity)."""
-    write_text_atomic(path, json.dumps(_jsonable(summary), indent=2, allow_nan=False) + "\n")
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    return _py(value)
+    """Write summary.json atomically; strict JSON (no NaN/Infinity), numpy values unwrapped
+    and NaN/NA as null (_py), keys as strings, indented by 2."""
+    write_text_atomic(path, indented_json(summary, leaf=_py) + "\n")
 
 
 def read_summary(path: str | Path) -> dict[str, Any]:

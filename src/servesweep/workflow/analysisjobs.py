@@ -10,19 +10,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from servesweep.config.load import load_experiment, unnarrowed_env
-from servesweep.config.matrix import client_specs
-from servesweep.config.paths import RunPaths, aggregate_cells
 from servesweep.core.errors import CellFailed
 from servesweep.core.events import read_events
 from servesweep.core.files import write_json_atomic, write_text_atomic
-from servesweep.workflow.jobconfig import PathLike, experiment
 
 if TYPE_CHECKING:
     from servesweep.cluster.pools import PoolPlan
+    from servesweep.config.paths import RunPaths
+    from servesweep.workflow.jobconfig import PathLike
 
-# Each job imports the analysis modules it uses in its function: a job's process pays for its
-# own (collect_results neither the summary's nor the comparison's, the log scan no pandas).
+# Each job imports the modules it uses in its function: a job's process pays for its own
+# (collect_results neither the summary's nor the comparison's, the log scan no pandas, the
+# summary and the log scan not the config's models: ~0.5 s of pydantic schemas).
 
 
 def collect_results(
@@ -40,7 +39,10 @@ def collect_results(
     from servesweep.analysis.results import collect_results as collect
     from servesweep.analysis.results import write_requests_csv, write_results_csv
     from servesweep.cluster.pools import pooled_cells
+    from servesweep.config.load import load_experiment, unnarrowed_env
+    from servesweep.config.paths import aggregate_cells
     from servesweep.measure.provenance import CellParams
+    from servesweep.workflow.jobconfig import experiment
 
     exp, paths = experiment(config)
     configured = load_experiment(config, unnarrowed_env(os.environ))
@@ -100,9 +102,9 @@ def summarize(
 ) -> None:
     """Rule summarize: medians, intervals, verdicts, final log scan and warm-ups; `baseline`
     and the axes are the rule's params (a changed baseline reruns it)."""
-    from servesweep.analysis.results import read_requests_csv, read_results_csv
     from servesweep.analysis.summary import load_requests, warmups, write_summary
     from servesweep.analysis.summary import summarize as summarize_results
+    from servesweep.analysis.tables import read_requests_csv, read_results_csv
 
     results = read_results_csv(results_csv)
     summary = summarize_results(
@@ -131,6 +133,8 @@ def write_case_table(
     from servesweep.analysis.casetable import case_table, markdown_table
     from servesweep.analysis.reference import load_reference, reference_table
     from servesweep.analysis.results import read_results_csv
+    from servesweep.config.matrix import client_specs
+    from servesweep.workflow.jobconfig import experiment
 
     exp, _ = experiment(config)
     results = read_results_csv(results_csv)
@@ -259,6 +263,7 @@ def write_manifest(
     out: PathLike,
 ) -> None:
     """Rule write_manifest: resolved config, fingerprints, versions, image evidence."""
+    from servesweep.workflow.jobconfig import experiment
     from servesweep.workflow.manifest import build_manifest
     from servesweep.workflow.superseded import superseded_files
 
