@@ -67,7 +67,8 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # group under pytest 9.2: the group suffix it writes into the node id does not reach the
 # controller.)
 # Collection order is the scheduling order: the longest work first, so that no worker starts a
-# whole run while the others have finished.
+# whole run while the others have finished: the shared runs, the few long workflow and cluster
+# tests (minutes each), then the many fault scenarios (a minute or less each), then the unit tests.
 WHOLE_RUN_MARKERS = ("workflow", "integration", "reliability", "contract")
 
 
@@ -134,16 +135,26 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             return nodeid.split("::", 1)[0] if shares_a_run(nodeid, root) else nodeid
 
+        def _reschedule(self, node: Any) -> None:
+            """One unit waiting behind the running test, not xdist's two: a worker that
+            queued two multi-minute runs kept them while the others ran out of work."""
+            if self.workqueue and self._pending_of(self.assigned_work[node]) > 1:
+                return
+            super()._reschedule(node)
+
     return SharedRunScheduling(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The tests that share a run first, then the other tests that run real workflows, then
-    the unit tests (stable within each kind; without xdist only the order changes)."""
+    """The tests that share a run first, then the other tests that run real workflows (the
+    fault scenarios last of them), then the unit tests (stable within each kind; without xdist
+    only the order changes)."""
 
     def kind(item: pytest.Item) -> int:
         if shares_a_run(item.nodeid, config.rootpath):
             return 0
-        return 1 if any(item.get_closest_marker(m) for m in WHOLE_RUN_MARKERS) else 2
+        if item.get_closest_marker("reliability"):
+            return 2
+        return 1 if any(item.get_closest_marker(m) for m in WHOLE_RUN_MARKERS) else 3
 
     items.sort(key=kind)
