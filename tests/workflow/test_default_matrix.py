@@ -17,12 +17,19 @@ from tests.helpers import experiment_file, free_port, run_snakemake
 
 pytestmark = pytest.mark.workflow
 RUN = "wf-default"
+# The default matrix and repeats (24 cell-repeats, 4 server starts); the simulated time of a
+# cell (16K-token prompts) made 5 times shorter and 16 requests a cell instead of 40: nothing
+# here depends on either, only on the cells' shape.
+TIME_SCALE = 0.001
+REQUESTS = 16
+SHORTER = {"run_id": RUN, "engine": {"sim": {"time_scale": TIME_SCALE}}}
+SHORTER |= {"workload": {"num_requests": REQUESTS}}
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     workdir = tmp_path_factory.mktemp("default")
-    cfg = experiment_file(workdir, {"run_id": RUN})
+    cfg = experiment_file(workdir, SHORTER)
     proc = run_snakemake(workdir, "--cores", "1", "all", "--configfile", str(cfg))
     assert proc.returncode == 0, proc.stderr[-4000:]
     (workdir / "stdout.txt").write_text(proc.stdout)
@@ -98,8 +105,8 @@ def test_results_and_summary(run_dir: Path) -> None:
     assert set(df["moe_runner_backend"]) == {"marlin", "flashinfer_mxfp4"}
     assert set(df["chunked_prefill_size"]) == {8192, 16384}
     assert set(df["concurrency"]) == {8, 16}
-    assert (df["completed"] == 40).all()
-    assert (df["total_input_tokens"] == 40 * 16384).all()
+    assert (df["completed"] == REQUESTS).all()
+    assert (df["total_input_tokens"] == REQUESTS * 16384).all()
     # 1-token outputs keep their text, special tokens included (skip_special_tokens: false), so
     # they re-tokenize exactly; the noisy sim's drift shows on longer outputs (test_pd_suite)
     assert (df["retokenized_ratio"] == 1).all()
@@ -123,9 +130,9 @@ def test_results_and_summary(run_dir: Path) -> None:
 
 def test_results_say_simulated_and_leave_undefined_figures_blank(run_dir: Path) -> None:
     df = pd.read_csv(run_dir / "results.csv")
-    assert set(df["engine_kind"]) == {"sim"} and set(df["sim_time_scale"]) == {0.005}
+    assert set(df["engine_kind"]) == {"sim"} and set(df["sim_time_scale"]) == {TIME_SCALE}
     # scaled back to simulated time (8 significant digits in the file)
-    ratio = df["simulated_ttft_p50_ms"] / (df["ttft_p50_ms"] / 0.005)
+    ratio = df["simulated_ttft_p50_ms"] / (df["ttft_p50_ms"] / TIME_SCALE)
     assert ratio.between(1 - 1e-5, 1 + 1e-5).all()
     assert set(df["ep_size"]) == {8}  # EP_SIZE is no axis, still a column
     # every output is one token: TPOT and ITL are undefined, blank rather than 0.0
@@ -264,7 +271,7 @@ def test_configfile_replaces_the_embedded_default(tmp_path: Path) -> None:
 
 
 def test_a_targeted_cell_on_a_fresh_run_builds_its_prerequisites(tmp_path: Path) -> None:
-    cfg = experiment_file(tmp_path, {"run_id": "targeted", "repeats": 2})
+    cfg = experiment_file(tmp_path, {**SHORTER, "run_id": "targeted", "repeats": 2})
     raw = (
         "results/targeted/raw/moe_runner_backend~marlin,chunked_prefill_size~8192/"
         "concurrency~8/r2.jsonl"

@@ -28,7 +28,9 @@ def _start(workdir: Path) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RUN_ID", "SUITE")} | NARROW
     exe = shutil.which("snakemake")
     assert exe
-    args = [exe, "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--cores", "1", "all"]
+    # up to results.csv: the servers run (and could be stopped by the other run) in the cells
+    table = f"results/{RUN}/results.csv"
+    args = [exe, "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--cores", "1", table]
     return subprocess.Popen(
         [*args, "--configfile", str(cfg)],
         stdout=subprocess.PIPE,
