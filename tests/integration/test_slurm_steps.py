@@ -23,7 +23,7 @@ import yaml
 
 from servesweep.cluster.access import open_cluster
 from servesweep.cluster.runtime import Launch, ProcessRuntime
-from servesweep.cluster.slurm import SlurmTransport, squeue_jobs
+from servesweep.cluster.slurm import SlurmTransport, squeue_jobs, squeue_steps
 from servesweep.config.load import load_experiment
 from servesweep.config.matrix import server_specs
 from servesweep.config.paths import RunPaths
@@ -138,6 +138,7 @@ def test_the_gpu_sampling_loop_lives_in_a_step_of_its_own_until_stopped(
         )
         sampler.start()
         assert set(sampler.pids) == {"node3"}, sampler.rows
+        assert len(_steps(run_id)) == 1  # the loop's own step, held while it samples
         time.sleep(2)
         rows = sampler.stop()
         # 2 s of 50 ms samples: a loop that died with a short step leaves at most one or two
@@ -152,14 +153,12 @@ def test_the_gpu_sampling_loop_lives_in_a_step_of_its_own_until_stopped(
 
 def _steps(run_id: str) -> list[str]:
     """This run's job steps still in squeue (`JOB.STEP` ids of its allocations)."""
-    steps = subprocess.run(["squeue", "-h", "-s", "-o", "%i %j"], capture_output=True, text=True)
-    jobs = {line.split()[0] for line in _squeue_jobs(run_id)}
-    return [ln for ln in steps.stdout.splitlines() if ln.split(".")[0] in jobs]
-
-
-def _squeue_jobs(run_id: str) -> list[str]:
-    out = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True).stdout
-    return [ln for ln in out.splitlines() if f"-{run_id}-" in ln]
+    return [
+        step
+        for alloc in squeue_jobs()
+        if f"-{run_id}-" in alloc.name
+        for step in squeue_steps(alloc.job_id)
+    ]
 
 
 def _release(exp, root: Path) -> None:
