@@ -167,19 +167,17 @@ ABLATIONS: dict[str, list[tuple[str, str]]] = {
         ("rules/cells.smk", "    priority: cell_priority\n"),
     ],
     "raw file only: no GPU snapshot output, no bench log": [
-        (
-            "rules/cells.smk",
-            '        gpu=f"{RUN_DIR}/gpu/{{server}}/{{client}}/r{{repeat}}.csv",\n',
-        ),
-        (
-            "rules/cells.smk",
-            '    log:\n        bench=f"{RUN_DIR}/bench/{{server}}/{{client}}/r{{repeat}}.log",\n',
-        ),
+        ("rules/cells.smk", '        gpu=PATHS.cell_pattern("gpu"),\n'),
+        ("rules/analysis.smk", "        gpu=AGGREGATED_GPU,\n"),
+        ("rules/cells.smk", '        bench=PATHS.cell_pattern("bench"),\n'),
     ],
 }
 
 
-ABLATIONS["all four taken out"] = [edit for edits in ABLATIONS.values() for edit in edits]
+ABLATIONS["no script: (Snakemake checks a script's source per job)"] = [
+    ("rules/cells.smk", '    script:\n        "../scripts/run_cell.py"\n'),
+]
+ABLATIONS["all of the above taken out"] = [edit for edits in ABLATIONS.values() for edit in edits]
 
 
 def ablated_copy(workflow: Path, dest: Path, edits: list[tuple[str, str]]) -> Path:

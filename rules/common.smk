@@ -21,11 +21,15 @@ from servesweep.core.errors import ConfigError
 from servesweep.measure.provenance import CellParams
 from servesweep.serving.engines import check_experiment
 from servesweep.workflow import progress
+from servesweep.workflow.heap import collect_less_often
 from servesweep.workflow.jobconfig import per_job
 from servesweep.workflow.logsetup import hangup_like_sigterm
 from servesweep.workflow.lostmetadata import changed_without_metadata
 from servesweep.workflow.plan import dry_run_requested, pool_plan, summary_at_exit
 from servesweep.workflow.ratelimit import unthrottle_scheduler
+
+# Snakemake's heap of 10k jobs: fewer full garbage collections (servesweep.workflow.heap).
+collect_less_often()
 
 try:
     EXP = load_experiment(
