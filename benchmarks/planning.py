@@ -426,6 +426,10 @@ def main(argv: list[str] | None = None) -> int:
             "smoke": args.smoke,
             "shape": "10 server configs x N/50 client configs x 5 repeats, default experiment",
             "plain": "N jobs of one rule (shell: echo) + one job gathering them",
+            "profile": f"every dry-run from {Path.cwd()}: Snakemake takes profiles/default from "
+            "the current directory first, so when that is the repo the plain and shaped "
+            "Snakefiles run under the workflow profile too (its logger plugin, scheduler, "
+            "resources)",
             "shaped": "the plain baseline with run_cell's per-job shape (script, 2 outputs, "
             "2 logs, 3 params functions, a priority function; raw files listed twice)",
             "command": "snakemake -n (workflow profile of the repo; output to a file)",
