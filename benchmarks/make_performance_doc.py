@@ -336,7 +336,7 @@ def planning_section(data: dict[str, Any], before: dict[str, Any] | None) -> str
                 ],
             ),
             "",
-            f"The same host, {ab['what']} (`{ab['command']}`): stop 33's tree "
+            f"The same host, {ab['what']} (`{ab['command']}`): the older tree "
             f"{num(ab['old_median_wall_s'])} s wall ({ab['old_ratio_wall']:.2f}x plain, CPU "
             f"{ab['old_ratio_cpu']:.2f}x), with the collector tuned "
             f"{num(ab['new_median_wall_s'])} s ({ab['new_ratio_wall']:.2f}x, CPU "
