@@ -242,10 +242,10 @@ def timed() -> Iterator[dict[str, float]]:
 
 @dataclass(frozen=True)
 class Sim:
-    """A running sim pinned to a core."""
+    """Running sim processes, each pinned to a core, serving one address."""
 
     base_url: str
-    pid: int
+    pids: tuple[int, ...]
     time_scale: float
     log_path: Path
 
@@ -266,24 +266,39 @@ def _generates(base_url: str) -> bool:
 
 
 @contextlib.contextmanager
-def zero_cost_sim(*, workdir: Path, core: int | None, args: Sequence[str] = ()) -> Iterator[Sim]:
-    """The sim pinned to `core` in zero-cost mode (`--sim-time-scale 0`), else with
-    FALLBACK_SCALE; stopped on exit."""
+def zero_cost_sim(
+    *, workdir: Path, cores: Sequence[int] | None, args: Sequence[str] = ()
+) -> Iterator[Sim]:
+    """One sim process per core of `cores` (None: one, not pinned) in zero-cost mode
+    (`--sim-time-scale 0`), else with FALLBACK_SCALE, stopped on exit. Several share one port
+    (`--sim-reuse-port`): the kernel spreads the client's connections among them, so a client
+    benchmark can give the sim more cores than the client has."""
+    pinned: list[int | None] = list(cores) if cores else [None]
+    share = ["--sim-reuse-port"] if len(pinned) > 1 else []
     for scale in (ZERO_COST_SCALE, FALLBACK_SCALE):
-        argv = ["--model-path", "sim/bench", "--host", HOST, "--port", "0", "--skip-server-warmup"]
-        argv += ["--sim-time-scale", repr(scale), "--sim-startup-s", "0", *args]
+        base = ["--model-path", "sim/bench", "--host", HOST, "--skip-server-warmup", *share]
+        base += ["--sim-time-scale", repr(scale), "--sim-startup-s", "0", *args]
         log_path = workdir / f"sim-scale-{scale!r}.log"
-        with start_sim(argv=argv, log_path=log_path, prefix=pin(core)) as proc:
+        with contextlib.ExitStack() as stack:
+            pids, port = [], "0"
             try:
-                base_url = proc.wait_ready(timeout_s=60).url
+                for k, core in enumerate(pinned):
+                    path = log_path if k == 0 else log_path.with_suffix(f".{k}.log")
+                    argv = [*base, "--port", port]
+                    proc = stack.enter_context(
+                        start_sim(argv=argv, log_path=path, prefix=pin(core))
+                    )
+                    base_url = proc.wait_ready(timeout_s=60).url
+                    port = base_url.rsplit(":", 1)[1]
+                    pids.append(proc.pid)
             except ServerStartError as exc:
                 log.info("sim with --sim-time-scale %r did not start (%s)", scale, exc)
                 continue
             if not _generates(base_url):
                 log.info("sim with --sim-time-scale %r did not serve; trying the next", scale)
                 continue
-            log.info("sim at %s (time scale %r, core %s)", base_url, scale, core)
-            yield Sim(base_url, proc.pid, scale, log_path)
+            log.info("sim at %s (time scale %r, cores %s)", base_url, scale, pinned)
+            yield Sim(base_url, tuple(pids), scale, log_path)
             return
     raise RuntimeError(f"the sim did not start; logs in {workdir}")
 

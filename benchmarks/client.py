@@ -7,7 +7,7 @@ request throughput, TTFT median/p99 (everything the client and the sim's HTTP la
 sim computes nothing), client CPU per request inside its event loop and garbage-collector
 pauses. A streaming run gives client CPU per streamed token. Figures of one run.
 
-    python benchmarks/client.py [--concurrencies 1,64,256] [--client-core 0 --server-core 1]
+    python benchmarks/client.py [--concurrencies 1,64,256] [--client-core 0 --server-cores 1]
     python benchmarks/client.py --self-check-only      # only the self-check's cost at C=256
     python benchmarks/client.py --smoke                # seconds: builtin only, C=1,8
 
@@ -145,12 +145,12 @@ def run_client(
         ),
     ]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    server_before = proc_cpu_s(sim.pid)
+    server_before = sum(proc_cpu_s(pid) for pid in sim.pids)
     with open(log_path, "w") as fh:
         res = subprocess.run(
             argv, env=env, cwd=workdir, stdout=fh, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S
         )
-    server_cpu = proc_cpu_s(sim.pid) - server_before
+    server_cpu = sum(proc_cpu_s(pid) for pid in sim.pids) - server_before
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if res.returncode != 0 or not output.exists():
         tail = log_path.read_text(errors="replace")[-2000:]
@@ -191,7 +191,8 @@ def run_client(
         # The usage wrapper's figures of the whole client process (imports included), as the
         # workflow records them (results.csv client_process_*); None: the wrapper printed none.
         "wrapped_process": wrapper.to_dict() if wrapper else None,
-        "server_busy": server_cpu / duration,
+        # Of the sim's cores together: 100 % is every sim process busy all the run.
+        "server_busy": server_cpu / duration / len(sim.pids),
     }
     log.info(
         "%-13s C=%-3d out=%-3d %7.0f req/s  TTFT p50 %7.2f p99 %7.2f ms  %5.0f us/req  "
@@ -266,7 +267,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--stream-requests", type=int, default=600)
     p.add_argument("--stream-concurrency", type=int, default=64)
     p.add_argument("--client-core", type=int, default=0)
-    p.add_argument("--server-core", type=int, default=1)
+    p.add_argument(
+        "--server-cores",
+        default="1",
+        help="the sim's cores, one sim process each on one port (e.g. 1-4 on a 16-core host)",
+    )
     p.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE)
     p.add_argument("--self-check-pairs", type=int, default=3, help="0: no self-check cost")
     p.add_argument("--self-check-only", action="store_true")
@@ -386,11 +391,26 @@ def self_check_cost(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def core_list(text: str) -> list[int]:
+    """`1`, `1,3` or `1-4` as core numbers."""
+    cores: list[int] = []
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        try:
+            cores += range(int(first), int(last or first) + 1)
+        except ValueError:
+            raise SystemExit(f"--server-cores: {text!r} is not like 1, 1,3 or 1-4") from None
+    if not cores:
+        raise SystemExit(f"--server-cores: {text!r} names no core")
+    return cores
+
+
 def main(argv: list[str] | None = None) -> int:
     setup_logging()
     args = parse_args(argv)
     clients = [c for c in args.clients.split(",") if c]
     concurrencies = [int(c) for c in args.concurrencies.split(",") if c]
+    server_cores = core_list(args.server_cores)
     with scratch_dir("client", keep=args.keep_tmp) as tmp:
         tokenizer = build_tokenizer(
             tmp / "tokenizer", words=sim_words(), vocab_size=args.vocab_size
@@ -422,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.self_check_only:
             clients, plan = ["builtin"], []
         runs, check_runs = [], []
-        with zero_cost_sim(workdir=tmp, core=args.server_core) as sim:
+        with zero_cost_sim(workdir=tmp, cores=server_cores) as sim:
             c256 = Workload(
                 input_len=args.input_len,
                 output_len=args.output_len,
@@ -473,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
                 "concurrency": args.stream_concurrency,
             },
             "client_core": args.client_core,
-            "server_core": args.server_core,
+            "server_cores": server_cores,
             "sim_time_scale": sim.time_scale,
             "sim_note": time_scale_note(sim.time_scale),
             "prompts": "random-ids as input_ids, warmup 1 request, request rate inf",

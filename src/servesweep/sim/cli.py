@@ -145,6 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--sim-fail-start", action="store_true", help="die during startup with a traceback"
     )
     sim.add_argument(
+        "--sim-reuse-port",
+        action="store_true",
+        help="bind the HTTP port with SO_REUSEPORT: several sim processes serve one port, the "
+        "kernel spreading connections among them (a client benchmark on several sim cores)",
+    )
+    sim.add_argument(
         "--sim-clean",
         action="store_true",
         help="no benign noise: no startup warnings, disconnect tracebacks, text drift or "

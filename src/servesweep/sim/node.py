@@ -167,11 +167,13 @@ async def run_node(ns: argparse.Namespace, *, launch_command: str) -> int:
     return await _run_peer(ns, stop=stop)
 
 
-async def _bind_http(server: SimServer, *, host: str, port: int) -> tuple[web.AppRunner, int]:
+async def _bind_http(
+    server: SimServer, *, host: str, port: int, reuse_port: bool = False
+) -> tuple[web.AppRunner, int]:
     runner = web.AppRunner(server.app(), access_log=None, shutdown_timeout=HTTP_SHUTDOWN_TIMEOUT_S)
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port, reuse_address=True).start()
+        await web.TCPSite(runner, host, port, reuse_address=True, reuse_port=reuse_port).start()
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             logger.error("OSError: [Errno 98] Address already in use")
@@ -304,7 +306,9 @@ async def _run_rank0(
         launch_command=launch_command,
         max_total_num_tokens=capacity,
     )
-    runner, port = await _bind_http(server, host=ns.host, port=ns.port)
+    runner, port = await _bind_http(
+        server, host=ns.host, port=ns.port, reuse_port=ns.sim_reuse_port
+    )
     args["port"] = port
     server.pd = await _start_pd(ns, args=args, profile=profile, http_port=port)
     engine_task = asyncio.create_task(engine.run())
