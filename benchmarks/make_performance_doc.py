@@ -395,7 +395,7 @@ def planning_section(data: dict[str, Any], before: dict[str, Any] | None) -> str
             f"On the H200 host (the host of issue 29's figures; {h200['provenance']['cpus']} "
             f"cores, Python {h200['provenance']['python']}, "
             f"{h200['provenance']['measured_at']}, commit `{h200['provenance']['git_sha']}`; "
-            "`tools/rehearsal/planning_h200.sh` on the device machine), median of "
+            "`tools/rehearsal/bench_h200.sh planning` on the device machine), median of "
             f"{h200['params']['repeats']} interleaved runs:",
             "",
             table(
@@ -451,7 +451,63 @@ def planning_section(data: dict[str, Any], before: dict[str, Any] | None) -> str
             "analysis rules and the Snakefile loading its config; the plain Snakefile has none "
             "of these.",
         ]
+    if versions := data.get("versions"):
+        out += ["", versions_text(versions)]
     return "\n".join(out)
+
+
+def versions_text(versions: dict[str, Any]) -> str:
+    """The same workflow under two Snakemake releases (planning.versions.json)."""
+    rows = []
+    for host, ab in versions["hosts"].items():
+        p = ab["provenance"]
+        for name, r in ab["rows"].items():
+            if name.startswith("new"):
+                plain = ab["rows"][r["compared_with"]]
+                rows.append(
+                    [
+                        f"{host} ({p['cpus']} cores, {p['measured_at']})",
+                        r["snakemake"],
+                        r["wall_s"],
+                        plain["wall_s"],
+                        r["ratio_wall"],
+                        r["ratio_cpu"],
+                    ]
+                )
+    by: dict[str, list[float]] = {}
+    for row in rows:
+        by.setdefault(row[1], []).append(row[4])
+    old, new = sorted(by, key=lambda v: tuple(int(x) for x in v.split(".")))
+
+    def span(values: list[float]) -> str:
+        low, high = f"{min(values):.2f}", f"{max(values):.2f}"
+        return low if low == high else f"{low}-{high}"
+
+    return "\n".join(
+        [
+            "Where the guard is lost: Snakemake 9.19.0 added the per-job check of a "
+            "`script:` file while the DAG is built (`ScriptProcessor` in `snakemake/dag.py`; "
+            "9.18.2 has none). The same checkout and the same plain Snakefile at 10k under "
+            f"9.27.1 and under 9.18.2, interleaved, median of {versions['hosts']['vm']['rounds']} "
+            f"rounds (`{versions['command']}`):",
+            "",
+            table(
+                ["host", "Snakemake", "servesweep s", "plain s", "ratio (wall)", "ratio (CPU)"],
+                rows,
+            ),
+            "",
+            f"Under {old} the workflow is {span(by[old])}x the plain Snakefile, under the "
+            f"1.6x guard; under {new} {span(by[new])}x, while the plain Snakefile (no "
+            "`script:`) takes about the same time under both. The lock stays on 9.27.1: "
+            "9.21.1 (no rerun when a checkpoint job is missing but its downstream file "
+            "exists; collect_results is a checkpoint), "
+            "9.26.0 (spurious reruns from checking the wrong copy of an output's info) and "
+            "9.21.0/9.23.1 (logger plugins flushed and closed at the end; the workflow's "
+            "console is one) fix what this workflow promises: rerun exactly the cells whose "
+            "measurement changed. A spurious rerun costs GPU hours; the check costs about 5 s "
+            "of a 10k-cell plan.",
+        ]
+    )
 
 
 def orchestration_section(data: dict[str, Any], before: dict[str, Any] | None) -> str:
@@ -523,6 +579,37 @@ def aggregation_section(data: dict[str, Any], before: dict[str, Any] | None) -> 
         "",
         f"{p['cell_repeats']:,} raw records of {p['requests_per_record']} requests each "
         f"({p['shape']}); stages: {p['stages']}.",
+        *_aggregation_figures(data),
+    ]
+    if h200 := data.get("h200"):
+        q = h200["provenance"]
+        out += [
+            "",
+            f"On the H200 host (the host of issue 29's figures; {q['cpus']} cores, Python "
+            f"{q['python']}, {q['measured_at']}, commit `{q['git_sha']}` + this stop's changes; "
+            "`tools/rehearsal/bench_h200.sh aggregation`), the same script:",
+            *_aggregation_figures(h200),
+        ]
+    if data.get("snakemake_profile") or (h200 or {}).get("snakemake_profile"):
+        out += [
+            "",
+            "`Job.is_pipe_or_service_input` runs once per input file when a job starts "
+            "(`Job.prepare`) and walks the job's dependencies until it finds the one that "
+            "makes the file: for collect_results, 20k inputs (raw record and GPU snapshot of "
+            "each cell) against 10k run_cell jobs, about 10^8 set lookups, quadratic in the "
+            "cells. The `all` job pays it again at the end of a real run (10k raw files; "
+            "Snakemake prepares target jobs without an action too). A plain Snakefile (a "
+            "gathering job and `all` over the files of N one-file jobs, `--cores 1 -R gather` "
+            "with every file present, the 2-core machine) spent, beyond its dry-run, 3.1 s at "
+            "2,500, 5.7 s at 5,000 and 15.0 s at 10,000 jobs. Snakemake's cost, not the "
+            "workflow's, and outside the goal's figure (the two job processes); at the "
+            "hundreds of cells of a real cluster matrix it is under a second.",
+        ]
+    return "\n".join(out)
+
+
+def _aggregation_figures(data: dict[str, Any]) -> list[str]:
+    out = [
         "",
         table(
             ["stage", "process s", "script body s"],
@@ -534,6 +621,25 @@ def aggregation_section(data: dict[str, Any], before: dict[str, Any] | None) -> 
         f"{data['results_csv_rows']:,} rows, {data['summary_cells']:,} cells, "
         f"{data['summary_deltas']:,} deltas.",
     ]
+    if data.get("snakemake_s") is not None:
+        jobs_s = sum(s["process_s"] for s in data["stages"])
+        out += [
+            "",
+            f"The whole `snakemake` call took {num(data['snakemake_s'])} s, "
+            f"{num(data['snakemake_s'] - jobs_s)} s of it outside the three job processes "
+            "(Snakemake building the DAG of 10k cells and starting the jobs).",
+        ]
+    if prof := data.get("snakemake_profile"):
+        out += [
+            "",
+            f"Snakemake's own process under cProfile ({num(prof['profiled_s'])} s profiled), "
+            "the functions that took the most time themselves:",
+            "",
+            table(
+                ["function", "calls", "own s", "cumulative s"],
+                [[f"`{r[0]}`", r[1], r[2], r[3]] for r in prof["top_own"]],
+            ),
+        ]
     for s in data["stages"]:
         if s.get("top_cumulative"):
             out += [
@@ -545,7 +651,7 @@ def aggregation_section(data: dict[str, Any], before: dict[str, Any] | None) -> 
                     [[f"`{r[0]}`", r[1], r[2], r[3]] for r in _work(s["top_cumulative"])[:8]],
                 ),
             ]
-    return "\n".join(out)
+    return out
 
 
 def large_run_section(data: dict[str, Any], before: dict[str, Any] | None) -> str:
@@ -778,6 +884,10 @@ def render(results: Path) -> str:
     before = {n: data for n in ITEMS if (data := load(results, f"{n}.before")) is not None}
     if "planning" in found and (h200 := load(results, "planning.h200")) is not None:
         found["planning"]["h200"] = h200
+    if "planning" in found and (versions := load(results, "planning.versions")) is not None:
+        found["planning"]["versions"] = versions
+    if "aggregation" in found and (h200 := load(results, "aggregation.h200")) is not None:
+        found["aggregation"]["h200"] = h200
     if "client" in found and (h200 := load(results, "client.h200")) is not None:
         found["client"]["h200"] = h200
     parts = [

@@ -66,13 +66,27 @@ def test_every_benchmark_has_a_smoke_run() -> None:
     assert scripts == {*SMOKED_HERE, *SMOKED_IN_WORKFLOW}
 
 
-def test_client_smoke_exits_0_and_measures_the_wrapped_client(tmp_path: Path) -> None:
+@pytest.mark.parametrize("cores", ["1", "0,1"])
+def test_client_smoke_exits_0_and_measures_the_wrapped_client(tmp_path: Path, cores: str) -> None:
+    """Against one sim process, and against two on one port (--server-cores 0,1)."""
     out = tmp_path / "client.json"
-    proc = run_benchmark("client", "--out", str(out), tmp_path=tmp_path)
+    proc = run_benchmark("client", "--out", str(out), "--server-cores", cores, tmp_path=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["runs"] and all(r["wrapped_process"]["returncode"] == 0 for r in result["runs"])
     assert all(c["ok"] or not c["enforced"] for c in result["checks"])
+    assert result["params"]["server_cores"] == [int(c) for c in cores.split(",")]
+
+
+def test_performance_doc_is_rendered_from_the_committed_results() -> None:
+    """docs/performance.md is what make_performance_doc renders from benchmarks/results/ (a
+    result file changed without the doc, or the doc edited by hand, fails here)."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import make_performance_doc as doc
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    assert doc.render(BENCHMARKS / "results") == (REPO / "docs" / "performance.md").read_text()
 
 
 def test_gpu_check_smoke_exits_0_with_a_stub_that_follows_the_load(tmp_path: Path) -> None:
