@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,9 @@ def _setup(tmp_path: Path, faults: dict | None = None, server: dict | None = Non
     raw = deep_update(
         yaml.safe_load(DEFAULT_CONFIG.read_text()),
         {
-            "run_id": "unit-cells",
+            # Its own run id: a cell stops any client left with its labels (run, pool,
+            # owner) before starting one, so tests on parallel workers must not share them.
+            "run_id": f"unit-cells-{uuid.uuid4().hex[:6]}",
             "engine": {
                 "port": free_port(),
                 "dist_init_port": free_port(),
