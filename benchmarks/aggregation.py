@@ -4,19 +4,21 @@ Writes a synthetic run in a scratch directory: N cell-repeats (10 server configs
 configs x 5 repeats of the default experiment), each a raw record as run_cell writes it (the
 builtin client's record code, per-request details, what the cell was measured with), a GPU
 snapshot as this machine writes it, server logs and the image and preflight evidence. Then runs
-`snakemake --allowed-rules collect_results scan_logs summarize` on it with the repo's Snakefile:
-the rules' own input, output, params and log, nothing copied here. Each stage's time is its job
+`snakemake --cores N --allowed-rules collect_results scan_logs summarize` on it with the repo's
+Snakefile: the rules' own input, output, params, threads and log, nothing copied here (N: this
+machine's CPUs; collect_results and summarize fork a worker per core). Each stage's time is its job
 process's wall time (a fresh interpreter with its imports, as in the workflow), taken by a
 sitecustomize hook on the run's PYTHONPATH (HOOK), the median of `--repeats` runs (3; the runs
 after the first force the three rules); `--profile` runs the stages once more under cProfile
-and adds their top functions.
+and adds their top functions (of the job's own process, not its workers').
 
 Checks (exit 1, each failure named): the goal, results.csv + summary.json <= 8 s for 10,000
 records, a timing; sanity bounds: one results.csv row per record, a summary with
 cells and deltas. `--smoke` (50 records of 5 requests, seconds) enforces the sanity bounds and
 reports the goal without failing on it: at that size the figure is start-up and noise.
 
-    python benchmarks/aggregation.py [--cell-repeats 10000] [--requests 40] [--profile] [--smoke]
+    python benchmarks/aggregation.py [--cell-repeats 10000] [--requests 40] [--cores N]
+                                     [--profile] [--smoke]
 """
 
 from __future__ import annotations
@@ -187,12 +189,19 @@ def write_run(*, workdir: Path, config: dict[str, Any], requests: int) -> tuple[
 
 
 def run_rules(
-    *, workdir: Path, configfile: Path, target: Path, env: dict[str, str], forcerun: bool
+    *,
+    workdir: Path,
+    configfile: Path,
+    target: Path,
+    env: dict[str, str],
+    forcerun: bool,
+    cores: int,
 ) -> float:
-    """`snakemake --cores 1 --allowed-rules STAGES TARGET` on the run in `workdir` with the
-    repo's Snakefile and profile: the workflow's own jobs. Returns its wall time."""
+    """`snakemake --cores CORES --allowed-rules STAGES TARGET` on the run in `workdir` with the
+    repo's Snakefile and profile: the workflow's own jobs (collect_results and summarize use
+    every core, their rules' threads). Returns its wall time."""
     argv = [snakemake_exe(), "-s", str(REPO / "Snakefile"), "-d", str(workdir)]
-    argv += ["--configfile", str(configfile), "--cores", "1", "--allowed-rules", *STAGES]
+    argv += ["--configfile", str(configfile), "--cores", str(cores), "--allowed-rules", *STAGES]
     argv += ["--forcerun", *STAGES] if forcerun else []
     started = time.perf_counter()
     res = subprocess.run(
@@ -285,6 +294,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cell-repeats", type=int, default=None, help="default 10000 (smoke: 50)")
     p.add_argument("--requests", type=int, default=None, help="per record (default 40; smoke: 5)")
     p.add_argument("--repeats", type=int, default=None, help="runs; medians (default 3, smoke 1)")
+    p.add_argument(
+        "--cores",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="snakemake --cores: the processes collect_results and summarize use (default: "
+        "this machine's CPUs)",
+    )
     p.add_argument("--profile", action="store_true")
     add_common_args(p)
     args = p.parse_args(argv)
@@ -337,7 +353,12 @@ def main(argv: list[str] | None = None) -> int:
             env["SERVESWEEP_BENCH_TIMES"] = str(times)
             snakemake_s.append(
                 run_rules(
-                    workdir=tmp, configfile=configfile, target=target, env=env, forcerun=k > 0
+                    workdir=tmp,
+                    configfile=configfile,
+                    target=target,
+                    env=env,
+                    forcerun=k > 0,
+                    cores=args.cores,
                 )
             )
             runs.append(stage_times(times, paths.logs))
@@ -353,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
                 target=target,
                 env=env_p,
                 forcerun=True,
+                cores=args.cores,
             )
             for row, profiled in zip(stages, stage_times(times_p, paths.logs), strict=True):
                 row["profiled_process_s"] = profiled["process_s"]
@@ -374,10 +396,12 @@ def main(argv: list[str] | None = None) -> int:
             "cell_repeats": n,
             "requests_per_record": args.requests,
             "repeats": args.repeats,
+            "cores": args.cores,
             "smoke": args.smoke,
             "shape": "10 server configs x N/50 client configs x 5 repeats, default experiment",
             "stages": "rules collect_results, scan_logs, summarize run by `snakemake "
-            "--allowed-rules` on the repo's Snakefile; each stage's time is its job process's "
+            f"--allowed-rules --cores {args.cores}` on the repo's Snakefile (collect_results "
+            "and summarize fork one worker per core); each stage's time is its job process's "
             "(a fresh interpreter with its imports, as the workflow runs them), median of "
             f"{args.repeats} run(s)",
         },

@@ -18,6 +18,8 @@ checkpoint collect_results:
         requests=str(PATHS.requests_csv),
     log:
         f"{LOGS}/collect_results.log",
+    # The cells are read in this many processes (the run's last jobs: its cores are free).
+    threads: TABLE_THREADS
     params:
         # Sorted: the matrix's key order must not rerun it (docs/identity.md).
         cells=sorted(AGGREGATED_KEYS),
@@ -43,6 +45,8 @@ rule summarize:
         ),
     log:
         f"{LOGS}/summarize.log",
+    # The cells are resampled in this many processes (the same figures for any number).
+    threads: TABLE_THREADS
     params:
         baseline=CONFIGURED.baseline,
         server_axes=SERVER_AXES,

@@ -18,6 +18,7 @@ from servesweep.config.load import load_experiment, unnarrowed_env
 from servesweep.config.matrix import axis_names, measured_config
 from servesweep.config.paths import RunPaths, aggregate_cells
 from servesweep.core.errors import ConfigError
+from servesweep.core.parallel import usable_cores
 from servesweep.measure.provenance import CellParams
 from servesweep.serving.engines import check_experiment
 from servesweep.workflow import progress
@@ -81,6 +82,9 @@ SERVER_AXES, CLIENT_AXES = axis_names(CONFIGURED)
 # scan_logs counts them in every server log (the per-cell minimums are run_cell's).
 EVIDENCE_PATTERNS = {name: p.pattern for name, p in EXP.evidence.items()}
 PLOT_X = next(iter(axis_names(EXP)[1]), None) if not EXP.cases else None
+# collect_results and summarize fork a worker per thread: every CPU here, which Snakemake caps
+# at --cores (`workflow.cores` is an error where no --cores is given: --report, --lint).
+TABLE_THREADS = usable_cores()
 
 
 wildcard_constraints:

@@ -12,4 +12,5 @@ if __name__ == "__main__":
             gpu=snakemake.input.gpu,
             results_csv=snakemake.output.csv,
             requests_csv=snakemake.output.requests,
+            workers=snakemake.threads,
         )

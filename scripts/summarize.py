@@ -14,4 +14,5 @@ if __name__ == "__main__":
             logscan=snakemake.input.logscan,
             warmup=snakemake.input.warmup,
             out=snakemake.output.json,
+            workers=snakemake.threads,
         )

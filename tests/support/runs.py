@@ -31,6 +31,26 @@ def template(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
+def request_details(n: int) -> dict:
+    """Per-request details of n one-token requests agreeing with REC_0523's figures."""
+    ttft = template(REC_0523)["median_ttft_ms"] / 1000
+    return {
+        "input_lens": [16384] * n,
+        "output_lens": [1] * n,
+        "ttfts": [ttft] * n,
+        "itls": [[]] * n,
+        "generated_texts": ["x"] * n,
+        "errors": [""] * n,
+    }
+
+
+def detailed_template(root: Path) -> Path:
+    """REC_0523 with its 40 requests' details (request-level resampling), written in root."""
+    path = root / "bench_serving-0.5.23-details.jsonl"
+    path.write_text(json.dumps({**template(REC_0523), **request_details(40)}) + "\n")
+    return path
+
+
 def experiment(*, workload_of: Path | None = None, **env: str):
     """The default experiment; `workload_of`: with the workload a template record was run with
     (collect_results checks each record against its cell's workload)."""
@@ -90,9 +110,9 @@ def make_run(root: Path, exp, *, base: Path = REC_0523, backend=None) -> RunPath
     return paths
 
 
-def collect(cells, paths: RunPaths):
+def collect(cells, paths: RunPaths, **kw):
     """results.collect_results over a run's files, as the workflow's job calls it:
-    (results table, requests table)."""
+    (results table, requests table); `kw`: its other arguments."""
     from servesweep.analysis.results import collect_results
 
     return collect_results(
@@ -100,4 +120,5 @@ def collect(cells, paths: RunPaths):
         cells=cells,
         raw=[paths.raw(c) for c in cells],
         gpu=[paths.gpu(c) for c in cells],
+        **kw,
     )

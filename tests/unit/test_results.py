@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from servesweep.analysis import results
 from servesweep.config.matrix import cell_repeats
 from servesweep.config.schema import SaturationConfig
+from servesweep.core import parallel
 from servesweep.core.errors import CellFailed
 from servesweep.measure.loadgen import usage
 from servesweep.measure.records import BenchRecord, read_record, write_record
@@ -19,8 +21,10 @@ from tests.support.runs import (
     REC_059,
     REC_BUILTIN,
     collect,
+    detailed_template,
     experiment,
     make_run,
+    request_details,
     template,
 )
 
@@ -173,6 +177,18 @@ def test_collect_results_default_matrix(tmp_path):
     assert row["gpu_util_mean_pct"] == 100
 
 
+def test_records_read_in_worker_processes_give_the_same_tables(tmp_path, monkeypatch):
+    monkeypatch.setattr(parallel, "MIN_PER_WORKER", 1)  # 24 cell-repeats: fork anyway
+    exp = experiment()
+    paths = make_run(tmp_path / "run", exp, base=detailed_template(tmp_path))
+    cells = cell_repeats(exp)
+    one, one_requests = collect(cells, paths)
+    three, three_requests = collect(cells, paths, workers=3)
+    pd.testing.assert_frame_equal(three, one)
+    pd.testing.assert_frame_equal(three_requests, one_requests)
+    assert len(one_requests) > len(one)  # per-request rows came back from the workers
+
+
 def test_sim_rows_say_so_and_carry_figures_in_simulated_time(tmp_path):
     exp = experiment()
     paths = make_run(tmp_path, exp)
@@ -198,6 +214,27 @@ def test_results_csv_floats_have_eight_significant_digits(tmp_path):
     results.write_results_csv(pd.DataFrame({"a": values, "b": "x"}), tmp_path / "r.csv")
     lines = (tmp_path / "r.csv").read_text().splitlines()
     assert lines == ["a,b", "207786.59,x", "0.023745413,x", "13.0,x", ",x"]
+
+
+def test_results_csv_floats_are_numpys_positional_form_of_eight_digits():
+    rng = np.random.default_rng(7)
+    values = [
+        *(rng.standard_normal(3000) * 10.0 ** rng.integers(-9, 22, 3000)).tolist(),
+        *(float(f"{v:.7e}") for v in rng.random(1000) * 1000),  # already rounded, as collected
+        0.0,
+        -0.0,
+        1.0,
+        13.0,
+        1e-4,
+        9.9999999e-5,
+        1e16,
+        123456789.0,
+        0.1 + 0.2,
+        math.inf,
+    ]
+    for v in values:
+        want = np.format_float_positional(v, precision=8, unique=True, fractional=False, trim="0")
+        assert results._significant(v) == want, v
 
 
 def test_results_csv_round_trip(tmp_path):
@@ -284,18 +321,6 @@ def test_requests_csv_round_trips_every_float_exactly(tmp_path):
     assert back["tpot_ms"].isna().sum() == 1, "a one-token output has no TPOT"
 
 
-def _details(n: int) -> dict:
-    ttft = template(REC_0523)["median_ttft_ms"] / 1000  # agrees with the summary figures
-    return {
-        "input_lens": [16384] * n,
-        "output_lens": [1] * n,
-        "ttfts": [ttft] * n,
-        "itls": [[]] * n,
-        "generated_texts": ["x"] * n,
-        "errors": [""] * n,
-    }
-
-
 @pytest.mark.parametrize(
     ("edit", "problem"),
     [
@@ -309,9 +334,9 @@ def test_edited_record_is_rejected_like_the_cell_rejects_it(tmp_path, edit, prob
     paths = make_run(tmp_path, exp)
     cells = cell_repeats(exp)
     victim = paths.raw(cells[3])
-    write_record(victim, {**template(REC_0523), **_details(40)})
+    write_record(victim, {**template(REC_0523), **request_details(40)})
     collect(cells, paths)  # the untouched record passes
-    write_record(victim, {**template(REC_0523), **_details(40), **edit})
+    write_record(victim, {**template(REC_0523), **request_details(40), **edit})
     with pytest.raises(CellFailed) as err:
         collect(cells, paths)
     text = str(err.value)

@@ -12,6 +12,7 @@ from servesweep.analysis import summary
 from servesweep.analysis.results import read_results_csv, write_results_csv
 from servesweep.config.matrix import cell_repeats
 from servesweep.config.paths import RunPaths
+from servesweep.core import parallel
 from servesweep.core.errors import CellFailed
 from servesweep.measure.records import write_record
 from tests.support.runs import (
@@ -19,6 +20,7 @@ from tests.support.runs import (
     REC_059,
     REC_BUILTIN,
     collect,
+    detailed_template,
     experiment,
     make_run,
     template,
@@ -31,6 +33,8 @@ def summary_of(exp, results: pd.DataFrame, **kw) -> dict:
         baseline=kw.get("baseline", exp.baseline),
         server_axes=list(exp.matrix.server),
         client_axes=list(exp.matrix.client),
+        requests=kw.get("requests"),
+        workers=kw.get("workers", 1),
     )
 
 
@@ -140,6 +144,21 @@ def test_tpot_is_summarized_when_requests_produce_tokens(tmp_path):
     s = summary_of(exp, df)
     assert "tpot_p50_ms" in s["cells"][0]["metrics"]
     assert s["deltas"][0]["metrics"]["tpot_p50_ms"]["delta_pct"] == pytest.approx(-10.0)
+
+
+def test_cells_resampled_in_worker_processes_give_the_same_summary(tmp_path, monkeypatch):
+    monkeypatch.setattr(parallel, "MIN_PER_WORKER", 1)  # 8 cells: fork anyway
+    exp = experiment()
+    paths = make_run(tmp_path / "run", exp, base=detailed_template(tmp_path))
+    df, requests_df = collect(cell_repeats(exp), paths)
+    requests = summary.load_requests(results=df, requests=requests_df)
+    one = summary_of(exp, df, requests=requests)
+    three = summary_of(exp, df, requests=requests, workers=3)
+    assert json.dumps(three) == json.dumps(one)
+    assert one["method"]["resampled"]["ttft_p99_ms"] == "repeats+requests"
+    assert len(one["deltas"]) == 4 and all(
+        "ci_low" in c["metrics"]["ttft_p99_ms"] for c in one["cells"]
+    )
 
 
 def test_summary_of_old_records_without_p95(tmp_path):

@@ -10,7 +10,8 @@
 #   ab               dryrun_ab.py, 3 rounds at 10k: the checkout, the older tree if carried, the
 #                    plain Snakefile, and both again under the Snakemake in .bundle/sm-alt if
 #                    carried (pip install --target): dryrun_ab.json
-#   aggregation      aggregation.py --repeats 1 --profile: aggregation.json
+#   aggregation[=N]  aggregation.py --repeats 3 --cores N (default: every CPU; 1: one process
+#                    per job, as before the workers): aggregation-N.json
 #   client=CORES     client.py with the sim on CORES (1, 1-4, ...): client-CORES.json; the sim's
 #                    cores are its processes on one port (client.py --server-cores)
 set -u
@@ -46,9 +47,11 @@ for step in "$@"; do
     [ -d .bundle/sm-alt ] && alt=(ALT_SNAKEMAKE="$PWD/.bundle/sm-alt")
     run ab 300 env "${alt[@]}" OUT="$out" python3 tools/rehearsal/dryrun_ab.py 3
     ;;
-  aggregation)
-    run aggregation 300 python3 benchmarks/aggregation.py --repeats 1 --profile \
-      --out "$out/aggregation.json"
+  aggregation | aggregation=*)
+    cores=$(nproc)
+    [ "$step" = aggregation ] || cores=${step#aggregation=}
+    run "aggregation-$cores" 290 python3 benchmarks/aggregation.py --repeats 3 --cores "$cores" \
+      --out "$out/aggregation-$cores.json"
     ;;
   client=*)
     cores=${step#client=}

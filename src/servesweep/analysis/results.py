@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from servesweep.config.matrix import CellRepeat
 from servesweep.config.schema import MIN_RETOKENIZED_RATIO, SaturationConfig, SloConfig
 from servesweep.core.errors import CellFailed
 from servesweep.core.files import atomic_open
+from servesweep.core.parallel import map_chunks
 from servesweep.measure import isolation, provenance, validation
 from servesweep.measure.loadgen import selfcheck, usage
 from servesweep.measure.records import BenchRecord, read_record
@@ -398,6 +400,7 @@ def collect_results(
     saturation: SaturationConfig | None = None,
     engine_kind: str = "sglang",
     time_scale: float | None = None,
+    workers: int = 1,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """results.csv (one row per cell-repeat) and requests.csv (one row per successful request)
     of a run, from the raw records and GPU files of `cells` (in the same order); goodput
@@ -405,16 +408,55 @@ def collect_results(
     kind and, for the sim, its `time_scale` (engine_figures).
 
     `measured_with`: per cell, what the current config measures it with; records measured
-    with anything else are one CellFailed naming the cells and the differing keys."""
+    with anything else are one CellFailed naming the cells and the differing keys. The cells
+    are read in `workers` processes (core.parallel)."""
     slo, saturation = slo or SloConfig(), saturation or SaturationConfig()
     if not len(cells) == len(raw) == len(gpu):
         raise ValueError(f"{len(cells)} cells, {len(raw)} raw files, {len(gpu)} GPU files")
     server_axes = _axis_names(c.server.axes for c in cells)
     client_axes = _axis_names(c.client.axes for c in cells)
-    rows, requests = [], []
-    stale: list[tuple[str, str, list[str]]] = []
     expected = list(measured_with) if measured_with is not None else [None] * len(cells)
-    for cell, raw_path, gpu_path, want in zip(cells, raw, gpu, expected, strict=True):
+    read = partial(
+        _read_cells,
+        run_id=run_id,
+        min_retokenized_ratio=min_retokenized_ratio,
+        slo=slo,
+        saturation=saturation,
+        engine_kind=engine_kind,
+        time_scale=time_scale,
+    )
+    items = list(zip(cells, raw, gpu, expected, strict=True))
+    read_rows = map_chunks(read, items, workers=workers)
+    rows = [row for row, _, _ in read_rows]
+    requests = [per_request for _, per_request, _ in read_rows]
+    stale = [s for _, _, found in read_rows for s in found]
+    provenance.check_current(stale)
+    columns = result_columns(server_axes, client_axes)
+    found = dict.fromkeys(k for row in rows for k in row if k.startswith(evidence.COLUMN_PREFIX))
+    df = pd.DataFrame(rows, columns=[*columns, *found])
+    for col in (*INTEGER_METRICS, "gpu_count"):
+        df[col] = pd.to_numeric(df[col]).astype("Int64")
+    df = significant(df)
+    log.info("collected %d cell-repeats of run %s", len(df), run_id)
+    keys = [(c.server.id, c.client.id, c.repeat) for c in cells]
+    return df, request_table(keys, requests)
+
+
+def _read_cells(
+    items: Sequence[tuple[CellRepeat, Path, Path, Mapping[str, Any] | None]],
+    *,
+    run_id: str,
+    min_retokenized_ratio: float,
+    slo: SloConfig,
+    saturation: SaturationConfig,
+    engine_kind: str,
+    time_scale: float | None,
+) -> list[tuple[dict[str, Any], Requests, list[tuple[str, str, list[str]]]]]:
+    """Per (cell, raw file, GPU file, measured_with): its results.csv row, its per-request
+    figures and the stale findings of its record (provenance.check_current)."""
+    out = []
+    for cell, raw_path, gpu_path, want in items:
+        stale: list[tuple[str, str, list[str]]] = []
         metrics, (per_request, details) = read_cell(
             Path(raw_path),
             cell=cell,
@@ -432,22 +474,11 @@ def collect_results(
             saturation=saturation,
         )
         engine = engine_figures(metrics, engine_kind=engine_kind, time_scale=time_scale)
-        rows.append(
-            result_row(
-                run_id=run_id, cell=cell, metrics=metrics, gpu={**gpu_row, **extra}, engine=engine
-            )
+        row = result_row(
+            run_id=run_id, cell=cell, metrics=metrics, gpu={**gpu_row, **extra}, engine=engine
         )
-        requests.append(per_request)
-    provenance.check_current(stale)
-    columns = result_columns(server_axes, client_axes)
-    found = dict.fromkeys(k for row in rows for k in row if k.startswith(evidence.COLUMN_PREFIX))
-    df = pd.DataFrame(rows, columns=[*columns, *found])
-    for col in (*INTEGER_METRICS, "gpu_count"):
-        df[col] = pd.to_numeric(df[col]).astype("Int64")
-    df = significant(df)
-    log.info("collected %d cell-repeats of run %s", len(df), run_id)
-    keys = [(c.server.id, c.client.id, c.repeat) for c in cells]
-    return df, request_table(keys, requests)
+        out.append((row, per_request, stale))
+    return out
 
 
 def request_table(
@@ -484,9 +515,16 @@ def significant(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _significant(value: float) -> str:
-    return np.format_float_positional(
-        value, precision=SIGNIFICANT_DIGITS, unique=True, fractional=False, trim="0"
-    )
+    """`value` to SIGNIFICANT_DIGITS, positional, trailing zeros trimmed to one ("13.0"):
+    numpy's format_float_positional(precision, unique, fractional=False, trim="0"), whose
+    digits are the shortest repr of the rounded value; numpy itself only where that repr
+    has an exponent (below 1e-4, from 1e16; ~10x slower per value)."""
+    text = repr(float(f"{value:.{SIGNIFICANT_DIGITS - 1}e}"))
+    if "e" in text or "n" in text:  # an exponent, inf or nan
+        return np.format_float_positional(
+            value, precision=SIGNIFICANT_DIGITS, unique=True, fractional=False, trim="0"
+        )
+    return text
 
 
 def write_results_csv(df: pd.DataFrame, path: str | Path) -> None:

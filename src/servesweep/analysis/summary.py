@@ -7,6 +7,7 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from servesweep.analysis.planned import (  # noqa: F401 (re-exported: the summar
 )
 from servesweep.core.files import write_text_atomic
 from servesweep.core.jsontext import indented_json
+from servesweep.core.parallel import map_chunks
 from servesweep.measure.records import read_record
 
 log = logging.getLogger(__name__)
@@ -403,46 +405,80 @@ def _analyse(
     baseline: Mapping[str, Any],
     requests: RequestData | None,
     bootstrap: stats.Bootstrap | None,
+    workers: int = 1,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str | None]:
-    """Cells and deltas in one pass; only baseline cells' replicates are kept in memory."""
+    """Cells and deltas, in cell order. A baseline cell and its candidates are one group (its
+    replicates are drawn once, kept only while the group is analysed); the groups are
+    analysed in `workers` processes (core.parallel). Every cell's replicates are seeded by
+    its own key, so the figures do not depend on the grouping or the workers."""
     twins, note = _twins([cell.axes for cell in cells], baseline)
-    kept: dict[int, dict[str, stats.Replicates | None]] = {}
-    keep = set(twins.values())
+    groups: dict[int, list[int]] = {}
+    for i in range(len(cells)):
+        groups.setdefault(twins.get(i, i), []).append(i)
+    axis, value = next(iter(baseline.items())) if baseline else (None, None)
+    analyse = partial(
+        _analyse_groups,
+        cells=cells,
+        twins=twins,
+        axis=str(axis),
+        value=value,
+        requests=requests,
+        bootstrap=bootstrap,
+    )
+    entries: list[dict[str, Any]] = [{} for _ in cells]
+    deltas: dict[int, dict[str, Any]] = {}
+    for group in map_chunks(analyse, list(groups.values()), workers=workers):
+        for i, entry, delta in group:
+            entries[i] = entry
+            if delta is not None:
+                deltas[i] = delta
+    return entries, [deltas[i] for i in sorted(deltas)], note
+
+
+def _analyse_groups(
+    groups: Sequence[Sequence[int]],
+    *,
+    cells: Sequence[_Cell],
+    twins: Mapping[int, int],
+    axis: str,
+    value: Any,
+    requests: RequestData | None,
+    bootstrap: stats.Bootstrap | None,
+) -> list[list[tuple[int, dict[str, Any], dict[str, Any] | None]]]:
+    """Per group of cell indices: (index, cell entry, delta entry or None) of each member."""
 
     def replicates(i: int) -> dict[str, stats.Replicates | None] | None:
         if bootstrap is None:
             return None
-        if i in kept:
-            return kept[i]
         cell = cells[i]
-        reps = stats.cell_replicates(
+        return stats.cell_replicates(
             values=cell.values,
             requests=_row_requests(cell.ids, requests),
             key=_cell_key(cell.ids, cell.axes),
             bootstrap=bootstrap,
         )
-        if i in keep:
-            kept[i] = reps
-        return reps
 
-    axis, value = next(iter(baseline.items())) if baseline else (None, None)
-    cell_entries, deltas = [], []
-    for i, cell in enumerate(cells):
-        reps = replicates(i)
-        cell_entries.append(_cell_entry(cell, reps, bootstrap))
-        if i in twins:
-            deltas.append(
-                _delta_entry(
-                    cell,
-                    cells[twins[i]],
-                    axis=str(axis),
+    out = []
+    for members in groups:
+        base = twins.get(members[0], members[0])  # the group's baseline cell (or its only one)
+        base_reps = replicates(base)
+        analysed = []
+        for i in members:
+            reps = base_reps if i == base else replicates(i)
+            delta = None
+            if i in twins:
+                delta = _delta_entry(
+                    cells[i],
+                    cells[base],
+                    axis=axis,
                     value=value,
                     reps=reps,
-                    base_reps=replicates(twins[i]),
+                    base_reps=base_reps,
                     bootstrap=bootstrap,
                 )
-            )
-    return cell_entries, deltas, note
+            analysed.append((i, _cell_entry(cells[i], reps, bootstrap), delta))
+        out.append(analysed)
+    return out
 
 
 def summarize_cells(
@@ -495,11 +531,13 @@ def summarize(
     client_axes: Sequence[str],
     requests: RequestData | None = None,
     bootstrap: stats.Bootstrap | None = stats.DEFAULT,
+    workers: int = 1,
 ) -> dict[str, Any]:
     """JSON-ready summary: per-cell medians and intervals, deltas vs the baseline, verdicts.
 
     `requests` (from load_requests) enables request-level resampling; `bootstrap=None`
-    gives medians and point deltas only (no intervals, verdicts `unknown`).
+    gives medians and point deltas only (no intervals, verdicts `unknown`); `workers`:
+    processes that resample (the same figures for any number).
     """
     axes = [*server_axes, *client_axes]
     missing = [a for a in axes if a not in results.columns]
@@ -507,7 +545,7 @@ def summarize(
         raise ValueError(f"results have no column(s) for axes {missing}")
     cells = _cells(results, _cell_positions(results, axes)) if len(results) else []
     entries, deltas, note = _analyse(
-        cells, baseline=dict(baseline), requests=requests, bootstrap=bootstrap
+        cells, baseline=dict(baseline), requests=requests, bootstrap=bootstrap, workers=workers
     )
     _control_fdr(deltas, bootstrap)
     run_ids = sorted({str(r) for r in results["run_id"]}) if "run_id" in results else []

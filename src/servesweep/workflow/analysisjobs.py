@@ -32,10 +32,12 @@ def collect_results(
     gpu: Sequence[PathLike],
     results_csv: PathLike,
     requests_csv: PathLike,
+    workers: int = 1,
 ) -> None:
     """Rule collect_results: results.csv (one row per cell-repeat) and requests.csv (one row
     per request) from the raw records and GPU snapshots of `cell_keys` (the selected cells and
-    every other finished one of the configured matrix; `raw` and `gpu` in matrix order)."""
+    every other finished one of the configured matrix; `raw` and `gpu` in matrix order), read
+    in `workers` processes (the rule's threads)."""
     from servesweep.analysis.results import collect_results as collect
     from servesweep.analysis.results import write_requests_csv, write_results_csv
     from servesweep.cluster.pools import pooled_cells
@@ -68,6 +70,7 @@ def collect_results(
         saturation=exp.client.saturation,
         engine_kind=exp.engine.kind,
         time_scale=exp.engine.sim.time_scale,
+        workers=workers,
     )
     write_results_csv(results, results_csv)
     write_requests_csv(requests, requests_csv)
@@ -99,9 +102,11 @@ def summarize(
     logscan: PathLike,
     warmup: Sequence[PathLike],
     out: PathLike,
+    workers: int = 1,
 ) -> None:
     """Rule summarize: medians, intervals, verdicts, final log scan and warm-ups; `baseline`
-    and the axes are the rule's params (a changed baseline reruns it)."""
+    and the axes are the rule's params (a changed baseline reruns it); the cells are resampled
+    in `workers` processes (the rule's threads)."""
     from servesweep.analysis.summary import load_requests, warmups, write_summary
     from servesweep.analysis.summary import summarize as summarize_results
     from servesweep.analysis.tables import read_requests_csv, read_results_csv
@@ -113,6 +118,7 @@ def summarize(
         server_axes=list(server_axes),
         client_axes=list(client_axes),
         requests=load_requests(results=results, requests=read_requests_csv(requests_csv)),
+        workers=workers,
     )
     scan = json.loads(Path(logscan).read_text())
     summary["log_scan"] = {k: v for k, v in scan.items() if k != "per_log"}
