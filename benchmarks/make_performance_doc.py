@@ -587,9 +587,25 @@ def aggregation_section(data: dict[str, Any], before: dict[str, Any] | None) -> 
             "",
             f"On the H200 host (the host of issue 29's figures; {q['cpus']} cores, Python "
             f"{q['python']}, {q['measured_at']}, commit `{q['git_sha']}` + this stop's changes; "
-            "`tools/rehearsal/bench_h200.sh aggregation`), the same script:",
+            "`tools/rehearsal/bench_h200.sh aggregation aggregation=1`), the same script with "
+            f"`--cores {h200['params'].get('cores', 1)}`:",
             *_aggregation_figures(h200),
         ]
+        if one := h200.get("cores_1"):
+            stages = {s["stage"]: s["process_s"] for s in one["stages"]}
+            out += [
+                "",
+                f"The same host in the same call with `--cores 1` (one process per job, as "
+                f"before the workers): {num(one['csv_plus_summary_s'])} s (collect_results "
+                f"{num(stages['collect_results'])} + summarize {num(stages['summarize'])} s). "
+                "collect_results forks a worker per core that reads a contiguous share of the "
+                "records; summarize one that resamples a share of the baseline groups (a "
+                "baseline cell and its candidates); each cell's replicates are seeded by its "
+                "key, so summary.json is the same for any number of workers "
+                "(`tests/unit/test_summary.py`). The rest of each job does not divide over "
+                "workers: its imports, and assembling and writing the tables in its own "
+                "process.",
+            ]
     if data.get("snakemake_profile") or (h200 or {}).get("snakemake_profile"):
         out += [
             "",
@@ -854,6 +870,10 @@ def summary_rows(
         if name in before:
             was = f"{headline(before[name])[1]} (`{before[name]['provenance']['git_sha']}`)"
         rows.append([label, goal, was, measured, verdict])
+        if name == "aggregation" and (h200 := found[name].get("h200")):
+            goal, measured, verdict = headline(h200)
+            cores = h200["params"].get("cores", 1)
+            rows.append([f"{label} (H200 host, {cores} cores)", goal, "-", measured, verdict])
         for data in (found[name].get("h200") or {}).get("by_sim_cores", []):
             cores = len(data["params"]["server_cores"])
             if name == "client" and cores > 1:
@@ -888,6 +908,7 @@ def render(results: Path) -> str:
         found["planning"]["versions"] = versions
     if "aggregation" in found and (h200 := load(results, "aggregation.h200")) is not None:
         found["aggregation"]["h200"] = h200
+        h200["cores_1"] = load(results, "aggregation.h200.cores-1")
     if "client" in found and (h200 := load(results, "client.h200")) is not None:
         found["client"]["h200"] = h200
     parts = [
