@@ -115,15 +115,26 @@ def test_an_interrupted_cell_job_stops_the_client_it_started(tmp_path: Path) -> 
     """Ctrl-C or SIGTERM that reaches the cell job but not its client (an SSH node's container,
     a client that half-handles it) leaves no client behind: the job stops it on the way out."""
     exp, paths, manager, cell = _setup(tmp_path, {"hang_at": [1, 2, 3, 4]})
+    # The server hangs on purpose: its stall watchdog (120 s by default) must not end the cell
+    # before this test's own deadline does.
+    exp = exp.model_copy(
+        update={"validation": exp.validation.model_copy(update={"stall_timeout_s": 600.0})}
+    )
     node = exp.cluster.nodes[0]
     labels = client_labels(exp=exp, manager=manager)
     interrupted: list[str] = []
+    seen: list[str] = []  # each search's outcome, for the failure message
 
     def interrupt_once_the_client_runs() -> None:
         deadline = time.monotonic() + 120
-        while not manager.runtime.find(node, labels) and time.monotonic() < deadline:
+        while not interrupted and time.monotonic() < deadline:
+            started = time.monotonic()
+            try:
+                interrupted.extend(manager.runtime.find(node, labels))
+                seen.append(f"{len(interrupted)} in {time.monotonic() - started:.1f}s")
+            except Exception as exc:  # noqa: BLE001 (reported by the assertion below)
+                seen.append(f"{type(exc).__name__}: {exc}")
             time.sleep(0.1)
-        interrupted.extend(manager.runtime.find(node, labels))
         signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # this process only
 
     thread = threading.Thread(target=interrupt_once_the_client_runs, daemon=True)
@@ -135,7 +146,7 @@ def test_an_interrupted_cell_job_stops_the_client_it_started(tmp_path: Path) -> 
     finally:
         thread.join()
         manager.stop_all(reason="test")
-    assert interrupted, "the client never started"
+    assert interrupted, f"the client was never found; searches: {seen[:3]} ... {seen[-3:]}"
     assert left == [], "the interrupted job left its client"
     assert not paths.raw(cell).exists() and not paths.gpu(cell).exists()
 
