@@ -137,6 +137,8 @@ def test_an_interrupted_cell_job_stops_the_client_it_started(tmp_path: Path) -> 
             time.sleep(0.1)
         signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # this process only
 
+    # Ctrl-C as a terminal delivers it, whatever handler an earlier test in this worker left.
+    found_handler = signal.signal(signal.SIGINT, signal.default_int_handler)
     thread = threading.Thread(target=interrupt_once_the_client_runs, daemon=True)
     thread.start()
     try:
@@ -146,7 +148,11 @@ def test_an_interrupted_cell_job_stops_the_client_it_started(tmp_path: Path) -> 
     finally:
         thread.join()
         manager.stop_all(reason="test")
-    assert interrupted, f"the client was never found; searches: {seen[:3]} ... {seen[-3:]}"
+        signal.signal(signal.SIGINT, found_handler)
+    assert interrupted, (
+        f"the client was never found; searches: {seen[:3]} ... {seen[-3:]}; "
+        f"SIGINT handler found: {found_handler!r}"
+    )
     assert left == [], "the interrupted job left its client"
     assert not paths.raw(cell).exists() and not paths.gpu(cell).exists()
 
