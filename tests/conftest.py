@@ -6,7 +6,9 @@ import ast
 import functools
 import importlib.util
 import os
+import signal
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -158,3 +160,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return 1 if any(item.get_closest_marker(m) for m in WHOLE_RUN_MARKERS) else 3
 
     items.sort(key=kind)
+
+
+@pytest.fixture(autouse=True)
+def _sigint_handler_restored(request: pytest.FixtureRequest):
+    """A test that leaves another SIGINT handler in its worker gets a warning naming it, and
+    the handler is put back: a later test's Ctrl-C must reach the main thread (a leaked
+    handler once made test_cells' interrupted-cell test wait out its server's watchdog)."""
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    after = signal.getsignal(signal.SIGINT)
+    if after is not before:
+        signal.signal(signal.SIGINT, before)
+        warnings.warn(f"{request.node.nodeid} left SIGINT handler {after!r}", stacklevel=1)
