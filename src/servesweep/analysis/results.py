@@ -515,16 +515,9 @@ def significant(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _significant(value: float) -> str:
-    """`value` to SIGNIFICANT_DIGITS, positional, trailing zeros trimmed to one ("13.0"):
-    numpy's format_float_positional(precision, unique, fractional=False, trim="0"), whose
-    digits are the shortest repr of the rounded value; numpy itself only where that repr
-    has an exponent (below 1e-4, from 1e16; ~10x slower per value)."""
-    text = repr(float(f"{value:.{SIGNIFICANT_DIGITS - 1}e}"))
-    if "e" in text or "n" in text:  # an exponent, inf or nan
-        return np.format_float_positional(
-            value, precision=SIGNIFICANT_DIGITS, unique=True, fractional=False, trim="0"
-        )
-    return text
+    return np.format_float_positional(
+        value, precision=SIGNIFICANT_DIGITS, unique=True, fractional=False, trim="0"
+    )
 
 
 def write_results_csv(df: pd.DataFrame, path: str | Path) -> None:
