@@ -37,7 +37,9 @@ def test_sims_with_reuse_port_share_one_port_and_both_serve(tmp_path: Path) -> N
         with start_sim(argv=second_argv, log_path=tmp_path / "b.log") as second:
             assert second.wait_ready().url == url
             body = json.dumps({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}})
-            sent = 40
+            # Odd, so the two processes' counts cannot be equal: equal counts would collapse
+            # into one value in `counts` (CI saw {20.0} when each served 20 of 40).
+            sent = 41
             for _ in range(sent):  # urllib: one connection per request
                 req = urllib.request.Request(f"{url}/generate", data=body.encode())
                 with urllib.request.urlopen(req, timeout=10) as resp:
@@ -53,5 +55,5 @@ def test_sims_with_reuse_port_share_one_port_and_both_serve(tmp_path: Path) -> N
                 }
             assert second.stop() == 0
         assert first.stop() == 0
-    # Each process counts what it served: two counts, together every request.
-    assert len(counts) == 2 and sum(counts) == sent, counts
+    # Each process counts what it served: two counts, both non-zero, together every request.
+    assert len(counts) == 2 and 0 not in counts and sum(counts) == sent, counts
