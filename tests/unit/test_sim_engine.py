@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from servesweep.sim import engine as engine_module
 from servesweep.sim.costmodel import CostModel, Topology
 from servesweep.sim.engine import Engine
 from servesweep.sim.scheduler import RequestRejected, new_scheduler
@@ -43,6 +44,35 @@ def test_wall_time_follows_simulated_time_times_scale() -> None:
     sim, wall, seen = asyncio.run(main())
     assert wall >= 0.99 * sim * 0.05
     assert seen[-1] == 3 and seen == sorted(seen)
+
+
+def test_crash_falls_in_the_batch_of_request_n_though_the_batch_ends_in_one_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--sim-crash-after N: CI saw a whole second cell's batch finish in one step, so a crash
+    keyed on N requests *delivered* never came. Keyed on request N in flight, it always does."""
+
+    class Crashed(Exception):
+        pass
+
+    def crash(*, message: str, code: int = 1) -> None:
+        raise Crashed(message)
+
+    monkeypatch.setattr(engine_module, "fatal_exit", crash)
+
+    async def main() -> list[bool]:
+        eng = Engine(scheduler=engine(0).scheduler, time_scale=0, crash_after=1)
+        task = asyncio.create_task(eng.run())
+        await eng.run_to_completion(prompt_tokens=8, max_new_tokens=1)  # uncounted (warmup)
+        first = eng.submit(prompt_tokens=16, max_new_tokens=2, counted=True)  # request 0
+        while not first.finished:
+            await first.wait_change()
+        batch = [eng.submit(prompt_tokens=16, max_new_tokens=2, counted=True) for _ in range(3)]
+        with pytest.raises(Crashed, match="injected by --sim-crash-after 1"):
+            await asyncio.wait_for(task, timeout=10)  # no crash: TimeoutError
+        return [s.finished for s in batch]
+
+    assert asyncio.run(main()) == [False, False, False]
 
 
 def test_streams_get_cumulative_ids_and_words() -> None:

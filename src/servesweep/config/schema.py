@@ -336,8 +336,9 @@ class SimFaults(Strict):
 
     fail_start: bool = False
     fail_start_nodes: list[str] = Field(default_factory=list)  # fail_start on these nodes only
+    # Crash in the batch of request #crash_after (0-based arrival order, as http_500_at).
     crash_after: int | None = Field(default=None, ge=0)
-    # How the crash after crash_after shows: the scheduler's traceback, another process's crash
+    # How that crash shows: the scheduler's traceback, another process's crash
     # header (the detokenizer's), or a native library's fatal signal (UCX `Caught signal 11`).
     crash_kind: Literal["scheduler", "detokenizer", "native"] = "scheduler"
     # The PD router: after this many requests every worker's circuit is open (503, Rust line).

@@ -169,7 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="N",
-        help="after N requests completed, crash on the next one (scheduler traceback)",
+        help="crash at the first step with request N (0-based arrival order, health checks "
+        "excluded) in flight: N requests before it may finish, it never does",
     )
     sim.add_argument(
         "--sim-crash-kind",

@@ -36,7 +36,7 @@ class RequestStream:
 
     req: SimRequest
     seq: int
-    counted: bool
+    counted_index: int | None  # arrival order among counted requests; None: uncounted
     arrival_wall: float
     output_ids: list[int] = field(default_factory=list)
     text: str = ""
@@ -49,6 +49,10 @@ class RequestStream:
     @property
     def rid(self) -> str:
         return self.req.rid
+
+    @property
+    def counted(self) -> bool:
+        return self.counted_index is not None
 
     @property
     def e2e_latency(self) -> float | None:
@@ -82,8 +86,9 @@ class Engine:
 
     `time_scale` 0 is the zero-cost mode: no sleeping at all, steps run back to back (one
     event-loop yield each) so clients can be benchmarked against the HTTP layer alone.
-    `crash_after`: once that many counted requests were fully delivered, the next step that
-    involves a counted request kills the process: with SGLang's scheduler traceback, or as
+    `crash_after` N: the first step with counted request N (0-based arrival order) in flight
+    kills the process, so the crash falls inside that request's batch whatever else finishes in
+    the same step. It shows with SGLang's scheduler traceback, or as
     `crash_kind` says, the detokenizer process's crash header or a native library's fatal
     signal (UCX's `Caught signal 11`, then SIGSEGV)."""
 
@@ -102,7 +107,7 @@ class Engine:
         self.crash_after = crash_after
         self.crash_kind = crash_kind
         self.stats = EngineStats()
-        self.delivered = 0
+        self.counted_arrivals = 0
         self._streams: dict[str, RequestStream] = {}
         self._seq = 0
         self._wake = asyncio.Event()
@@ -147,12 +152,13 @@ class Engine:
         stream = RequestStream(
             req=req,
             seq=self._seq,
-            counted=counted,
+            counted_index=self.counted_arrivals if counted else None,
             arrival_wall=self._loop.time() if arrival_wall is None else arrival_wall,
             first_token=first_token,
             skip_special_tokens=skip_special_tokens,
         )
         self._seq += 1
+        self.counted_arrivals += counted
         self._streams[req.rid] = stream
         self._wake.set()
         return stream
@@ -161,11 +167,6 @@ class Engine:
         """Drop a request (client gone, injected error); frees its KV reservation."""
         self.scheduler.abort(stream.req)
         self._streams.pop(stream.rid, None)
-
-    def mark_delivered(self, stream: RequestStream) -> None:
-        """The HTTP side finished sending this request's response."""
-        if stream.counted:
-            self.delivered += 1
 
     async def wait_step(self) -> None:
         """Wait for the next completed step."""
@@ -194,14 +195,10 @@ class Engine:
 
     # ------------------------------------------------------------------ loop
 
-    def _counted_in_flight(self) -> bool:
-        return any(s.counted for s in self._streams.values())
-
     def _check_crash(self) -> None:
-        if (
-            self.crash_after is not None
-            and self.delivered >= self.crash_after
-            and self._counted_in_flight()
+        if self.crash_after is not None and any(
+            s.counted_index is not None and s.counted_index >= self.crash_after
+            for s in self._streams.values()
         ):
             injected = f"--sim-crash-after {self.crash_after}"
             if self.crash_kind == "native":

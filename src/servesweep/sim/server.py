@@ -501,7 +501,7 @@ class SimServer:
         write_events: Callable[[web.StreamResponse], Awaitable[None]],
     ) -> web.StreamResponse:
         """An SSE response with the events `write_events` writes: a client that disconnects or
-        a cancelled handler aborts the request, a finished stream marks it delivered."""
+        a cancelled handler aborts the request."""
         resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
         try:
             await resp.prepare(request)
@@ -513,7 +513,6 @@ class SimServer:
         except asyncio.CancelledError:
             self.engine.abort(stream)
             raise
-        self.engine.mark_delivered(stream)
         return resp
 
     async def _generate_whole(
@@ -525,7 +524,6 @@ class SimServer:
                 self.engine.abort(stream)
                 logger.warning(f"Request #{index}: injected error (--sim-midstream-error-at).")
                 return _error(400, f"Injected error for request #{index}.", openai=False)
-        self.engine.mark_delivered(stream)
         return web.json_response(self._generate_chunk(stream, prompt))
 
     async def _midstream_error(
@@ -578,7 +576,6 @@ class SimServer:
                 if midstream:
                     self.engine.abort(stream)
                     return _error(400, f"Injected error for request #{index}.", openai=True)
-            self.engine.mark_delivered(stream)
             choice = {
                 "index": 0,
                 "text": stream.text,
@@ -701,7 +698,6 @@ class SimServer:
                     "first_token_id": first,
                 }
             )
-        self.engine.mark_delivered(stream)
         if openai:
             body: dict[str, Any] = {
                 "id": f"cmpl-{uuid.uuid4().hex}",
