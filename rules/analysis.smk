@@ -9,6 +9,7 @@ checkpoint collect_results:
         gpu=AGGREGATED_GPU,
         # Not read: brings image checks + preflight into every DAG that needs cells.
         prerequisites=PREREQUISITES,
+        equivalence=EQUIVALENCE,
     output:
         csv=report(
             str(PATHS.results_csv),
@@ -37,6 +38,7 @@ rule summarize:
         requests=PATHS.requests_csv,
         logscan=PATHS.logscan_json,
         warmup=ancient(service_files("warmup")),
+        equivalence=EQUIVALENCE,
     output:
         json=report(
             str(PATHS.summary_json),
@@ -55,6 +57,22 @@ rule summarize:
         "summary.json: medians over repeats and deltas vs the baseline"
     script:
         "../scripts/summarize.py"
+
+
+rule compare_outputs:
+    input:
+        probes=PROBES,
+    output:
+        json=str(PATHS.equivalence_json),
+    log:
+        f"{LOGS}/compare_outputs.log",
+    params:
+        baseline=CONFIGURED.baseline,
+        tolerance=EXP.equivalence.logprob_tolerance,
+    message:
+        "equivalence.json: each candidate's answers against its baseline's"
+    script:
+        "../scripts/compare_outputs.py"
 
 
 rule scan_logs:

@@ -28,6 +28,27 @@ rule run_cell:
         "../scripts/run_cell.py"
 
 
+rule probe_outputs:
+    input:
+        prerequisites=CELL_PREREQUISITES,
+    output:
+        json=PATHS.probe_pattern,
+    log:
+        f"{LOGS}/probe_outputs/{{server}}.log",
+    # Right after its server's start and warm-up, before its cells (config/matrix.py).
+    priority: probe_priority_of
+    resources:
+        **PROBE_RESOURCES,
+    params:
+        fingerprint=probe_fingerprint,
+        # A changed probe reruns the probe, never the cells (they do not depend on it).
+        probe=PROBE_KEY,
+    message:
+        "equivalence probe of server {wildcards.server}: greedy answers and top-k logprobs"
+    script:
+        "../scripts/probe_outputs.py"
+
+
 rule preflight:
     input:
         builds=ancient(BUILDS),

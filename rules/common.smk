@@ -15,10 +15,16 @@ from servesweep.analysis.planned import (
 from servesweep.analysis.reference import load_reference
 from servesweep.cluster import pools
 from servesweep.config.load import load_experiment, unnarrowed_env
-from servesweep.config.matrix import axis_names, measured_config
+from servesweep.config.matrix import (
+    axis_names,
+    client_specs,
+    measured_config,
+    probe_priority,
+)
 from servesweep.config.paths import RunPaths, aggregate_cells
 from servesweep.core.errors import ConfigError
 from servesweep.core.parallel import usable_cores
+from servesweep.measure.probe import probe_key
 from servesweep.measure.provenance import CellParams
 from servesweep.serving.engines import check_experiment
 from servesweep.workflow import progress
@@ -136,9 +142,22 @@ def cell_pool(wildcards):
     return cell_of(wildcards).server.pool
 
 
+def probe_fingerprint(wildcards):
+    return SERVERS[wildcards.server].fingerprint
+
+
+def probe_priority_of(wildcards):
+    return PROBE_PRIORITIES[wildcards.server]
+
+
+def probe_pool(wildcards):
+    return SERVERS[wildcards.server].pool
+
+
 # run_cell takes its pool's resource (profiles/default: pool_<i>=1); image checks and
 # preflight take every pool's.
 CELL_RESOURCES = pools.cell_resources(POOLS, cell_pool)
+PROBE_RESOURCES = pools.cell_resources(POOLS, probe_pool)
 EVERY_POOL = pools.every_pool(POOLS)
 
 
@@ -180,7 +199,32 @@ BUILD_LOGS = [str(p) for p in PATHS.build_logs(EXP)]
 # constant list, not an input function: 10k calls of one cost ~0.4x a plain dry-run
 # (docs/architecture.md).
 PREREQUISITES = [*BUILDS, str(PATHS.preflight)]
-PREREQUISITE_PRIORITY = max(cell.priority for cell in CELLS.values()) + 1
+# The equivalence probe of each server config (measure.probe), right before its cells.
+PROBE_KEY = probe_key(EXP)
+SERVERS = {spec.id: spec for spec in SPECS}
+PROBE_PRIORITIES = {
+    spec.id: probe_priority(spec, repeats=EXP.repeats, clients=len(client_specs(EXP)))
+    for spec in SPECS
+}
+# Every probed server config of the aggregate: this run's selection, and the configured
+# ones a narrowed run leaves alone but probed before.
+PROBES = (
+    [
+        str(PATHS.probe(server))
+        for server in dict.fromkeys(cell.server.id for cell in AGGREGATED)
+        if server in SERVERS or PATHS.probe(server).exists()
+    ]
+    if EXP.equivalence.enabled
+    else []
+)
+EQUIVALENCE = [str(PATHS.equivalence_json)] if PROBES else []
+PREREQUISITE_PRIORITY = (
+    max(
+        max(cell.priority for cell in CELLS.values()),
+        max(PROBE_PRIORITIES.values()),
+    )
+    + 1
+)
 FRESH_RUN = next((PATHS.root / "raw").glob("*/*/r*.jsonl"), None) is None
 CELL_PREREQUISITES = (
     [p for p in PREREQUISITES if not os.path.exists(p)] if FRESH_RUN else []

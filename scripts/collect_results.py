@@ -13,4 +13,5 @@ if __name__ == "__main__":
             results_csv=snakemake.output.csv,
             requests_csv=snakemake.output.requests,
             workers=snakemake.threads,
+            equivalence=snakemake.input.equivalence,
         )

@@ -15,4 +15,5 @@ if __name__ == "__main__":
             warmup=snakemake.input.warmup,
             out=snakemake.output.json,
             workers=snakemake.threads,
+            equivalence=snakemake.input.equivalence,
         )

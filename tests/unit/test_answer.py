@@ -109,6 +109,15 @@ def test_the_block_ends_with_the_warnings_and_the_paths():
     assert "Warnings: none" in calm
 
 
+def test_a_streamed_cell_with_a_tpot_of_zero_is_a_warning():
+    text = block(results=RESULTS.assign(tpot_zero=[False, True, False]))
+    assert (
+        "  - TPOT p50 of 0.00 ms in 1 of 3 cell-repeats (b/concurrency~8) that stream outputs "
+        "of more than one token: a measurement error" in text
+    )
+    assert "TPOT" not in block(results=RESULTS.assign(tpot_zero=False))
+
+
 def test_the_console_and_the_report_state_each_warning_in_the_same_words():
     """Issue 27: one definition per fact (analysis.cautions), not two drifting copies."""
     from servesweep.analysis import landing

@@ -54,3 +54,32 @@ def test_pd_on_separate_gpus_of_one_host(capsys: pytest.CaptureFixture[str]) -> 
     clients = [ln for ln in lines if "loadgen.builtin" in ln]
     assert len(clients) == 6 and all(f"127.0.0.1:{router_port} " in ln for ln in clients)
     assert "warning: runtime.env.MOONCAKE_PROTOCOL = 'tcp' is a guess" in err
+
+
+def test_pd_on_one_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    """Seed 003's flow on one GPU (h200_pd_rehearsal.yaml): both roles on GPU 0 with their
+    memory shares, the six cases and seed 003's suites, 3 repeats; the GPU is read once."""
+    exp = load_experiment_file(CONFIGS / "h200_pd_rehearsal.yaml", {})
+    assert exp.cluster.gpu_ids == {"p0": [0], "d0": [0]} and exp.cluster.gpus_per_node == 1
+    assert len(cell_repeats(exp)) == 6 * 3
+    assert exp.suites == {
+        "standard": ["64-8-c1", "1k-16-c1-nonstream", "16k-1-c1", "16k-1-c8"],
+        "decode512": ["16k-512-c1"],
+        "decode512-c8": ["16k-512-c8"],
+    }
+    standard = load_experiment_file(CONFIGS / "h200_pd_rehearsal.yaml", {"SUITE": "standard"})
+    assert len(cell_repeats(standard)) == 4 * 3
+    assert {n: exp.cluster.telemetry_gpus(n) for n in exp.cluster.nodes} == {"p0": [0], "d0": []}
+    lines, err = commands("h200_pd_rehearsal", capsys)
+    prefill, decode, router = (
+        next(ln for ln in lines if f"SERVESWEEP_LABEL_ROLE={role}" in ln)
+        for role in ("prefill", "decode", "router")
+    )
+    for line, mode in ((prefill, "prefill"), (decode, "decode")):
+        assert "CUDA_VISIBLE_DEVICES=0 " in line and f"--disaggregation-mode {mode}" in line
+        assert "--mem-fraction-static 0.3" in line and "--cuda-graph-max-bs 8" in line
+    assert "CUDA_VISIBLE_DEVICES" not in router and "sglang_router.launch_router" in router
+    assert lines.index(next(ln for ln in lines if "role prefill" in ln)) < lines.index(
+        next(ln for ln in lines if "role decode" in ln)
+    )  # prefill starts (and is ready) before decode
+    assert "warning: runtime.env.MOONCAKE_PROTOCOL = 'tcp' is a guess" in err

@@ -4,21 +4,26 @@ from __future__ import annotations
 
 import json
 import math
+from functools import partial
 
 import pandas as pd
 import pytest
 
-from servesweep.analysis import results
+from servesweep.analysis import results, summary
+from servesweep.analysis.cautions import cautions
+from servesweep.config.load import load_experiment_file
 from servesweep.config.matrix import cell_repeats
 from servesweep.config.schema import SaturationConfig
 from servesweep.core import parallel
 from servesweep.core.errors import CellFailed
-from servesweep.measure.loadgen import usage
+from servesweep.measure.loadgen import builtin, usage
+from servesweep.measure.loadgen.metrics import RequestResult, build_record
 from servesweep.measure.records import BenchRecord, read_record, write_record
 from tests.support.runs import (
     REC_0523,
     REC_059,
     REC_BUILTIN,
+    REPO,
     collect,
     detailed_template,
     experiment,
@@ -35,7 +40,7 @@ def test_record_metrics_of_bench_serving_0523():
     m = results.record_metrics(read_record(REC_0523))
     assert list(m) == [*results.METRICS, *results.DERIVED]
     for column, key in results.METRICS.items():
-        if key.startswith("client_") or column in results.ONE_TOKEN_BLANK:
+        if key.startswith("client_") or column in results.TOKEN_TIMING:
             # the builtin's self-check: bench_serving has none; TPOT/ITL of 1-token outputs
             assert math.isnan(m[column]), column
             continue
@@ -351,3 +356,136 @@ def test_corrupt_gpu_snapshot_is_one_line_naming_the_file(tmp_path, corrupt):
     assert "\n" not in text
     assert text.startswith(f"cell {cells[2].key}: GPU snapshot {gpu}: ")
     assert text.endswith(f"delete {gpu} to rerun the cell")
+
+
+# ---------------------------------------------------------------- TPOT and ITL: N/A or flagged
+
+PD_LOCAL = REPO / "config" / "experiments" / "pd_standard_local.yaml"
+
+
+def builtin_record(workload, *, buffered: bool = False) -> dict:
+    """The record the builtin client writes for `workload` (its parser and metrics): one
+    `/generate` body per request without streaming, else a chunk per token 30 ms apart, all at
+    once if `buffered` (a router that holds the stream back)."""
+    done = []
+    for i in range(workload.num_requests):
+        start, n = 10.0 * i, workload.output_len
+        res = RequestResult(
+            input_len=workload.input_len, prompt_len=workload.input_len, start_time=start
+        )
+
+        def chunk(k: int) -> bytes:
+            meta = {"completion_tokens": k, "prompt_tokens": workload.input_len}
+            return json.dumps({"text": "w " * k, "meta_info": meta}).encode()
+
+        if workload.stream:
+            times = [start + 0.5 + (0.0 if buffered else 0.03 * k) for k in range(n)]
+            times.append(times[-1])  # [DONE] right after the last token
+            lines = [b"data: " + chunk(k + 1) for k in range(n)] + [b"data: [DONE]"]
+        else:
+            times, lines = [start + 0.9], [chunk(n)]
+        builtin.parse_lines(lines, times, res)
+        done.append(res)
+    settings = {
+        "tag": "t",
+        "backend": "sglang",
+        "dataset_name": "random-ids",
+        "request_rate": math.inf,
+        "max_concurrency": workload.concurrency,
+        "sharegpt_output_len": None,
+        "random_input_len": workload.input_len,
+        "random_output_len": workload.output_len,
+        "random_range_ratio": 1.0,
+    }
+    return build_record(
+        settings=settings,
+        server_info=None,
+        accept_length=None,
+        duration_s=10.0 * workload.num_requests,
+        results=done,
+    )
+
+
+def pd_case_run(tmp_path, records):
+    """Seed 003's local PD cells named in `records` (case -> record builder), their raw records
+    written (no GPU files): (results table, requests table)."""
+    cells = [c for c in cell_repeats(load_experiment_file(PD_LOCAL)) if c.client.id[5:] in records]
+    raw = [tmp_path / f"{c.client.id}.jsonl" for c in cells]
+    for cell, path in zip(cells, raw, strict=True):
+        write_record(path, records[cell.client.id[5:]](cell.workload))
+    gpu = [tmp_path / "no-gpu.csv"] * len(cells)
+    return results.collect_results(run_id="pd", cells=cells, raw=raw, gpu=gpu)
+
+
+STREAM_FIGURES = [
+    c for c in results.result_columns([], []) if c.startswith(("tpot_", "itl_")) and "_p" in c
+]
+
+
+def test_a_non_streamed_case_has_no_tpot_or_itl_anywhere(tmp_path):
+    """Seed 003's `1k-16-c1-nonstream`: TPOT N/A. The client writes 0.0 (its TTFT is the whole
+    response's latency); the workload's `stream: false` makes every TPOT/ITL figure blank."""
+    df, requests = pd_case_run(
+        tmp_path, {"64-8-c1": builtin_record, "1k-16-c1-nonstream": builtin_record}
+    )
+    raw = read_record(tmp_path / "case~1k-16-c1-nonstream.jsonl")
+    assert raw.median_tpot_ms == 0.0 and raw.median_itl_ms == 0.0  # the raw record keeps it
+    streamed, unstreamed = df.iloc[0], df.iloc[1]
+    assert len(STREAM_FIGURES) == 10  # p50, p95 from the record; p90 ... p99_9 from details
+    assert streamed[STREAM_FIGURES].notna().all()
+    assert streamed["tpot_p50_ms"] == pytest.approx(30.0)
+    assert unstreamed[STREAM_FIGURES].isna().all(), unstreamed[STREAM_FIGURES]
+    assert math.isnan(unstreamed["interactivity_tps"])
+    assert not streamed["tpot_zero"] and not unstreamed["tpot_zero"]
+    assert requests["tpot_ms"].isna().tolist() == [False, True]
+    results.write_results_csv(df, tmp_path / "results.csv")
+    back = results.read_results_csv(tmp_path / "results.csv")
+    assert back.loc[1, STREAM_FIGURES].isna().all()  # empty in the file, never 0
+    cells = summary.summarize(
+        results=back, baseline={}, server_axes=[], client_axes=["case"], bootstrap=None
+    )["cells"]
+    tpot = {c["axes"]["case"]: c["metrics"]["tpot_p50_ms"]["median"] for c in cells}
+    assert tpot == {"64-8-c1": pytest.approx(30.0), "1k-16-c1-nonstream": None}
+
+
+def test_a_streamed_tpot_of_zero_is_flagged_and_warned(tmp_path):
+    """Every token of a streamed 8-token output arriving at once gives TPOT 0.00: flagged
+    (results.csv tpot_zero) and said in the answer's warnings, not reported as a speed."""
+    df, _ = pd_case_run(
+        tmp_path,
+        {
+            "64-8-c1": partial(builtin_record, buffered=True),
+            "1k-16-c1-nonstream": builtin_record,  # 0.0 too, but undefined: not flagged
+            "16k-1-c1": builtin_record,  # one token: no TPOT, not flagged
+        },
+    )
+    assert df["tpot_zero"].tolist() == [True, False, False]
+    assert df.loc[0, "tpot_p50_ms"] == 0.0
+    said = [w for w in cautions(summary={}, results=df, events=[]) if "TPOT" in w]
+    assert said == [
+        "TPOT p50 of 0.00 ms in 1 of 3 cell-repeats (pd/case~64-8-c1) that stream outputs of "
+        "more than one token: a measurement error (the tokens arrived at once, e.g. through a "
+        "buffering router), not a decode speed (tpot_zero in results.csv)."
+    ]
+
+
+def test_tpot_zero_needs_a_streamed_multi_token_workload():
+    smoke = load_experiment_file(PD_LOCAL).workload  # 64 -> 8, streamed
+    assert results.tpot_zero({"tpot_p50_ms": 0.004}, workload=smoke)
+    assert not results.tpot_zero({"tpot_p50_ms": 0.005}, workload=smoke)
+    assert not results.tpot_zero({"tpot_p50_ms": math.nan}, workload=smoke)
+    assert not results.tpot_zero(
+        {"tpot_p50_ms": 0.0}, workload=smoke.model_copy(update={"stream": False})
+    )
+    assert not results.tpot_zero(
+        {"tpot_p50_ms": 0.0}, workload=smoke.model_copy(update={"output_len": 1})
+    )
+
+
+def test_record_metrics_blank_tpot_and_itl_of_a_record_that_did_not_stream():
+    raw = template(REC_BUILTIN)  # a streamed record: TPOT 11.9 ms
+    assert results.record_metrics(raw)["tpot_p50_ms"] == pytest.approx(raw["median_tpot_ms"])
+    m = results.record_metrics(raw, stream=False)
+    assert all(math.isnan(m[c]) for c in results.TOKEN_TIMING)
+    assert m["ttft_p50_ms"] == pytest.approx(raw["median_ttft_ms"])  # the rest is kept
+    assert results.TOKEN_TIMING == ("tpot_p50_ms", "tpot_p95_ms", "itl_p50_ms")

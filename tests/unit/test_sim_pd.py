@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from servesweep.sim import mooncake
 from servesweep.sim.pd import (
     BOOTSTRAP_LINE,
     EVIDENCE_PATTERNS,
@@ -28,6 +29,7 @@ from servesweep.sim.pd import (
 )
 from servesweep.sim.tokens import WORDS
 from tests.support.simprocess import ROUTER_READY_LINE, SimProcess, start_router, start_sim
+from tests.unit.test_sim_pd_logs import PREFILL_PD
 
 # --sim-clean: these tests compare text with the output ids word for word (no drift pieces)
 FAST = ["--model", "sim/kimi", "--port", "0", "--sim-time-scale", "0.001", "--sim-startup-s", "1"]
@@ -158,6 +160,37 @@ def test_each_request_leaves_matching_evidence_in_both_logs(pd: PD) -> None:
     assert EVIDENCE_PATTERNS == {"prefill": KV_TRANSFER_DONE, "decode": RDMA_READY_ACK}
     assert "Start of pd disaggregation warmup" in pd.decode.log()
     assert "Prefill parallel info for [127.0.0.1:" in pd.decode.log()
+
+
+def test_both_servers_log_sglangs_pd_lines(pd: PD) -> None:
+    """SGLang 0.5.17's batch lines with the PD queues, the bootstrap server's line, and
+    Mooncake's start: RDMA on the prefill server (two IB devices given), TCP on the decode
+    server (none given, so SGLang falls back to auto discovery)."""
+    before = len(pd.prefill.log().splitlines())
+    for _ in range(2):  # 300 tokens: two chunks of 256 each
+        assert post(pd.router.url + "/generate", gen(300, 2, stream=False))[0] == 200
+    new = pd.prefill.log().splitlines()[before:]
+    batches = [line for line in new if "Prefill batch" in line]
+    assert len(batches) >= 4 and all(PREFILL_PD.search(line) for line in batches), batches
+    # the line after each request's last chunk counts it in flight (the pattern
+    # config/experiments/pd_standard.yaml counts as evidence), before its transfer is done
+    inflight = re.compile(r"Prefill batch.*#bootstrap-req: \d+, #inflight-req: [1-9]")
+    sent = counted = 0
+    for line in new:
+        counted += bool(inflight.search(line))
+        if line.split("] ", 1)[-1].startswith(KV_TRANSFER_DONE):
+            sent += 1
+            assert counted >= sent, new
+    assert sum(bool(inflight.search(line)) for line in batches) >= 2
+    prefill, decode = pd.prefill.log(), pd.decode.log()
+    assert re.search(
+        r"\] CommonKVBootstrapServer started successfully on 127\.0\.0\.1:\d+", prefill
+    )
+    assert "Found 2 HCAs." in prefill and mooncake.RDMA_TRANSPORT in prefill
+    assert mooncake.NO_IB_DEVICES not in prefill and mooncake.NO_IB_DEVICES in decode
+    assert "Found 0 HCAs." in decode and mooncake.TCP_TRANSPORT in decode
+    assert mooncake.SEGMENT_NOT_FOUND not in prefill + decode  # --sim-clean: no benign noise
+    assert "Prefill batch" not in decode  # a decode server's batches are prebuilt
 
 
 def test_null_bootstrap_port_means_the_decode_servers_own_port(pd: PD) -> None:

@@ -163,9 +163,15 @@ def test_stream_passes_the_decode_servers_events_through(setup: Setup) -> None:
     assert status == 200 and json.loads(raw)["echo"]["bootstrap_host"] == "127.0.0.1"
 
 
-def test_there_is_no_server_info_like_the_real_mini_lb(setup: Setup) -> None:
-    assert http("GET", setup.router.url + "/server_info")[0] == 404
+def test_there_is_no_server_info_or_metrics_like_the_real_mini_lb(setup: Setup) -> None:
+    # sglang-router 0.3.2's mini-LB answered 404 to both (one H100, 2026-12-07), FastAPI's body
+    for path in ("/server_info", "/metrics"):
+        status, raw = http("GET", setup.router.url + path)
+        assert (status, json.loads(raw)) == (404, {"detail": "Not Found"}), path
     assert http("GET", setup.router.url + "/health")[0] == 200
+    status, raw = http("GET", setup.router.url + "/generate")  # a POST route
+    assert (status, json.loads(raw)) == (405, {"detail": "Method Not Allowed"})
+    assert not [m for m, p, _ in setup.backends["d1"].seen if p in ("/server_info", "/metrics")]
 
 
 def test_get_server_info_collects_both_roles(setup: Setup) -> None:

@@ -330,3 +330,29 @@ def test_abort_inside_the_pipeline_frees_its_kv_when_the_batch_retires() -> None
         result = s.step()
         assert a not in result.finished
     assert b.finished and s.kv_used == 0 and not s.pipeline
+
+
+@pytest.mark.parametrize("piped", [False, True])
+def test_pending_tokens_are_what_is_left_to_prefill(piped: bool) -> None:
+    """SGLang's #pending-token, kept as a count: the queue's prompts plus the rest of partly
+    prefilled requests, through chunks, the pipeline and aborts."""
+    import random
+
+    rng = random.Random(7)
+    model = PIPED if piped else QUIET
+    s = sched(topology=PP8 if piped else REF, model=model, chunked_prefill_size=4096)
+    live: list[SimRequest] = []
+    for k in range(300):
+        if rng.random() < 0.3:
+            r = req(str(k), rng.randint(1, 12000), rng.randint(1, 4))
+            s.submit(r)
+            live.append(r)
+        if live and rng.random() < 0.05:
+            s.abort(live.pop(rng.randrange(len(live))))
+        if s.has_work:
+            s.step()
+        left = [r for r in [*s.waiting, *s.running] if not r.prefill_done]
+        assert s.pending_tokens == sum(r.prompt_tokens - r.prefilled for r in left)
+    while s.has_work:
+        s.step()
+    assert s.pending_tokens == 0

@@ -68,6 +68,18 @@ def test_requests_of_a_record_with_details():
     assert reqs.tpot == pytest.approx([10.0, 15.0, 30.0])  # sum(itls) / (output_len - 1)
 
 
+def test_details_of_a_response_that_did_not_stream_have_no_tpot_or_itl():
+    # the builtin's and bench_serving's non-streamed request: TTFT = latency, no ITL (TPOT 0)
+    record = BenchRecord(ttfts=[0.9, 0.8], itls=[[], []], output_lens=[16, 16], errors=["", ""])
+    assert stats.request_details(record).tpot == pytest.approx([0.0, 0.0])  # streamed: 0
+    details = stats.request_details(record, stream=False)
+    assert np.isnan(details.tpot).all() and details.itl.size == 0
+    assert details.ttft == pytest.approx([900.0, 800.0])
+    assert details.e2e == pytest.approx(details.ttft)
+    streamed = BenchRecord(ttfts=[0.5], itls=[[0.01, 0.03]], output_lens=[3], errors=[""])
+    assert stats.request_details(streamed, stream=False).itl.size == 0
+
+
 def test_requests_of_one_token_outputs_and_missing_details():
     one = BenchRecord(ttfts=[0.1, 0.2], itls=[[], []], output_lens=[1, 1], errors=["", ""])
     reqs = stats.requests_of(one)

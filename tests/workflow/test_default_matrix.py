@@ -251,12 +251,17 @@ def test_every_declared_log_is_written(run_dir: Path) -> None:
         "write_manifest.log",
         "write_landing_page.log",
         "write_report.log",
+        "compare_outputs.log",
     }
     cell_logs = sorted(run_dir.glob("logs/run_cell/*/*/r*.log"))
     bench_logs = sorted(run_dir.glob("bench/*/*/r*.log"))
+    probe_logs = sorted(run_dir.glob("logs/probe_outputs/*.log"))
     assert len(cell_logs) == len(bench_logs) == 24
+    assert len(probe_logs) == len(list(run_dir.glob("equivalence/*.json"))) == 4
     empty = [
-        p for p in [*run_dir.glob("logs/*.log"), *cell_logs, *bench_logs] if not p.stat().st_size
+        p
+        for p in [*run_dir.glob("logs/*.log"), *cell_logs, *bench_logs, *probe_logs]
+        if not p.stat().st_size
     ]
     assert not empty, f"declared logs left empty: {empty}"
     assert "cell-done" in cell_logs[0].read_text()

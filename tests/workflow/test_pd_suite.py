@@ -98,6 +98,27 @@ def test_every_case_ran_with_the_requested_tokens(pd_run: Path) -> None:
     assert rows["16K -> 512, C8"].endswith(" ms |")
 
 
+def test_the_non_streamed_case_has_no_tpot_or_itl(pd_run: Path) -> None:
+    """Seed 003: TPOT is N/A for `1k-16-c1-nonstream`, whose client writes 0.0. Blank in
+    results.csv and requests.csv, null in summary.json, N/A against the reference."""
+    nonstream = "case~1k-16-c1-nonstream"
+    raw = json.loads((pd_run / "raw" / "pd" / nonstream / "r1.jsonl").read_text())
+    assert raw["median_tpot_ms"] == 0.0  # the raw record keeps what the client wrote
+    df = pd.read_csv(pd_run / "results.csv").set_index("client_id")
+    timing = [c for c in df.columns if c.startswith(("tpot_p", "itl_p"))]
+    assert len(timing) == 10 and df.loc[nonstream, timing].isna().all()
+    assert df.loc["case~16k-512-c8", timing].notna().all()  # a streamed case keeps them
+    assert not df["tpot_zero"].any()
+    requests = pd.read_csv(pd_run / "requests.csv")
+    assert requests.loc[requests["client_id"] == nonstream, "tpot_ms"].isna().all()
+    summary = json.loads((pd_run / "summary.json").read_text())
+    [cell] = [c for c in summary["cells"] if c["axes"]["case"] == "1k-16-c1-nonstream"]
+    assert cell["metrics"]["tpot_p50_ms"]["median"] is None
+    [row] = [ln for ln in (pd_run / "cases.md").read_text().splitlines() if "nonstream |" in ln]
+    tpot, reference, delta = [c.strip() for c in row.strip(" |").split("|")][-3:]
+    assert tpot == reference == delta == "N/A", row
+
+
 def test_summary_has_warmup_log_scan_and_evidence(pd_run: Path) -> None:
     summary = json.loads((pd_run / "summary.json").read_text())
     assert [w["server_id"] for w in summary["warmup"]] == ["pd"]
@@ -271,6 +292,50 @@ def test_pd_on_one_hosts_gpus_each_node_its_slice(tmp_path: Path) -> None:
         "p01": [0.0, 1.0],
         "d23": [2.0, 3.0],
     }
+
+
+def test_pd_on_one_gpu_reads_the_shared_gpu_once(tmp_path: Path) -> None:
+    """Prefill and decode on GPU 0 of one host (`cluster.gpu_ids` {p0: [0], d0: [0]}, the
+    one-GPU rehearsal's shape): both ranks get CUDA_VISIBLE_DEVICES=0, preflight passes, the
+    roles start one after another, and the GPU file holds GPU 0 once (under p0): one node's
+    power, gpu_shared_by prefill+decode."""
+    shared = {
+        "cluster": {"nodes": ["p0", "d0"], "gpus_per_node": 1, "gpu_ids": {"p0": [0], "d0": [0]}},
+        "roles": {
+            "prefill": {
+                "nodes": ["p0"],
+                "server": {"pp_size": 1, "tp_size": 1, "ep_size": 1, "mem_fraction_static": 0.3},
+            },
+            "decode": {
+                "nodes": ["d0"],
+                "server": {"tp_size": 1, "ep_size": 1, "mem_fraction_static": 0.3},
+            },
+        },
+        "router": {"node": "d0"},
+        "suite": "one",
+        "suites": {"one": ["64-8-c1"]},
+        "reference": None,
+    }
+    cfg = pd_config(tmp_path, "wf-pd-one-gpu", **shared)
+    raw = yaml.safe_load(cfg.read_text())
+    del raw["evidence"]["p_state_slice_mode"]  # SGLang logs it only when P and D TP differ
+    cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
+    table = "results/wf-pd-one-gpu/results.csv"
+    proc = run_snakemake(tmp_path, "--cores", "1", table, "--configfile", str(cfg))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run = tmp_path / "results" / "wf-pd-one-gpu"
+    commands = (run / "service" / "pd" / "commands.sh").read_text()
+    assert commands.count("CUDA_VISIBLE_DEVICES=0 ") == 2
+    events = read_events(run / "orchestrator.log")
+    ready = [f["role"] for _, kind, f in events if kind == "role-ready"]
+    assert ready[:2] == ["prefill", "decode"]
+    gpu = pd.concat(pd.read_csv(p) for p in run.glob("gpu/**/*.csv"))
+    indices = gpu.dropna(subset=["index"]).groupby("node")["index"].unique()
+    assert {node: sorted(ids) for node, ids in indices.items()} == {"p0": [0.0]}
+    results = pd.read_csv(tmp_path / table)
+    assert list(results["gpu_status"]) == ["simulated"]  # the sim's curve: no snapshot count
+    assert results["gpu_node_power_w"].str.fullmatch(r"p0=[\d.]+/[\d.]+").all()
+    assert list(results["gpu_shared_by"]) == ["prefill+decode"]
 
 
 def test_a_router_without_workers_stops_the_run_and_its_log_says_why(tmp_path: Path) -> None:

@@ -11,6 +11,18 @@
 #   x4             the multi-GPU matrix, TP = EP = GPUS (default 4; h200x4_rehearsal.yaml)
 #   pd-probe       seconds: does the PD bundle load here (Mooncake's libraries, the router)?
 #   pd             seed 003's six cases, prefill on GPUs 0-1, decode on 2-3 (h200x4_pd_rehearsal.yaml)
+#   pd1-up         seed 003 on ONE GPU (h200_pd_rehearsal.yaml): servesweep up (prefill, decode,
+#                  router; both engines on GPU 0)
+#   pd1-flow       on that service: SUITE=standard, then decode512 and decode512-c8, each under
+#                  its own RUN_ID (pd-standard, pd-decode512, pd-decode512-c8), 3 repeats each
+#   pd1-bench      the six cases once more with bench_serving on the service (RUN_ID pd-bench,
+#                  PD_BENCH_REPEATS repeats, default 1: 27 s a cell-repeat)
+#   pd1-faults     the decode server killed mid-cell on the service, servesweep down (GPU memory
+#                  back to idle), then the prefill server and the router killed mid-cell, each
+#                  in a run that starts its own servers (tools/rehearsal/kill_role.py)
+#   pd1-transfer   a transfer that cannot work: MOONCAKE_PROTOCOL=rdma on a machine without RDMA
+#   eq-runners     h200_equivalence.yaml: triton vs triton_kernel served whole (one run), triton
+#                  started again under another RUN_ID, and the equivalence of the pairs
 # x4 and pd make the 7.6 B model (X4_MODEL_ARGS). pd-probe and pd need .bundle/pd.tar.xz. The
 # device tool's 64 MiB carry counts the checkout too, so each bundle is carried as parts
 # (NAME.tar.xz.KofN), one per call on a warm machine, which keeps what earlier calls left under
@@ -91,7 +103,7 @@ fi
 python3 -m pip list 2>/dev/null | grep -i -E '^(sglang|sglang-kernel|flashinfer-python|torch|triton|transformers|tokenizers|pandas|numpy|matplotlib|seaborn|aiohttp|snakemake|pydantic) ' \
   | tr -s ' ' | tr '\n' ';' | sed 's/^/[packages] /' | tee -a "$out/run.log"; echo | tee -a "$out/run.log"
 case " ${steps[*]} " in
-*" builtin "* | *" bench_serving "* | *" flow "*)
+*" builtin "* | *" bench_serving "* | *" flow "* | *" pd1-"* | *" eq-runners "*)
   python3 tools/rehearsal/make_model.py "$work/model" 2>&1 | grep -v -i warn | tee -a "$out/run.log"
   mark "model ready in $work/model"
   ;;
@@ -111,6 +123,7 @@ watcher=$!
 trap 'kill $watcher 2>/dev/null' EXIT
 
 cfg=config/experiments/h200_rehearsal.yaml
+pd1=config/experiments/h200_pd_rehearsal.yaml
 gpus=${GPUS:-4}
 x4cfg=config/experiments/h200x4_rehearsal.yaml
 if [ "$gpus" != 4 ]; then # the same matrix on 2 or 8 GPUs: gpus_per_node = tp = ep = GPUS
@@ -132,6 +145,15 @@ snake() { # RUN_ID, then extra env; stops with SIGINT at the budget
   env RUN_ID="$run" "$@" timeout -s INT -k 60 "$rest" python3 -m snakemake --cores 1 all \
     --configfile "$cfg" >>"$out/snakemake-$run.log" 2>&1
   local rc=$?
+  if [ "$rc" != 0 ] && grep -q 'ProbeFailed' "$out/snakemake-$run.log"; then
+    # The equivalence probe found no answer it could read: say so, and measure without it.
+    mark "run $run: the equivalence probe failed: $(grep -m1 'ProbeFailed' "$out/snakemake-$run.log")"
+    python3 -c "import sys, yaml; c = yaml.safe_load(open(sys.argv[1])); c['equivalence'] = {'enabled': False}
+yaml.safe_dump(c, open(sys.argv[2], 'w'), sort_keys=False)" "$cfg" "$work/noprobe-$run.yaml"
+    env RUN_ID="$run" "$@" timeout -s INT -k 60 "$(left)" python3 -m snakemake --cores 1 all \
+      --configfile "$work/noprobe-$run.yaml" >>"$out/snakemake-$run.log" 2>&1
+    rc=$?
+  fi
   mark "run $run: exit $rc; $(grep -c . results/"$run"/results.csv 2>/dev/null || echo 0) lines in results.csv"
   grep -E '^servesweep' "$out/snakemake-$run.log" | tail -5 | tee -a "$out/run.log"
   return $rc
@@ -172,6 +194,66 @@ for step in "${steps[@]}"; do
     mark "pd-probe: $(grep -c '=> not found' "$out/pd-probe.txt") libraries not found; $(grep -c '^ok' "$out/pd-probe.txt") import ok"
     ;;
   pd) cfg=config/experiments/h200x4_pd_rehearsal.yaml snake h200x4-pd-rehearsal ;;
+  pd1-up)
+    mark "pd1: servesweep up ($pd1)"
+    RUN_ID=pd-up python3 -m servesweep.workflow.cli up --configfile "$pd1" >>"$out/pd1-flow.log" 2>&1 \
+      || mark "pd1: up failed: $(tail -1 "$out/pd1-flow.log")"
+    mark "pd1: up: $(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader | tr '\n' ';')"
+    ;;
+  pd1-flow)
+    for suite in standard decode512 decode512-c8; do
+      cfg=$pd1 snake "pd-$suite" SUITE="$suite"
+    done
+    ;;
+  pd1-bench)
+    python3 -c "import sys, yaml; c = yaml.safe_load(open(sys.argv[1])); c['repeats'] = int(sys.argv[2])
+yaml.safe_dump(c, open(sys.argv[3], 'w'), sort_keys=False)" "$pd1" "${PD_BENCH_REPEATS:-1}" "$work/pd1-bench.yaml"
+    cfg=$work/pd1-bench.yaml snake pd-bench CLIENT_KIND=bench_serving SUITE=all
+    ;;
+  pd1-faults)
+    for role in decode prefill router; do
+      python3 tools/rehearsal/kill_role.py results "pd-fault-$role" "$role" --delay 4 --timeout 400 \
+        >>"$out/pd1-faults.log" 2>&1 &
+      killer=$!
+      cfg=$pd1 snake "pd-fault-$role" SUITE=decode512-c8
+      wait $killer
+      mark "pd1-faults: $role: $(tail -1 "$out/pd1-faults.log")"
+      if [ "$role" = decode ]; then # it ran on the service: down, then the GPU must be idle
+        RUN_ID=pd-up python3 -m servesweep.workflow.cli down --configfile "$pd1" >>"$out/pd1-flow.log" 2>&1 \
+          || mark "pd1: down failed: $(tail -1 "$out/pd1-flow.log")"
+      fi
+      mark "pd1-faults: after $role: GPU $(nvidia-smi --query-gpu=memory.used --format=csv,noheader); apps: $(nvidia-smi --query-compute-apps=pid --format=csv,noheader | wc -l); servesweep processes: $(ps -e -o comm=,args= | grep -c -E 'sglang.launch_server|sglang_router' )"
+    done
+    ;;
+  pd1-transfer)
+    python3 -c "import sys, yaml; c = yaml.safe_load(open(sys.argv[1])); c['runtime']['env']['MOONCAKE_PROTOCOL'] = 'rdma'
+yaml.safe_dump(c, open(sys.argv[2], 'w'), sort_keys=False)" "$pd1" "$work/pd1-rdma.yaml"
+    cfg=$work/pd1-rdma.yaml snake pd-fault-transfer SUITE=decode512-c8
+    mark "pd1-transfer: GPU $(nvidia-smi --query-gpu=memory.used --format=csv,noheader) after"
+    ;;
+  eq-runners)
+    cfg=config/experiments/h200_equivalence.yaml snake eq-runners
+    # A third start of triton under another RUN_ID only with EQ_AGAIN=1: the fault runs already
+    # start the PD set again, whose probe is compared with the first start's below.
+    [ -n "${EQ_AGAIN:-}" ] && cfg=config/experiments/h200_equivalence.yaml snake eq-again BACKENDS_CSV=triton
+    {
+      base=results/eq-runners/equivalence/moe_runner_backend~triton.json
+      echo "## triton_kernel vs triton (one run)"
+      python3 -m servesweep.workflow.cli equivalence "$base" results/eq-runners/equivalence/moe_runner_backend~triton_kernel.json
+      if [ -f results/eq-again/equivalence/moe_runner_backend~triton.json ]; then
+        echo "## triton started again (run eq-again) vs triton (run eq-runners)"
+        python3 -m servesweep.workflow.cli equivalence "$base" results/eq-again/equivalence/moe_runner_backend~triton.json
+      fi
+      for run in pd-standard pd-decode512 pd-decode512-c8 pd-bench pd-fault-prefill pd-fault-router; do
+        [ -f "results/$run/equivalence/pd.json" ] || continue
+        echo "## PD ($run) vs triton served whole"
+        python3 -m servesweep.workflow.cli equivalence "$base" "results/$run/equivalence/pd.json"
+        echo "## PD ($run) vs PD (pd-standard)"
+        python3 -m servesweep.workflow.cli equivalence results/pd-standard/equivalence/pd.json "results/$run/equivalence/pd.json"
+      done
+    } >"$out/equivalence.txt" 2>&1
+    mark "eq-runners: $(grep -c -E 'same outputs|within numerical' "$out/equivalence.txt") pairs same/within, $(grep -c -E ': outputs differ' "$out/equivalence.txt") differ"
+    ;;
   *) mark "unknown step $step" ;;
   esac
 done

@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from servesweep.analysis import equivalence as equivalence_verdicts
 from servesweep.analysis import labels, stats
 from servesweep.analysis.cautions import cautions
 from servesweep.analysis.summary import SUMMARY_METRICS, cell_label
@@ -113,6 +114,7 @@ def answer_block(
         counted = ", ".join(f"{verdicts[v]} {v}" for v in stats.VERDICTS if verdicts[v])
         total = sum(verdicts.values())
         lines.append(f"  verdicts over {total} cell-metric comparisons: {counted or 'none'}")
+        lines += _outputs_lines(summary.get("equivalence"), axis=axis, value=value)
     found = warnings(summary=summary, results=results, events=events)
     lines.append("Warnings:" + ("" if found else " none"))
     lines += [f"  - {w}" for w in found]
@@ -156,3 +158,26 @@ def print_answer(
     )
     print(text, end="", flush=True)
     return text
+
+
+def _outputs_lines(
+    equivalence: Mapping[str, Any] | None, *, axis: str | None, value: str
+) -> list[str]:
+    """The equivalence verdicts of a candidate's server configs, under its speed verdicts:
+    `outputs differ` as a warning no reader can miss (a faster candidate that differs is not
+    better)."""
+    found = [
+        c
+        for c in (equivalence or {}).get("comparisons") or []
+        if axis and str((c.get("candidate_axes") or {}).get(axis)) == value
+    ]
+    if not found:
+        return []
+    differ = [c for c in found if c.get("verdict") == equivalence_verdicts.DIFFER]
+    if differ:
+        return [
+            f"  !! WARNING: outputs differ from the baseline in {len(differ)} of {len(found)} "
+            "server config(s): the speed verdicts above do not make it better (equivalence.json)"
+        ]
+    kinds = sorted({str(c.get("verdict")) for c in found})
+    return [f"  outputs vs baseline: {', '.join(kinds)} ({len(found)} server config(s) probed)"]

@@ -8,6 +8,7 @@ from typing import Any
 
 import pandas as pd
 
+from servesweep.analysis.equivalence import differing
 from servesweep.measure.validation import DRIFT_WARNING_RATIO
 
 # Failed cell attempts listed one by one; more are counted.
@@ -23,9 +24,16 @@ def cautions(
     events: Sequence[tuple[str, str, Mapping[str, str]]],
 ) -> list[str]:
     """One sentence per caution: fatal and warning server-log findings, re-tokenization drift,
-    invalid (failed) cell attempts, client-saturated cells, node clocks off the workflow host's
-    (GPU samples aligned), coarse intervals."""
-    out = []
+    invalid (failed) cell attempts, client-saturated cells, streamed cells with a TPOT of 0,
+    node clocks off the workflow host's (GPU samples aligned), coarse intervals."""
+    out = [
+        f"WARNING: outputs differ: {_axes(c.get('candidate_axes'))} answers otherwise than its "
+        f"baseline {_axes(c.get('baseline_axes'))} "
+        f"({c.get('first_token_agree')}/{c.get('prompts')} first tokens agree, greedy prefix min {c.get('prefix_min')} of {c.get('output_len')}"
+        f"{'; ' + str(c['why']) if c.get('why') else ''}): whatever its speed, it is not better "
+        "(equivalence.json; docs/equivalence.md)."
+        for c in differing(summary.get("equivalence"))
+    ]
     scan = summary.get("log_scan") or {}
     if scan.get("fatal_findings"):
         out.append(f"Server logs: {scan['fatal_findings']} fatal finding(s) (logscan.json).")
@@ -48,21 +56,21 @@ def cautions(
         )
     if len(failed) > MAX_FAILED:
         out.append(f"... and {len(failed) - MAX_FAILED} more invalid cell attempts.")
-    if "client_saturated" in results.columns and len(results):
-        flagged = results[results["client_saturated"].astype(str) == "True"]
-        if len(flagged):
-            cells = sorted(
-                {f"{r.server_id}/{r.client_id}" for r in flagged.itertuples()}
-                if {"server_id", "client_id"} <= set(results.columns)
-                else set()
-            )
-            named = ", ".join(cells[:MAX_NAMED]) + (" ..." if len(cells) > MAX_NAMED else "")
-            named = f" ({named})" if named else ""
-            out.append(
-                f"Client saturated in {len(flagged)} of {len(results)} cell-repeats{named}: "
-                "the load generator, not the server, may have set the pace (client_saturated "
-                "in results.csv)."
-            )
+    flagged = _flagged(results, "client_saturated")
+    if len(flagged):
+        out.append(
+            f"Client saturated in {len(flagged)} of {len(results)} cell-repeats"
+            f"{_named(flagged)}: the load generator, not the server, may have set the pace "
+            "(client_saturated in results.csv)."
+        )
+    zero = _flagged(results, "tpot_zero")
+    if len(zero):
+        out.append(
+            f"TPOT p50 of 0.00 ms in {len(zero)} of {len(results)} cell-repeats{_named(zero)} "
+            "that stream outputs of more than one token: a measurement error (the tokens "
+            "arrived at once, e.g. through a buffering router), not a decode speed (tpot_zero "
+            "in results.csv)."
+        )
     if "gpu_clock_skewed" in results.columns:
         skewed = results[results["gpu_clock_skewed"].astype(str) == "True"]
         if len(skewed):
@@ -76,3 +84,23 @@ def cautions(
     if any(d.get("coarse") for d in summary.get("deltas") or []):
         out.append("Few repeats per cell: intervals are coarse (see the method).")
     return out
+
+
+def _flagged(results: pd.DataFrame, column: str) -> pd.DataFrame:
+    """The rows whose boolean `column` is True (none where results.csv lacks it)."""
+    if column not in results.columns:
+        return results.iloc[:0]
+    return results[results[column].astype(str) == "True"]
+
+
+def _named(rows: pd.DataFrame) -> str:
+    """` (server/client, ...)`: the cells of `rows`, the first MAX_NAMED of them."""
+    if not {"server_id", "client_id"} <= set(rows.columns):
+        return ""
+    cells = sorted({f"{r.server_id}/{r.client_id}" for r in rows.itertuples()})
+    named = ", ".join(cells[:MAX_NAMED]) + (" ..." if len(cells) > MAX_NAMED else "")
+    return f" ({named})" if named else ""
+
+
+def _axes(axes: Mapping[str, Any] | None) -> str:
+    return ", ".join(f"{k}={v}" for k, v in (axes or {}).items()) or "?"

@@ -44,6 +44,10 @@ SAMPLE_FIGURES = (
     "gpu_clock_offset_s",
     "gpu_clock_skewed",
 )
+# The roles of the cell's server set whose processes share a GPU (`prefill+decode`, from
+# cluster.gpu_ids; empty: none). A cell reads a shared GPU once, under its first node
+# (measure.cells.gpu_nodes): its figures count once and cannot be split between the roles.
+SHARED_COLUMN = "gpu_shared_by"
 # gpu_source values in results.csv.
 SOURCE_MEASURED = "measured"
 SOURCE_SIMULATED = "simulated"
@@ -263,15 +267,17 @@ def sample_figures(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-# GPU columns of results.csv: snapshot figures, then the sampled ones (cluster.gpusampling).
-GPU_COLUMNS = tuple(dict.fromkeys((*GPU_FIGURES, *SAMPLE_FIGURES)))
+# GPU columns of results.csv: snapshot figures, then the sampled ones (cluster.gpusampling),
+# then who shares a GPU.
+GPU_COLUMNS = tuple(dict.fromkeys((*GPU_FIGURES, *SAMPLE_FIGURES, SHARED_COLUMN)))
 
 
-def gpu_figures(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def gpu_figures(rows: Sequence[Mapping[str, Any]], *, shared_by: str = "") -> dict[str, Any]:
     """GPU_COLUMNS of one GPU file: count and status from the snapshots (`incomplete` when a
     node's before and after rows do not pair up); power, memory and utilisation from the loop
     samples over the measured window (the snapshots' where a file has no samples, e.g. one
-    written before sampling existed)."""
+    written before sampling existed). `gpu_shared_by` is `shared_by`: the roles that share a
+    GPU, which the file holds once (NaN: none)."""
     snapshot = _paired_snapshot_figures(rows)
     samples = sample_figures(rows)
     # a file written before sampling existed: its snapshots give these figures
@@ -279,6 +285,7 @@ def gpu_figures(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         kept = ("gpu_power_peak_w", "gpu_mem_used_peak_mib", "gpu_util_mean_pct")
         samples.update({k: snapshot[k] for k in kept})
     found = {col: samples.get(col, snapshot.get(col)) for col in GPU_COLUMNS}
+    found[SHARED_COLUMN] = shared_by or math.nan  # empty in results.csv: no GPU shared
     if snapshot["gpu_status"] == STATUS_INCOMPLETE:  # a cut file: its samples may be cut too
         found.update({c: math.nan for c in SAMPLE_FIGURES if c not in ("gpu_source",)})
         found["gpu_samples"] = math.nan

@@ -18,8 +18,15 @@ from servesweep.analysis.gpufigures import GPU_COLUMNS, gpu_figures
 from servesweep.analysis.tablecsv import runs_csv_text
 from servesweep.analysis.tables import read_requests_csv, read_results_csv  # noqa: F401
 from servesweep.cluster import telemetry
+from servesweep.config.experiment import gpu_shared_by
 from servesweep.config.matrix import CellRepeat
-from servesweep.config.schema import MIN_RETOKENIZED_RATIO, SaturationConfig, SloConfig
+from servesweep.config.schema import (
+    MIN_RETOKENIZED_RATIO,
+    ClusterConfig,
+    SaturationConfig,
+    SloConfig,
+    Workload,
+)
 from servesweep.core.errors import CellFailed
 from servesweep.core.files import atomic_open
 from servesweep.core.parallel import map_chunks
@@ -66,16 +73,24 @@ METRICS: dict[str, str] = {
 DERIVED = (*usage.COLUMNS, "retokenized_ratio")
 # Tail percentiles from the per-request details that the record does not hold already.
 TAIL_COLUMNS = tuple(c for c in figures.TAIL_COLUMNS if c not in METRICS)
+# A TPOT p50 below this prints as 0.00 ms (bench_serving's table): for streamed outputs of
+# more than one token no decode speed but every token arriving at once (tpot_zero).
+ZERO_TPOT_MS = 0.005
+# Measurement checks of a cell-repeat: True where its figures cannot be what they say.
+CHECK_COLUMNS = ("tpot_zero",)
 # Per-request, energy and SLO figures (servesweep.analysis.figures), after the GPU columns.
 FIGURE_COLUMNS = (
     *TAIL_COLUMNS,
     *figures.EFFICIENCY_COLUMNS,
     *figures.GOODPUT_COLUMNS,
     *figures.CLIENT_COLUMNS,
+    *CHECK_COLUMNS,
 )
 INTEGER_METRICS = ("completed", "total_input_tokens", "total_output_tokens")
-# Undefined when every request made one token (bench_serving writes 0.0): blank, never 0.
-ONE_TOKEN_BLANK = ("tpot_p50_ms", "tpot_p95_ms", "itl_p50_ms")
+# The record's TPOT and ITL: undefined when every request made one token, or when responses
+# were not streamed (each arrives whole, its TTFT is its latency); bench_serving and the
+# builtin write 0.0 for both: blank, never 0.
+TOKEN_TIMING = tuple(c for c in METRICS if c.startswith(("tpot_", "itl_")))
 # The engine that measured a row; a sim row also carries its time scale (wall = simulated x
 # scale) and its figures scaled back to simulated time (latency / scale, rate x scale).
 ENGINE_COLUMNS = ("engine_kind", "sim_time_scale")
@@ -127,17 +142,21 @@ def _fields(record: BenchRecord | Mapping[str, Any]) -> dict[str, Any]:
     return dict(record)
 
 
-def record_metrics(record: BenchRecord | Mapping[str, Any]) -> dict[str, float | int]:
+def record_metrics(
+    record: BenchRecord | Mapping[str, Any], *, stream: bool = True
+) -> dict[str, float | int]:
     """The METRICS and DERIVED figures of one record; absent keys are NaN (older
-    bench_serving versions)."""
+    bench_serving versions), and so are TOKEN_TIMING of one-token outputs and, with `stream`
+    False (the workload's), of every record."""
     data = _fields(record)
     out: dict[str, float | int] = {}
     for column, key in METRICS.items():
         value = _number(key, data.get(key))
         out[column] = int(value) if column in INTEGER_METRICS and value.is_integer() else value
     total, completed = out["total_output_tokens"], out["completed"]
-    if total <= completed:  # NaN compares False: unknown counts keep the record's figures
-        out.update(dict.fromkeys(ONE_TOKEN_BLANK, math.nan))
+    # NaN compares False: unknown counts keep the record's figures
+    if not stream or total <= completed:
+        out.update(dict.fromkeys(TOKEN_TIMING, math.nan))
     retok = _number("total_output_tokens_retokenized", data.get("total_output_tokens_retokenized"))
     total = out["total_output_tokens"]
     out.update(usage.columns(data.get(usage.RECORD_KEY)))
@@ -196,14 +215,15 @@ def read_cell(
 ) -> tuple[dict[str, Any], tuple[Requests, stats.RequestDetails | None]]:
     """Read and check one raw cell-repeat file with the cell's own checks (validation.
     judge_record against its workload): its metrics, its per-request figures and details (None
-    without usable details); CellFailed names the cell and the file, and says to delete it.
+    without usable details), TPOT and ITL blank where the workload does not stream;
+    CellFailed names the cell and the file, and says to delete it.
     With `measured_with` (provenance.measured_with of the current config), a record measured
     with anything else is added to `stale` (cell, file, differences)."""
     delete = f"; delete {path} to rerun the cell"
     try:
         record = read_record(path)
         fields = _fields(record)
-        metrics = record_metrics(fields)
+        metrics = record_metrics(fields, stream=cell.workload.stream)
     except FileNotFoundError:
         raise CellFailed(f"cell {cell.key}: raw record {path} is missing") from None
     except (ValueError, ValidationError) as exc:  # JSON, line count, field types
@@ -231,7 +251,8 @@ def read_cell(
         diff = provenance.differences(recorded, measured_with)
         if diff:
             stale.append((cell.key, str(path), diff))
-    return {**metrics, **hygiene_columns(record)}, _request_figures(path, record)
+    details = _request_figures(path, record, stream=cell.workload.stream)
+    return {**metrics, **hygiene_columns(record)}, details
 
 
 def hygiene_columns(record: BenchRecord) -> dict[str, Any]:
@@ -247,30 +268,32 @@ def hygiene_columns(record: BenchRecord) -> dict[str, Any]:
 
 
 def _request_figures(
-    path: Path, record: BenchRecord
+    path: Path, record: BenchRecord, *, stream: bool
 ) -> tuple[Requests, stats.RequestDetails | None]:
     """Per-request figures of a checked record (requests.csv, the bootstrap) and its details
     (tails, goodput); None (with a warning) when its details do not validate: the bootstrap
-    then falls back to repeats, and tails and goodput are NaN."""
+    then falls back to repeats, and tails and goodput are NaN. Without `stream` no TPOT or ITL
+    (stats.request_details)."""
     try:
-        details = stats.request_details(record)
+        details = stats.request_details(record, stream=stream)
     except (ValueError, ValidationError) as exc:
         log.warning("%s: no per-request data (%s)", path, str(exc).splitlines()[0])
         return None, None
     return stats.successful_figures(details), details
 
 
-def cell_gpu(path: Path, *, cell: CellRepeat) -> dict[str, Any]:
+def cell_gpu(path: Path, *, cell: CellRepeat, shared_by: str = "") -> dict[str, Any]:
     """GPU figures of one cell-repeat; a missing snapshot file gives NaN and status `missing`,
-    one cut short `incomplete`; a malformed one is CellFailed naming the cell and the file."""
+    one cut short `incomplete`; a malformed one is CellFailed naming the cell and the file.
+    `shared_by`: the roles of its server set that share a GPU (gpu_figures)."""
     try:
         rows = telemetry.read_snapshot(path)
     except FileNotFoundError:
         log.warning("cell %s: no GPU snapshot %s", cell.key, path)
-        return {**gpu_figures([]), "gpu_status": "missing"}
+        return {**gpu_figures([], shared_by=shared_by), "gpu_status": "missing"}
     except ValueError as exc:  # names the file
         raise CellFailed(f"cell {cell.key}: {exc}; delete {path} to rerun the cell") from None
-    found = gpu_figures(rows)
+    found = gpu_figures(rows, shared_by=shared_by)
     if found["gpu_status"] == telemetry.STATUS_INCOMPLETE:
         log.warning(
             "cell %s: GPU snapshot %s is cut short (its before and after rows do not pair up): "
@@ -359,7 +382,16 @@ def cell_figures(
         ),
         **figures.goodput_figures(details, slo=slo, duration_s=float(metrics["duration_s"])),
         "client_saturated": _saturated(metrics, saturation),
+        "tpot_zero": tpot_zero(metrics, workload=cell.workload),
     }
+
+
+def tpot_zero(metrics: Mapping[str, Any], *, workload: Workload) -> bool:
+    """Whether a cell-repeat that streams outputs of more than one token has a TPOT p50 of
+    0.00 ms (ZERO_TPOT_MS): a measurement error (its tokens came in one piece, e.g. through a
+    buffering router), never a decode speed. False where TPOT is undefined (NaN)."""
+    tpot = float(metrics.get("tpot_p50_ms", math.nan))
+    return workload.stream and workload.output_len > 1 and tpot < ZERO_TPOT_MS
 
 
 def result_row(
@@ -401,11 +433,13 @@ def collect_results(
     engine_kind: str = "sglang",
     time_scale: float | None = None,
     workers: int = 1,
+    cluster: ClusterConfig | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """results.csv (one row per cell-repeat) and requests.csv (one row per successful request)
     of a run, from the raw records and GPU files of `cells` (in the same order); goodput
     against `slo` (NaN without one); `client_saturated` against `saturation`; the engine's
-    kind and, for the sim, its `time_scale` (engine_figures).
+    kind and, for the sim, its `time_scale` (engine_figures); with the `cluster`, the roles
+    of each server set that share a GPU (`gpu_shared_by`, cluster.gpu_ids).
 
     `measured_with`: per cell, what the current config measures it with; records measured
     with anything else are one CellFailed naming the cells and the differing keys. The cells
@@ -424,6 +458,7 @@ def collect_results(
         saturation=saturation,
         engine_kind=engine_kind,
         time_scale=time_scale,
+        cluster=cluster,
     )
     items = list(zip(cells, raw, gpu, expected, strict=True))
     read_rows = map_chunks(read, items, workers=workers)
@@ -451,11 +486,16 @@ def _read_cells(
     saturation: SaturationConfig,
     engine_kind: str,
     time_scale: float | None,
+    cluster: ClusterConfig | None = None,
 ) -> list[tuple[dict[str, Any], Requests, list[tuple[str, str, list[str]]]]]:
     """Per (cell, raw file, GPU file, measured_with): its results.csv row, its per-request
     figures and the stale findings of its record (provenance.check_current)."""
     out = []
+    sharing: dict[str, str] = {}  # server id -> its roles that share a GPU
     for cell, raw_path, gpu_path, want in items:
+        if cluster is not None and cell.server.id not in sharing:
+            roles = [(r.name, r.nodes) for r in cell.server.roles]
+            sharing[cell.server.id] = gpu_shared_by(cluster, roles)
         stale: list[tuple[str, str, list[str]]] = []
         metrics, (per_request, details) = read_cell(
             Path(raw_path),
@@ -464,7 +504,7 @@ def _read_cells(
             measured_with=want,
             stale=stale,
         )
-        gpu_row = cell_gpu(Path(gpu_path), cell=cell)
+        gpu_row = cell_gpu(Path(gpu_path), cell=cell, shared_by=sharing.get(cell.server.id, ""))
         extra = cell_figures(
             cell=cell,
             metrics=metrics,
@@ -473,6 +513,14 @@ def _read_cells(
             slo=slo,
             saturation=saturation,
         )
+        if extra["tpot_zero"]:
+            log.warning(
+                "cell %s: TPOT p50 %.4f ms of streamed outputs of %d tokens: a measurement "
+                "error (tokens arrived at once), flagged tpot_zero",
+                cell.key,
+                metrics["tpot_p50_ms"],
+                cell.workload.output_len,
+            )
         engine = engine_figures(metrics, engine_kind=engine_kind, time_scale=time_scale)
         row = result_row(
             run_id=run_id, cell=cell, metrics=metrics, gpu={**gpu_row, **extra}, engine=engine

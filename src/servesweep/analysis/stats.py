@@ -106,7 +106,7 @@ class Replicates:
 @dataclass(frozen=True)
 class RequestDetails:
     """Per-request figures (ms) of every request sent, in record order; NaN where undefined
-    (TPOT of a one-token output, everything of a failed request)."""
+    (TPOT of a one-token or unstreamed output, everything of a failed request)."""
 
     ok: np.ndarray  # bool
     ttft: np.ndarray
@@ -116,12 +116,13 @@ class RequestDetails:
     itl: np.ndarray  # every inter-token latency of the successful requests, flat
 
 
-def request_details(record: BenchRecord) -> RequestDetails | None:
+def request_details(record: BenchRecord, *, stream: bool = True) -> RequestDetails | None:
     """Per-request figures of a record; None without usable details.
 
     Successful requests are those with an empty error. E2E per request is ttft + sum(itls)
     (bench_serving's latency also includes the wait for the end of the stream); TPOT is
-    sum(itls) / (output_len - 1) for requests with more than one output token.
+    sum(itls) / (output_len - 1) for requests with more than one output token. Without
+    `stream` (the workload's) each response arrived whole: no TPOT (NaN) and no ITL.
     """
     ttfts, itls = record.ttfts, record.itls
     if ttfts is None or itls is None or len(ttfts) != len(itls):
@@ -136,10 +137,10 @@ def request_details(record: BenchRecord) -> RequestDetails | None:
     ttft = np.where(ok, np.array(ttfts, dtype=float) * 1000.0, np.nan)
     gen = np.fromiter(map(math.fsum, itls), dtype=float, count=n) * 1000.0
     out = np.array(outs, dtype=float)
-    multi = ok & (out > 1)
+    multi = ok & (out > 1) & stream
     tpot = np.full(n, np.nan)
     tpot[multi] = gen[multi] / (out[multi] - 1)
-    flat = [x for i, good in zip(itls, ok, strict=True) if good for x in i]
+    flat = [x for i, good in zip(itls, ok, strict=True) if good and stream for x in i]
     return RequestDetails(
         ok=ok,
         ttft=ttft,

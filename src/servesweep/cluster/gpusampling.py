@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import shlex
 import threading
 import time
@@ -191,20 +192,27 @@ def sim_busy(requests: float) -> float:
 class SimulatedSampler:
     """A power curve that follows the sim's load (its `/get_load`), marked simulated.
 
-    It samples every `interval_s` of wall time from a thread in the cell's process."""
+    It samples every `interval_s` of wall time from a thread in the cell's process. A node's
+    GPUs follow the requests held by every URL of its `loads` (two for a GPU that prefill and
+    decode share: one row set, the load of both)."""
 
     def __init__(
         self,
         *,
-        loads: Mapping[str, str | None],
+        loads: Mapping[str, str | Sequence[str] | None],
         gpus: Mapping[str, Sequence[int]],
         interval_s: float,
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        # node -> the base URL whose load its GPUs follow (its role's rank 0; None: idle)
-        self.loads = dict(loads)
+        # node -> the base URLs whose load its GPUs follow (its role's rank 0, and that of a
+        # role sharing its GPUs; none: idle)
+        self.loads = {
+            node: (urls,) if isinstance(urls, str) else tuple(urls or ())
+            for node, urls in loads.items()
+        }
         self.headers = dict(headers or {})  # the server's API key (/get_load is behind it)
-        self.url = ", ".join(sorted({f"{u}/get_load" for u in self.loads.values() if u}))
+        every = {u for urls in self.loads.values() for u in urls}
+        self.url = ", ".join(sorted(f"{u}/get_load" for u in every))
         self.nodes = list(loads)
         self.gpus = dict(gpus)  # node -> its GPU indices
         self.interval_s = max(SIM_MIN_INTERVAL_S, interval_s)
@@ -221,11 +229,10 @@ class SimulatedSampler:
 
     def sample(self) -> None:
         """Append one simulated line per GPU of every node."""
-        held = {url: self._held(url) for url in set(self.loads.values()) if url}
+        held = {url: self._held(url) for url in {u for urls in self.loads.values() for u in urls}}
         stamp = format_timestamp(time.time())
         for node in self.nodes:
-            url = self.loads[node]
-            busy = sim_busy(held[url]) if url else 0.0
+            busy = sim_busy(math.fsum(held[url] for url in self.loads[node]))
             for index in self.gpus[node]:
                 self.rows.append(
                     {

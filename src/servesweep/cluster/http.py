@@ -51,3 +51,28 @@ def get_json(url: str, timeout: float = 5.0, *, key: Secret | None = None) -> An
         return None if body is None else json.loads(body)
     except ValueError:
         return None
+
+
+def post_json(
+    url: str, body: Any, *, timeout: float, key: Secret | None = None
+) -> tuple[int | None, Any]:
+    """(HTTP status, parsed JSON answer) of one POST with a JSON body; (None, None) when nothing
+    answers, (status, None) for an error status or an answer that is not JSON."""
+    req = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", **auth_headers(key)},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            text = resp.read().decode(errors="replace")
+            status = resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code, None
+    except (urllib.error.URLError, OSError, TimeoutError):
+        return None, None
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,7 @@ from servesweep.config.schema import (
     ClientConfig,
     ClusterConfig,
     EngineConfig,
+    EquivalenceConfig,
     EvidencePattern,
     Matrix,
     PlotsConfig,
@@ -49,6 +51,7 @@ class Experiment(Strict):
     client: ClientConfig = ClientConfig()
     validation: ValidationConfig = ValidationConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
+    equivalence: EquivalenceConfig = EquivalenceConfig()
     slo: SloConfig = SloConfig()
     plots: PlotsConfig = PlotsConfig()
     server: ServerArgs = ServerArgs()
@@ -76,6 +79,7 @@ class Experiment(Strict):
         if missing:
             raise ValueError(f"guesses: {missing[0]!r} names no config key")
         node_pools(self)
+        _check_gpu_overlaps(self)
         for axes in combinations(self.matrix.server):
             for role in role_layouts(self):
                 args = validated(ServerArgs, role.base, axes, "matrix.server")
@@ -89,6 +93,7 @@ class Experiment(Strict):
                     )
             if self.roles:
                 _check_pd_pair(self, axes)
+                _check_shared_memory(self, axes)
         for axes in combinations(self.matrix.client):
             validated(Workload, self.workload, axes, "matrix.client")
         self._check_cases()
@@ -319,3 +324,121 @@ def _check_pd_pair(exp: Experiment, axes: dict[str, Any]) -> None:
 def json_schema() -> dict[str, Any]:
     """JSON Schema of an experiment file, generated from the typed models."""
     return Experiment.model_json_schema()
+
+
+# ------------------------------------------------------ GPUs of one host (cluster.gpu_ids)
+
+# The most of a shared GPU's memory that the processes sharing it may claim together (the sum
+# of their mem_fraction_static): the rest holds two CUDA contexts, graphs and activations.
+MAX_SHARED_MEM_FRACTION = 0.95
+
+
+def pool_roles(exp: Experiment) -> list[dict[str, set[str]]]:
+    """Per node pool (one server set each): node -> the PD roles it runs there ({} without
+    PD roles)."""
+    template = template_nodes(exp)
+    out = []
+    for pool in node_pools(exp):
+        place = dict(zip(template, pool.nodes, strict=True))
+        roles: dict[str, set[str]] = {}
+        for name, role in exp.roles.items():
+            for node in role.nodes:
+                roles.setdefault(place[node], set()).add(name)
+        out.append(roles)
+    return out
+
+
+def _pd_pair(exp: Experiment, a: str, b: str) -> bool:
+    """Whether nodes `a` and `b` are the prefill and the decode node of one server set."""
+    pair = {PD_ROLES[0], PD_ROLES[1]}
+    for roles in pool_roles(exp):
+        ra, rb = roles.get(a, set()), roles.get(b, set())
+        if len(ra) == len(rb) == 1 and ra | rb == pair:
+            return True
+    return False
+
+
+def _check_gpu_overlaps(exp: Experiment) -> None:
+    """No GPU of a host is two nodes' (a node without gpu_ids on a sliced host has GPUs
+    0..gpus_per_node-1), except the prefill and the decode node of one PD server set with
+    the same GPUs (PD on one GPU; their memory shares: _check_shared_memory)."""
+    cluster = exp.cluster
+    for (_, index), nodes in cluster.shared_gpus().items():
+        first, other = nodes[0], nodes[-1]
+        implicit = [n for n in (first, other) if n not in cluster.gpu_ids]
+        count = cluster.gpus_per_node
+        own = "GPU 0" if count == 1 else f"GPUs 0-{count - 1}"
+        note = "".join(f" (node {n} has no gpu_ids entry: {own} of its host)" for n in implicit)
+        where = f"cluster.gpu_ids.{other}: GPU {index} is also node {first}'s on one host{note}"
+        if len(nodes) > 2:
+            raise ValueError(
+                f"{where}, and node {nodes[1]}'s; at most a PD set's prefill and decode node "
+                f"share a GPU"
+            )
+        if not _pd_pair(exp, first, other):
+            raise ValueError(
+                f"{where}; only the prefill and the decode node of one PD server set may share GPUs"
+            )
+        mine, theirs = cluster.host_gpus(other), cluster.host_gpus(first)
+        if sorted(mine) != sorted(theirs):
+            raise ValueError(
+                f"{where}; a prefill and a decode node share GPUs only as the same set "
+                f"({theirs} and {mine} differ)"
+            )
+
+
+def _mem_key(exp: Experiment, role: str, axes: dict[str, Any]) -> str:
+    """The config key a role's mem_fraction_static comes from."""
+    if "mem_fraction_static" in axes:
+        return "matrix.server.mem_fraction_static"
+    if "mem_fraction_static" in exp.roles[role].server:
+        return f"roles.{role}.server.mem_fraction_static"
+    return "server.mem_fraction_static"
+
+
+def _check_shared_memory(exp: Experiment, axes: dict[str, Any]) -> None:
+    """Prefill and decode on the same GPU: each role's mem_fraction_static is its share of the
+    GPU's memory, given, and together at most MAX_SHARED_MEM_FRACTION (SGLang's default
+    would take about 0.9 of the GPU for each process)."""
+    shared = exp.cluster.shared_gpus()
+    if not shared:
+        return
+    (_, index), nodes = next(iter(shared.items()))
+    where = f"GPU {index} of one host (cluster.gpu_ids: {', '.join(nodes)})"
+    suffix = f" (with {axes})" if axes else ""
+    share = {
+        r.name: validated(ServerArgs, r.base, axes, f"roles.{r.name}").mem_fraction_static
+        for r in role_layouts(exp)
+    }
+    keys = {role: _mem_key(exp, role, axes) for role in PD_ROLES}
+    unset = [role for role in PD_ROLES if share[role] is None]
+    if unset:
+        key = (
+            f"roles.{unset[0]}.server.mem_fraction_static"
+            if len(unset) == 1
+            else "server.mem_fraction_static"
+        )
+        raise ValueError(
+            f"{key}: unset for {' and '.join(unset)}, but prefill and decode share {where}; "
+            f"give each role its share, together at most {MAX_SHARED_MEM_FRACTION} (SGLang's "
+            f"default takes about 0.9 of the GPU for each process){suffix}"
+        )
+    p, d = share["prefill"], share["decode"]
+    if round(p + d, 9) > MAX_SHARED_MEM_FRACTION:
+        raise ValueError(
+            f"{keys['decode']}: prefill {p:g} ({keys['prefill']}) + decode {d:g} "
+            f"({keys['decode']}) = {p + d:g} is more than {MAX_SHARED_MEM_FRACTION} of {where} "
+            f"that both roles' processes share{suffix}"
+        )
+
+
+def gpu_shared_by(cluster: ClusterConfig, roles: Sequence[tuple[str, Sequence[str]]]) -> str:
+    """The roles of a server set (`roles`: name and nodes) whose processes share a GPU, as
+    `prefill+decode` (results.csv `gpu_shared_by`: that GPU's figures are counted once and
+    cannot be split between them); "" when no GPU is shared."""
+    found: list[str] = []
+    for nodes in cluster.shared_gpus().values():
+        held = [name for name, on in roles if set(on) & set(nodes)]
+        if len(held) > 1:
+            found += held
+    return "+".join(name for name, _ in roles if name in found)

@@ -99,6 +99,13 @@ class CellRepeat:
         return base * (self.clients + 1) + self.clients - self.client.index
 
 
+def probe_priority(server: ServerSpec, *, repeats: int, clients: int) -> int:
+    """Snakemake priority of a server config's equivalence probe: above every cell of that
+    config (CellRepeat.priority's slot of a repeat 0), below every cell of the config before it,
+    so the probe runs right after the start and warm-up, and no config starts twice."""
+    return (server.priority * (repeats + 1) + repeats + 1) * (clients + 1)
+
+
 # The identity split (docs/identity.md): these fields say how a server set is reached or
 # supervised, not what it measures, so they stay out of fingerprints and cell params. Changing
 # one of them (a port, an address, a timeout) reruns nothing.

@@ -222,6 +222,20 @@ class RunPaths:
         return self.root / "logscan.json"
 
     @property
+    def probe_pattern(self) -> str:
+        """A server config's equivalence probe answers, a Snakemake pattern (wildcard server)."""
+        return f"{self.root}/equivalence/{{server}}.json"
+
+    def probe(self, server_id: str) -> Path:
+        """The equivalence probe's answers of one server config (measure.probe)."""
+        return self.root / "equivalence" / f"{safe_segment(server_id, what='server id')}.json"
+
+    @property
+    def equivalence_json(self) -> Path:
+        """Each candidate's outputs against its baseline's (analysis.equivalence)."""
+        return self.root / "equivalence.json"
+
+    @property
     def plots(self) -> Path:
         return self.root / "plots"
 

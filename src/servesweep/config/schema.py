@@ -147,7 +147,9 @@ class ClusterConfig(Strict):
     # A node that is a slice of its host (prefill and decode on one machine's GPUs, the
     # multi-GPU rehearsal): the host's GPU indices its servers see (CUDA_VISIBLE_DEVICES) and
     # the only ones its telemetry and preflight count. A node not named here has every GPU
-    # its host shows.
+    # its host shows; on a host some node has a slice of, that is GPUs 0..gpus_per_node-1.
+    # The prefill and decode nodes of a PD server set may have the same GPUs (PD on one GPU);
+    # which overlaps are allowed is the experiment's check (config.experiment).
     gpu_ids: dict[str, list[Annotated[int, Field(ge=0)]]] = Field(default_factory=dict)
 
     @property
@@ -175,24 +177,57 @@ class ClusterConfig(Strict):
         unknown = sorted(set(self.gpu_ids) - set(self.nodes))
         if unknown:
             raise ValueError(f"gpu_ids: given for nodes not in cluster.nodes: {unknown}")
-        hosts: dict[str, dict[int, str]] = {}  # host -> GPU index -> the node that has it
         for node, ids in self.gpu_ids.items():
             if len(ids) != self.gpus_per_node or len(set(ids)) != len(ids):
                 raise ValueError(
                     f"gpu_ids.{node}: {ids} must be {self.gpus_per_node} distinct GPU indices "
                     f"(cluster.gpus_per_node)"
                 )
-            host = hosts.setdefault("" if self.local else self.addresses.get(node, node), {})
-            for index in ids:
-                if index in host:
-                    raise ValueError(
-                        f"gpu_ids.{node}: GPU {index} is also node {host[index]}'s on one host"
-                    )
-                host[index] = node
 
     def visible_gpus(self, node: str) -> list[int] | None:
         """The host GPU indices `node` has (gpu_ids), or None: every GPU it shows."""
         return self.gpu_ids.get(node)
+
+    def host(self, node: str) -> str:
+        """The machine `node` is on: this one for every node of the local transport ("");
+        over ssh and Slurm its address (`cluster.addresses`, else its name)."""
+        return "" if self.local else self.addresses.get(node, node)
+
+    def host_gpus(self, node: str) -> list[int]:
+        """The host GPU indices `node` has: its gpu_ids, else 0..gpus_per_node-1."""
+        return list(self.gpu_ids.get(node) or range(self.gpus_per_node))
+
+    def gpu_holders(self) -> dict[tuple[str, int], list[str]]:
+        """(host, GPU index) -> the nodes that have that GPU, in cluster.nodes order, on every
+        host some node has a slice of (`gpu_ids`); a host nobody slices is one node's own."""
+        sliced = {self.host(node) for node in self.gpu_ids}
+        holders: dict[tuple[str, int], list[str]] = {}
+        for node in self.nodes:
+            if self.host(node) in sliced:
+                for index in self.host_gpus(node):
+                    holders.setdefault((self.host(node), index), []).append(node)
+        return holders
+
+    def shared_gpus(self) -> dict[tuple[str, int], list[str]]:
+        """gpu_holders of the GPUs more than one node has (PD on one GPU)."""
+        return {gpu: nodes for gpu, nodes in self.gpu_holders().items() if len(nodes) > 1}
+
+    def gpu_sharers(self, node: str) -> list[str]:
+        """`node` and every node that has one of its GPUs, in cluster.nodes order."""
+        holders = self.gpu_holders()
+        found = {n for i in self.host_gpus(node) for n in holders.get((self.host(node), i), [node])}
+        return [n for n in self.nodes if n in found | {node}]
+
+    def telemetry_gpus(self, node: str) -> list[int] | None:
+        """The host GPU indices whose rows `node`'s snapshots and samples keep (None: every
+        GPU it shows): its own, less those an earlier node of cluster.nodes has too. A GPU
+        shared by nodes is read once, under its first node; [] when every GPU of `node` is
+        an earlier node's."""
+        holders = self.gpu_holders()
+        host = self.host(node)
+        if not any(h == host for h, _ in holders):
+            return self.visible_gpus(node)
+        return [i for i in self.host_gpus(node) if holders[(host, i)][0] == node]
 
 
 class BaseImage(Strict):
@@ -346,6 +381,11 @@ class SimFaults(Strict):
     http_500_at: list[int] = Field(default_factory=list)
     midstream_error_at: list[int] = Field(default_factory=list)
     hang_at: list[int] = Field(default_factory=list)
+    # Wrong answers at full speed (the equivalence probe must catch them): every server config
+    # whose moe_runner_backend is listed, and, with corrupt_transfer, every PD decode server
+    # (a KV transfer that hands decode the wrong cache).
+    corrupt_runners: list[str] = Field(default_factory=list)
+    corrupt_transfer: bool = False
 
 
 class SimConfig(Strict):
@@ -487,6 +527,33 @@ class ValidationConfig(Strict):
     # The server counted more requests during a cell than its client sent: fail the cell (else
     # a warning; the raw record keeps both counts either way).
     foreign_requests_invalid: bool = False
+
+
+class EquivalenceConfig(Strict):
+    """The output-equivalence probe per server config (docs/equivalence.md): after warm-up and
+    before its cells, a fixed seeded prompt set with greedy decoding and top-k logprobs."""
+
+    enabled: bool = True
+    # Prompt lengths (tokens) besides the matrix's own input lengths, which are always probed.
+    lengths: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [16, 256])
+    prompts_per_length: int = Field(default=2, ge=1, le=64)
+    output_len: int = Field(default=16, ge=1, le=4096)
+    top_logprobs: int = Field(default=5, ge=1, le=20)
+    seed: int = 0
+    # Prompt token ids are drawn from [low, high): high at most the model's vocabulary size.
+    token_ids: tuple[Annotated[int, Field(ge=0)], Annotated[int, Field(ge=1)]] = (100, 32000)
+    # The largest logprob difference on the baseline's tokens (same context) that is still
+    # numerical noise, and the top-1 margin under which a greedy flip is a near-tie. Calibrated
+    # on real pairs (docs/rehearsal/equivalence-*/): see docs/equivalence.md.
+    logprob_tolerance: float = Field(default=0.25, gt=0)
+    request_timeout_s: float = Field(default=300.0, gt=0)
+
+    @model_validator(mode="after")
+    def _check_range(self) -> EquivalenceConfig:
+        low, high = self.token_ids
+        if low >= high:
+            raise ValueError(f"token_ids: [{low}, {high}) is empty")
+        return self
 
 
 class TelemetryConfig(Strict):

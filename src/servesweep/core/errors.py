@@ -40,6 +40,10 @@ class CellFailed(ServesweepError):
     """A cell-repeat's record failed validation (failed requests, wrong lengths, ...)."""
 
 
+class ProbeFailed(ServesweepError):
+    """The equivalence probe got no usable answer from a server config."""
+
+
 class SmokeFailed(ServesweepError):
     """An image capability smoke test failed."""
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from servesweep.cluster import clocks, gpusampling, http, telemetry
 from servesweep.config.experiment import Experiment
-from servesweep.config.matrix import CellRepeat, client_specs, derived_seed
+from servesweep.config.matrix import CellRepeat, ServerSpec, client_specs, derived_seed
 from servesweep.config.paths import RunPaths
 from servesweep.core.errors import (
     CellFailed,
@@ -98,33 +98,43 @@ def rank_logs(
 
 def node_gpus(exp: Experiment, node: str) -> list[int]:
     """The host GPU indices a node has: its `cluster.gpu_ids`, else 0..gpus_per_node-1."""
-    return exp.cluster.visible_gpus(node) or list(range(exp.cluster.gpus_per_node))
+    return exp.cluster.host_gpus(node)
+
+
+def gpu_nodes(exp: Experiment) -> list[str]:
+    """The nodes whose GPUs a cell reads: every node but one whose GPUs are all an earlier
+    node's (a GPU that prefill and decode share is read once, under its first node)."""
+    return [n for n in exp.cluster.nodes if exp.cluster.telemetry_gpus(n) != []]
 
 
 def gpu_sampler(
     *, exp: Experiment, manager: ServerManager, state: ServerState, cell: CellRepeat
 ) -> gpusampling.NvidiaSmiSampler | gpusampling.SimulatedSampler:
     """The cell's GPU sampler: the sim's curve for the sim on this machine (no GPU does its
-    work; each node follows the load of its role's rank 0), else an nvidia-smi loop on every
-    node."""
+    work; each node follows the load of its role's rank 0, a GPU that roles share the load of
+    each), else an nvidia-smi loop on every node of gpu_nodes."""
     interval_ms = exp.telemetry.gpu_interval_ms
     tag = cell.key
+    nodes = gpu_nodes(exp)
     if exp.engine.kind == "sim" and exp.cluster.local:
         urls = {r.role: r.url for r in state.ranks if r.url and r.role != ROUTER_ROLE}
-        loads: dict[str, str | None] = dict.fromkeys(exp.cluster.nodes)
+        role_url: dict[str, str | None] = dict.fromkeys(exp.cluster.nodes)
         for role in cell.server.roles:
             for node in role.nodes:
-                loads[node] = loads[node] or urls.get(role.name)
+                role_url[node] = role_url[node] or urls.get(role.name)
+        loads = {
+            node: [u for n in exp.cluster.gpu_sharers(node) if (u := role_url[n])] for node in nodes
+        }
         return gpusampling.SimulatedSampler(
             loads=loads,
-            gpus={node: node_gpus(exp, node) for node in loads},
+            gpus={node: exp.cluster.telemetry_gpus(node) or node_gpus(exp, node) for node in nodes},
             interval_s=interval_ms / 1000 * exp.engine.sim.time_scale,
             headers=http.auth_headers(manager.api_key(state)),
         )
     digest = hashlib.sha256(tag.encode()).hexdigest()[:12]
     return gpusampling.NvidiaSmiSampler(
         transport=manager.transport,
-        nodes=exp.cluster.nodes,
+        nodes=nodes,
         interval_ms=interval_ms,
         remote_dir=f"{manager.node_dir()}/gpu/{digest}",
         max_s=math.ceil(client_timeout(cell.client.workload) + 2 * SNAPSHOT_TIMEOUT_S),
@@ -158,13 +168,14 @@ def warn_gpu_gaps(rows: list[dict[str, object]], *, paths: RunPaths, cell: str) 
 
 
 def run_warmup(
-    *, exp: Experiment, cell: CellRepeat, manager: ServerManager, state: ServerState
+    *, exp: Experiment, server: ServerSpec, manager: ServerManager, state: ServerState
 ) -> None:
     """The first request(s) after a start, recorded apart from the figures
     (service/<server>/warmup.jsonl): e.g. RDMA endpoint setup inflates the first TTFT. They
     have the shape (lengths, streaming) of the first listed case or client config, whichever
-    cell triggered the start, so that case's first row never carries the setup cost."""
-    service = manager.paths.service(cell.server.id)
+    job (a cell, the equivalence probe) triggered the start, so that case's first row never
+    carries the setup cost."""
+    service = manager.paths.service(server.id)
     shape = client_specs(exp)[0]
     workload = shape.workload.model_copy(
         update={
@@ -182,21 +193,21 @@ def run_warmup(
         manager=manager,
         state=state,
         workload=workload,
-        tag=f"{cell.server.id}/warmup",
+        tag=f"{server.id}/warmup",
         bench_log=log,
     )
     validation.check_record(
         record,
         workload,
-        cell=f"{cell.server.id}/warmup",
+        cell=f"{server.id}/warmup",
         logs=[str(log), *server_logs(manager, state)],
         min_retokenized_ratio=exp.validation.min_retokenized_ratio,
     )
     write_record(service / "warmup.jsonl", record)
     manager.events.emit(
         "warmup",
-        fp=cell.server.fingerprint,
-        server=cell.server.id,
+        fp=server.fingerprint,
+        server=server.id,
         shape=shape.id,
         ttft_ms=f"{record.mean_ttft_ms:.1f}",
         seconds=f"{time.monotonic() - started:.2f}",
@@ -239,14 +250,15 @@ def run_cell(
         events.emit("cell-start", cell=cell.key, fp=cell.server.fingerprint, pool=manager.pool)
         state, fresh = manager.ensure(cell.server)
         if fresh and exp.warmup_after_start:
-            run_warmup(exp=exp, cell=cell, manager=manager, state=state)
+            run_warmup(exp=exp, server=cell.server, manager=manager, state=state)
         flushed = flush_radix_cache(cell=cell, manager=manager, state=state)
         logs = rank_logs(manager, state, {p.role for p in exp.evidence.values()})
         marks = evidence.count(exp.evidence, logs)
         client_started = time.monotonic()
         nodes = exp.cluster.nodes
+        read = gpu_nodes(exp)  # a GPU that roles share is read once (cluster.gpu_ids)
         before = telemetry.take_snapshot(
-            transport=manager.transport, nodes=nodes, phase="before", timeout=SNAPSHOT_TIMEOUT_S
+            transport=manager.transport, nodes=read, phase="before", timeout=SNAPSHOT_TIMEOUT_S
         )
         # Each node's clock against this host's: the window below is in this host's clock.
         clock = clocks.clock_rows(transport=manager.transport, nodes=nodes)
@@ -278,7 +290,7 @@ def run_cell(
         end = written_at - offsets.get(nodes[0], 0.0) if written_at else client_end
         window = gpusampling.window_rows(end - (record.duration or 0.0), end)
         after = telemetry.take_snapshot(
-            transport=manager.transport, nodes=nodes, phase="after", timeout=SNAPSHOT_TIMEOUT_S
+            transport=manager.transport, nodes=read, phase="after", timeout=SNAPSHOT_TIMEOUT_S
         )
         client_seconds = time.monotonic() - client_started
         manager.check_alive(state)
@@ -302,10 +314,11 @@ def run_cell(
         _check_requests(exp=exp, manager=manager, record=record, cell=cell.key, state=state)
         # In time order, the after rows last: a file cut at any line loses some of them, so a
         # cut file is `incomplete` (its before and after rows do not pair up), never `ok`. A
-        # node that is a slice of its host keeps only its own GPUs' rows (cluster.gpu_ids).
+        # node that is a slice of its host keeps only its own GPUs' rows (cluster.gpu_ids), a
+        # GPU that two nodes share is kept under the first one only.
         snapshot = telemetry.visible_rows(
             before + clock + window + samples + after,
-            {node: exp.cluster.visible_gpus(node) for node in nodes},
+            {node: exp.cluster.telemetry_gpus(node) for node in nodes},
         )
         warn_gpu_gaps(snapshot, paths=manager.paths, cell=cell.key)
         record = BenchRecord.model_validate(

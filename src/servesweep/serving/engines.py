@@ -13,7 +13,7 @@ from servesweep.config.experiment import Experiment, port_number
 from servesweep.config.guesses import ENGINE_VERSION, guessed
 from servesweep.config.load import env_var_of
 from servesweep.config.matrix import RoleSpec, ServerSpec, server_specs
-from servesweep.config.schema import PD_ROLES
+from servesweep.config.schema import PD_ROLES, SimFaults
 from servesweep.core.errors import ConfigError
 
 # MoE runner choices of `--moe-runner-backend` per SGLang version (SGLANG.md section 3).
@@ -220,6 +220,8 @@ def _sim_flags(exp: Experiment, spec: ServerSpec, node: str) -> list[str]:
     faults = sim.faults
     if faults.fail_start or node in faults.fail_start_nodes:
         flags.append("--sim-fail-start")
+    if corrupts(faults, spec, node):
+        flags.append("--sim-corrupt")
     if faults.crash_after is not None:
         flags += ["--sim-crash-after", str(faults.crash_after)]
         if faults.crash_kind != "scheduler":
@@ -232,6 +234,19 @@ def _sim_flags(exp: Experiment, spec: ServerSpec, node: str) -> list[str]:
         if indices:
             flags += [flag, ",".join(str(i) for i in indices)]
     return flags
+
+
+def corrupts(faults: SimFaults, spec: ServerSpec, node: str) -> bool:
+    """Whether the sim rank on `node` answers wrong tokens: its role's MoE runner is one of
+    `corrupt_runners`, or it is a PD decode rank under `corrupt_transfer`."""
+    for role in spec.roles:
+        if node not in role.nodes:
+            continue
+        if role.args.moe_runner_backend in faults.corrupt_runners:
+            return True
+        if faults.corrupt_transfer and role.name == "decode":
+            return True
+    return False
 
 
 def router_command(exp: Experiment, spec: ServerSpec) -> RankCommand:

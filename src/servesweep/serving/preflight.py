@@ -98,7 +98,8 @@ def gpus_idle(*, exp: Experiment, manager: ServerManager) -> list[dict[str, Any]
     """Every node's GPUs idle (no compute process, memory below the threshold) or held only by
     a server of ours that this run reuses (`servesweep up`'s service, seed 003's flow), and as
     many as the config says; PreflightFailed names node, GPU, pid and memory. The sim's local
-    nodes answer the same queries (smi_command); its remote ones are idle."""
+    nodes answer the same queries (smi_command); its remote ones are idle. A GPU that prefill
+    and decode share (cluster.gpu_ids) shows the processes of both nodes: ours on either."""
     reused = reused_servers(exp, manager)
     out = []
     for node in exp.cluster.nodes:
@@ -109,7 +110,9 @@ def gpus_idle(*, exp: Experiment, manager: ServerManager) -> list[dict[str, Any]
         res = manager.transport.run(node, gpuidle.probe_command(smi), timeout=PROBE_TIMEOUT_S)
         if not res.ok:
             raise PreflightFailed(f"node {node}: nvidia-smi failed: {res.stderr.strip()[:200]}")
-        ours = our_gpu_pids(node, reused, manager) if reused else {}
+        ours: dict[int, str] = {}
+        for sharer in exp.cluster.gpu_sharers(node) if reused else []:
+            ours |= our_gpu_pids(sharer, reused, manager)
         count, reason = gpuidle.judge_probe(
             node,
             res.stdout,

@@ -145,6 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--sim-fail-start", action="store_true", help="die during startup with a traceback"
     )
     sim.add_argument(
+        "--sim-corrupt",
+        action="store_true",
+        help="answer requests that ask for logprobs with wrong tokens at full speed (a broken "
+        "kernel, or on a PD decode server a KV transfer that hands it the wrong cache)",
+    )
+    sim.add_argument(
         "--sim-reuse-port",
         action="store_true",
         help="bind the HTTP port with SO_REUSEPORT: several sim processes serve one port, the "

@@ -23,6 +23,9 @@ logger = logging.getLogger(__name__)
 # and sleeps longer later); a lag beyond MAX_LAG_S is forgotten instead of caught up in a burst.
 MIN_SLEEP_S = 0.002
 MAX_LAG_S = 0.1
+# SGLang logs every prefill batch and every 40th decode step (`--decode-log-interval`). The sim
+# logs every prefill batch too, except in zero-cost mode (time scale 0: at most one a second),
+# and a decode line at most once a wall second.
 PREFILL_LOG_MIN_WALL_S = 1.0
 DECODE_LOG_INTERVAL_STEPS = 40
 DECODE_LOG_MIN_WALL_S = 1.0
@@ -45,6 +48,8 @@ class RequestStream:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     first_token: int | None = None  # sampled elsewhere (PD: by the prefill server)
     skip_special_tokens: bool = True  # SGLang's sampling_params default
+    tokens: list[int] | None = None  # the sim model's answer (answers.py): these, in order
+    inflight: bool = False  # PD prefill: prefilled, its KV cache not yet sent
 
     @property
     def rid(self) -> str:
@@ -64,6 +69,21 @@ class RequestStream:
         """Wait until new tokens or completion were delivered since the last call."""
         await self.changed.wait()
         self.changed.clear()
+
+
+@dataclass
+class DisaggQueues:
+    """The PD queues SGLang's batch lines count (0.5.16+, `metrics_reporter.py`). Prefill:
+    `bootstrap` requests wait for their decode peer's handshake, `inflight` ones are prefilled
+    and their KV transfer runs. Decode: `prealloc` requests wait for the handshake with their
+    prefill server, `transfer` ones for their KV cache, which holds `preallocated_tokens`."""
+
+    mode: str  # "prefill" | "decode"
+    bootstrap: int = 0
+    inflight: int = 0
+    prealloc: int = 0
+    transfer: int = 0
+    preallocated_tokens: int = 0
 
 
 @dataclass
@@ -115,7 +135,10 @@ class Engine:
         self._loop = asyncio.get_running_loop()
         self._anchor_wall = self._loop.time()
         self._anchor_sim = scheduler.now
+        self.disagg: DisaggQueues | None = None  # a PD server's queues (set by its node)
+        self._finished_uncounted: dict[str, RequestStream] = {}  # inflight until logged
         self._last_prefill_log = -1e9
+        self._prefill_tic = self._loop.time()  # the last prefill line (its throughput's start)
         self._decode_steps = 0
         self._decode_tokens = 0
         self._decode_window_start = self._loop.time()
@@ -136,6 +159,7 @@ class Engine:
         first_token: int | None = None,
         arrival_wall: float | None = None,
         skip_special_tokens: bool = True,
+        tokens: list[int] | None = None,
     ) -> RequestStream:
         """Queue a request; raises RequestRejected if it can never run. `prefilled` tokens
         of the prompt already have their KV cache (PD decode: all of them)."""
@@ -156,6 +180,7 @@ class Engine:
             arrival_wall=self._loop.time() if arrival_wall is None else arrival_wall,
             first_token=first_token,
             skip_special_tokens=skip_special_tokens,
+            tokens=tokens,
         )
         self._seq += 1
         self.counted_arrivals += counted
@@ -171,6 +196,14 @@ class Engine:
     async def wait_step(self) -> None:
         """Wait for the next completed step."""
         await self._step_done.wait()
+
+    def transfer_done(self, stream: RequestStream) -> None:
+        """PD prefill: the request's KV cache left (or will never leave): it quits the
+        inflight queue and frees its KV cache."""
+        if stream.inflight and self.disagg is not None:
+            stream.inflight = False
+            self.disagg.inflight -= 1
+            self.scheduler.release(stream.req)
 
     async def probe(self, *, timeout_s: float) -> bool:
         """SGLang's health check: a 1-token request; healthy when any step completes."""
@@ -235,6 +268,7 @@ class Engine:
                 await asyncio.sleep(0)  # let the HTTP side queue more work, then go on
                 self._deliver(result)
                 self._log_batch(result)
+                self._no_transfer(result)
                 done, self._step_done = self._step_done, asyncio.Event()
                 done.set()
                 continue
@@ -248,6 +282,7 @@ class Engine:
                     self._anchor_wall, self._anchor_sim = self._loop.time(), result.end
             self._deliver(result)
             self._log_batch(result)
+            self._no_transfer(result)
             done, self._step_done = self._step_done, asyncio.Event()
             done.set()
 
@@ -259,7 +294,9 @@ class Engine:
                 continue
             new = range(len(stream.output_ids), req.generated)
             for k in new:
-                if k == 0 and stream.first_token is not None:
+                if stream.tokens is not None and k < len(stream.tokens):
+                    token = stream.tokens[k]
+                elif k == 0 and stream.first_token is not None:
                     token = stream.first_token
                 elif k == 0 and self.noise.special(
                     seq=stream.seq, max_new_tokens=req.max_new_tokens
@@ -274,11 +311,18 @@ class Engine:
             stream.changed.set()
         self.stats.realtime_prefill_tokens += result.prefill_tokens
         self.stats.realtime_decode_tokens += result.decode_seqs
+        prefill_server = self.disagg is not None and self.disagg.mode == "prefill"
         for req in result.finished:
             stream = self._streams.pop(req.rid, None)
             if stream is None:
                 continue
             stream.finished = True
+            if prefill_server and self.disagg is not None:
+                stream.inflight = True  # SGLang moves it to the inflight queue, then logs
+                self.disagg.inflight += 1
+                self.scheduler.hold(req)  # its KV cache stays until it was sent
+                if not stream.counted:
+                    self._finished_uncounted[req.rid] = stream
             if stream.counted:
                 self.stats.requests_total += 1
                 self.stats.prompt_tokens_total += req.prompt_tokens
@@ -286,26 +330,61 @@ class Engine:
             stream.finish_wall = now
             stream.changed.set()
 
+    def _no_transfer(self, result: StepResult) -> None:
+        """Uncounted requests (warm-up, health probes) have a fake bootstrap room: their
+        "transfer" ends at once, after the batch line that counts them (as SGLang's)."""
+        for req in result.finished:
+            stream = self._finished_uncounted.pop(req.rid, None)
+            if stream is not None:
+                self.transfer_done(stream)
+
     def _log_batch(self, result: StepResult) -> None:
+        """SGLang 0.5.16+'s batch lines (`metrics_reporter.py`), with a PD server's queues."""
         now = self._loop.time()
+        queues = self.disagg
+        mode = queues.mode if queues is not None else None
         usage = self.scheduler.token_usage
-        if result.prefill_tokens and now - self._last_prefill_log >= PREFILL_LOG_MIN_WALL_S:
+        # a decode server's batches are prebuilt from transferred KV: no prefill line
+        for report in result.prefills if mode != "decode" else ():
+            if self.time_scale == 0 and now - self._last_prefill_log < PREFILL_LOG_MIN_WALL_S:
+                break
+            gap, self._prefill_tic = now - self._prefill_tic, now
             self._last_prefill_log = now
-            logger.info(
-                f"Prefill batch. #new-seq: {result.new_seqs}, "
-                f"#new-token: {result.prefill_tokens}, #cached-token: 0, "
-                f"token usage: {usage:.2f}, #running-req: {result.decode_seqs}, "
-                f"#queue-req: {result.queued}"
+            throughput = report.tokens / gap if gap > 0 else 0.0
+            line = (
+                f"Prefill batch, #new-seq: {report.seqs}, #new-token: {report.tokens}, "
+                f"#cached-token: 0, token usage: {usage:.2f}, #running-req: {report.running}, "
+                f"#queue-req: {result.queued}, #pending-token: {report.pending_tokens}, "
             )
+            if queues is not None and mode == "prefill":
+                line += (
+                    f"#bootstrap-req: {queues.bootstrap}, #inflight-req: {queues.inflight}, "
+                    "#optimistic-req: 0, "
+                )
+            logger.info(line + f"cuda graph: True, input throughput (token/s): {throughput:.2f}")
         if result.decode_seqs:
             self._decode_steps += 1
             self._decode_tokens += result.decode_seqs
         elapsed = now - self._decode_window_start
-        if self._decode_steps >= DECODE_LOG_INTERVAL_STEPS and elapsed >= DECODE_LOG_MIN_WALL_S:
-            self.stats.last_gen_throughput = self._decode_tokens / elapsed
+        if (
+            self._decode_steps >= DECODE_LOG_INTERVAL_STEPS
+            and elapsed >= DECODE_LOG_MIN_WALL_S
+            and mode != "prefill"
+        ):
+            self.stats.last_gen_throughput = self._decode_tokens / elapsed if elapsed > 0 else 0.0
+            line = (
+                f"Decode batch, #running-req: {result.running}, #token: {result.kv_used}, "
+                f"token usage: {usage:.2f}, "
+            )
+            if queues is not None and mode == "decode":
+                capacity = self.scheduler.policy.max_total_num_tokens
+                line += (
+                    f"pre-allocated usage: {queues.preallocated_tokens / capacity:.2f}, "
+                    f"#prealloc-req: {queues.prealloc}, #transfer-req: {queues.transfer}, "
+                    "#retracted-req: 0, "
+                )
             logger.info(
-                f"Decode batch. #running-req: {result.running}, #token: {result.kv_used}, "
-                f"token usage: {usage:.2f}, cuda graph: True, "
+                line + f"cuda graph: True, "
                 f"gen throughput (token/s): {self.stats.last_gen_throughput:.2f}, "
                 f"#queue-req: {result.queued}"
             )

@@ -17,8 +17,9 @@ from aiohttp import web
 from servesweep.sim.cli import resolved_args, split_addr
 from servesweep.sim.cluster import ClusterHost, ClusterPeer
 from servesweep.sim.costmodel import CostModel, Topology, max_total_num_tokens
-from servesweep.sim.engine import Engine
+from servesweep.sim.engine import DisaggQueues, Engine
 from servesweep.sim.logs import READY_LINE, SGLANG_SRC, fatal_exit, scheduler_traceback
+from servesweep.sim.mooncake import server_args_lines, transfer_engine_lines
 from servesweep.sim.pd import DecodeReceiver, KVSender, PrefillBootstrap, parallel_info
 from servesweep.sim.profiles import SimProfile, get_profile
 from servesweep.sim.scheduler import new_scheduler
@@ -160,6 +161,11 @@ async def run_node(ns: argparse.Namespace, *, launch_command: str) -> int:
     """Run this rank until SIGTERM (exit 0) or a fatal error (the process exits non-zero)."""
     args = resolved_args(ns)
     logger.info("server_args=ServerArgs(" + ", ".join(f"{k}={v!r}" for k, v in args.items()) + ")")
+    if ns.disaggregation_mode in ("prefill", "decode"):
+        for level, message in server_args_lines(
+            backend=ns.disaggregation_transfer_backend, ib_device=ns.disaggregation_ib_device
+        ):
+            getattr(logger, level)(message)
     stop = asyncio.Event()
     _install_signals(stop)
     if ns.node_rank == 0:
@@ -239,6 +245,21 @@ async def _start_pd(
     return ctx
 
 
+def _transfer_engine_start(ns: argparse.Namespace) -> None:
+    """Mooncake's start lines (glog, on stdout) once the scheduler sets up disaggregation.
+    Every rank of a real PD server prints them; the sim's rank 0 does (a peer's log has no
+    batch or ready line after them, which the log scan would read as a process that stopped)."""
+    host = ns.host if ns.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+    for line in transfer_engine_lines(
+        backend=ns.disaggregation_transfer_backend,
+        ib_device=ns.disaggregation_ib_device,
+        host=host,
+        env=os.environ,
+        noise=not ns.sim_clean,
+    ):
+        print(line, flush=True)
+
+
 async def _close_pd(ctx: PDContext | None) -> None:
     if ctx is None:
         return
@@ -311,11 +332,15 @@ async def _run_rank0(
     )
     args["port"] = port
     server.pd = await _start_pd(ns, args=args, profile=profile, http_port=port)
+    if server.pd is not None:
+        engine.disagg = DisaggQueues(mode=server.pd.mode)
     engine_task = asyncio.create_task(engine.run())
     engine_task.add_done_callback(_die_if_failed)
 
     async def life() -> None:
         await _load(ns, model=model, capacity=capacity)
+        if server.pd is not None:
+            _transfer_engine_start(ns)
         logger.info(f"Uvicorn running on http://{ns.host}:{port} (Press CTRL+C to quit)")
         if cluster is not None and not cluster.all_joined.is_set():
             left = args["dist_timeout"] - (loop.time() - started)
@@ -336,8 +361,10 @@ async def _run_rank0(
         if not ns.skip_server_warmup:
             if server.pd is not None:
                 logger.info(PD_WARMUP_START)
-            await engine.run_to_completion(
-                prompt_tokens=WARMUP_PROMPT_TOKENS, max_new_tokens=WARMUP_MAX_NEW_TOKENS
+            prefill_only = server.pd is not None and server.pd.mode == "prefill"
+            await engine.run_to_completion(  # a prefill server samples the first token only
+                prompt_tokens=WARMUP_PROMPT_TOKENS,
+                max_new_tokens=1 if prefill_only else WARMUP_MAX_NEW_TOKENS,
             )
             if server.pd is not None:
                 logger.info(f"{PD_WARMUP_END} with status 200 (fake bootstrap host, no transfer)")

@@ -51,7 +51,8 @@ STATE_SLICE_LINE = (
     "Using Mamba state slice transfer for different TP sizes between prefill and decode."
 )
 RDMA_ENDPOINTS_LINE = "Mooncake RDMA endpoints established"
-BOOTSTRAP_LINE = "Bootstrap server started at"
+# SGLang's (CommonKVBootstrapServer._run_server), once on a prefill server: "... on host:port".
+BOOTSTRAP_LINE = "CommonKVBootstrapServer started successfully on"
 FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # sglang.srt.disaggregation.utils: no transfer at all
 TRANSFER_PATH = "/sim/kv_transfer"
 ROUTE_QUERY = "prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1"

@@ -8,8 +8,10 @@ same body to both, and returns the decode server's response (streamed through as
 stream the status is always 200, as the real mini-LB's StreamingResponse). It also serves
 `/health` (always 200), `/health_generate` and `/flush_cache` (fanned out to every server),
 `/get_server_info` (`{internal_states, prefill: [...], decode: [...]}`), `/get_model_info`,
-`/model_info` and `/v1/models` (from the first prefill server), and, like the real mini-LB,
-no `/server_info` (404). Log lines follow the mini-LB under uvicorn; `READY_LINE` is logged
+`/model_info` and `/v1/models` (from the first prefill server). Like sglang-router 0.3.2's
+mini-LB (a FastAPI app; seen on one H100, 2026-12-07) it has no `/server_info` and no
+`/metrics`: those, like any path it has no route for, get FastAPI's 404
+`{"detail": "Not Found"}`. Log lines follow the mini-LB under uvicorn; `READY_LINE` is logged
 once the port is bound.
 """
 
@@ -161,6 +163,15 @@ def batch_size(body: dict[str, Any]) -> int | None:
     return None
 
 
+@web.middleware
+async def fastapi_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """FastAPI's answer to a path (404) or method (405) with no route: `{"detail": reason}`."""
+    try:
+        return await handler(request)
+    except (web.HTTPNotFound, web.HTTPMethodNotAllowed) as exc:
+        return web.json_response({"detail": exc.reason}, status=exc.status)
+
+
 class MiniLB:
     """The mini-LB's handlers over one shared HTTP client session."""
 
@@ -187,7 +198,7 @@ class MiniLB:
             await self._session.close()
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=512 * 1024 * 1024)
+        app = web.Application(client_max_size=512 * 1024 * 1024, middlewares=[fastapi_errors])
         r = app.router
         r.add_get("/health", self.health)
         r.add_get("/health_generate", self.health_generate)

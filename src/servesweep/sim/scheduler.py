@@ -73,6 +73,17 @@ class BatchPolicy:
 
 
 @dataclass(frozen=True)
+class PrefillReport:
+    """A prefill batch whose results landed in a step, as SGLang's batch line reports it (the
+    counts of when it was scheduled; SGLang logs the line once the results are processed)."""
+
+    seqs: int  # requests with a chunk in it (#new-seq)
+    tokens: int  # #new-token
+    running: int  # requests decoding beside it (#running-req)
+    pending_tokens: int  # prompt tokens left to prefill after it (#pending-token)
+
+
+@dataclass(frozen=True)
 class StepResult:
     """What one step did; the request objects were already updated."""
 
@@ -86,6 +97,7 @@ class StepResult:
     running: int
     queued: int
     kv_used: int
+    prefills: tuple[PrefillReport, ...] = ()  # prefill batches whose results landed
 
     @property
     def end(self) -> float:
@@ -101,6 +113,7 @@ class MicroBatch:
     admitted: int
     work_s: float
     ticks_left: int
+    pending_tokens: int = 0  # prompt tokens left to prefill once its chunks are done
 
 
 @dataclass
@@ -117,6 +130,7 @@ class Scheduler:
     kv_used: int = 0
     steps: int = 0
     pipeline: deque[MicroBatch] = field(default_factory=deque)
+    pending_tokens: int = 0  # prompt tokens still to prefill (SGLang's #pending-token)
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)
@@ -151,17 +165,27 @@ class Scheduler:
         """Queue a request (FIFO); it joins at the next step."""
         self.check(prompt_tokens=req.prompt_tokens, max_new_tokens=req.max_new_tokens)
         self.waiting.append(req)
+        self.pending_tokens += req.prompt_tokens - req.prefilled
 
     def abort(self, req: SimRequest) -> None:
         """Drop a request wherever it is and release its KV reservation."""
         if req.finished:
             return
         req.aborted = True
+        self.pending_tokens -= req.prompt_tokens - req.prefilled
         if req in self.waiting:
             self.waiting.remove(req)
         if req in self.running:
             self.running.remove(req)
             self.kv_used -= req.kv_reserved
+
+    def hold(self, req: SimRequest) -> None:
+        """Keep a finished request's KV cache reserved (PD prefill: until it was sent)."""
+        self.kv_used += req.kv_reserved
+
+    def release(self, req: SimRequest) -> None:
+        """Free what `hold` kept."""
+        self.kv_used -= req.kv_reserved
 
     @property
     def has_work(self) -> bool:
@@ -239,6 +263,7 @@ class Scheduler:
         emitted, finished = self._apply(decode=decode, plan=plan, end=end)
         self.now = end
         self.steps += 1
+        report = _report(plan, running=len(decode), pending_tokens=self.pending_tokens)
         return StepResult(
             start=start,
             duration_s=duration,
@@ -250,6 +275,7 @@ class Scheduler:
             running=len(self.running),
             queued=len(self.waiting),
             kv_used=self.kv_used,
+            prefills=(report,) if report else (),
         )
 
     def _tick(self) -> StepResult:
@@ -273,11 +299,14 @@ class Scheduler:
                     ticks_left=self.cost.pipeline_stages,
                 )
             )
+            in_pipeline = sum(n for mb in self.pipeline for r, n in mb.plan if not r.aborted)
+            self.pipeline[-1].pending_tokens = self.pending_tokens - in_pipeline
         base = self.cost.overhead_s + max((mb.work_s for mb in self.pipeline), default=0.0)
         duration = base * noise_factor(sigma=self.cost.noise_sigma, gauss=self._rng.gauss(0, 1))
         start, end = self.now, self.now + duration
         emitted: list[SimRequest] = []
         finished: list[SimRequest] = []
+        reports: list[PrefillReport] = []
         for mb in self.pipeline:
             mb.ticks_left -= 1
         while self.pipeline and self.pipeline[0].ticks_left <= 0:
@@ -287,6 +316,8 @@ class Scheduler:
             e, f = self._apply(decode=mb.decode, plan=mb.plan, end=end)
             emitted += e
             finished += f
+            report = _report(mb.plan, running=len(mb.decode), pending_tokens=mb.pending_tokens)
+            reports += [report] if report else []
         self.now = end
         self.steps += 1
         return StepResult(
@@ -300,6 +331,7 @@ class Scheduler:
             running=len(self.running),
             queued=len(self.waiting),
             kv_used=self.kv_used,
+            prefills=tuple(reports),
         )
 
     def _apply(
@@ -313,6 +345,8 @@ class Scheduler:
             emitted.append(req)
         for req, n in plan:
             req.prefilled += n
+            if not req.aborted:  # an aborted request's rest was taken off at once
+                self.pending_tokens -= n
             if req.prefill_done:
                 req.first_token_at = end
                 if req.max_new_tokens > 0:
@@ -325,6 +359,17 @@ class Scheduler:
                 self.running.remove(req)
                 self.kv_used -= req.kv_reserved
         return emitted, finished
+
+
+def _report(
+    plan: list[tuple[SimRequest, int]], *, running: int, pending_tokens: int
+) -> PrefillReport | None:
+    """The batch line's counts of a batch's prefill chunks (None: it prefilled nothing)."""
+    tokens = sum(n for _, n in plan)
+    if not tokens:
+        return None
+    seqs = sum(1 for _, n in plan if n > 0)
+    return PrefillReport(seqs=seqs, tokens=tokens, running=running, pending_tokens=pending_tokens)
 
 
 def new_scheduler(

@@ -21,6 +21,7 @@ try:  # optional: 3x faster parsing of long input_ids bodies (zero-cost benchmar
 except ImportError:  # pragma: no cover - orjson is a test extra
     _loads = json.loads
 
+from servesweep.sim.answers import Greedy, content_key, greedy
 from servesweep.sim.engine import Engine, RequestStream
 from servesweep.sim.logs import (
     DECODE_HANDSHAKE_FRAMES,
@@ -74,6 +75,9 @@ class Prompt:
     model: str | None = None
     bootstrap: Bootstrap | None = None
     skip_special_tokens: bool = True
+    # A request with return_logprob: the sim model's whole greedy answer (answers.py).
+    answer: Greedy | None = None
+    top_logprobs: int = 0
 
 
 @dataclass
@@ -335,14 +339,26 @@ class SimServer:
         params = body.get("sampling_params") or {}
         if not isinstance(params, dict):
             raise BadRequest("sampling_params must be an object")
-        max_new = params.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
+        max_new = _int(params.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS))
         stream = bool(body.get("stream"))
+        top_k = _int(body.get("top_logprobs_num") or 0)
+        answer = None
+        if body.get("return_logprob"):
+            answer = greedy(
+                key=content_key(body),
+                length=max_new,
+                runner=str(self.args.get("moe_runner_backend")),
+                corrupt=bool(self.args.get("sim_corrupt")),
+                top_k=top_k,
+            )
         return Prompt(
             prompt_tokens=n,
-            max_new_tokens=_int(max_new),
+            max_new_tokens=max_new,
             stream=stream,
             bootstrap=self._bootstrap(body),
             skip_special_tokens=bool(params.get("skip_special_tokens", True)),
+            answer=answer,
+            top_logprobs=top_k,
         )
 
     def _bootstrap(self, body: dict[str, Any]) -> Bootstrap | None:
@@ -421,6 +437,7 @@ class SimServer:
             max_new_tokens=prompt.max_new_tokens,
             counted=True,
             skip_special_tokens=prompt.skip_special_tokens,
+            tokens=prompt.answer.tokens if prompt.answer else None,
         )
 
     async def _start(self, prompt: Prompt, *, openai: bool) -> RequestStream | web.Response:
@@ -434,8 +451,9 @@ class SimServer:
         first_token = None
         bootstrap = prompt.bootstrap
         if bootstrap is not None and not bootstrap.fake:
-            receiver = self.pd.receiver
-            assert receiver is not None
+            receiver, queues = self.pd.receiver, self.engine.disagg
+            assert receiver is not None and queues is not None
+            queues.prealloc += 1
             try:
                 await receiver.ensure_parallel_info(bootstrap.addr)
             except PDMismatch as exc:
@@ -444,11 +462,18 @@ class SimServer:
                         error=f"RuntimeError: {exc}", frames=DECODE_HANDSHAKE_FRAMES
                     )
                 )
+            finally:
+                queues.prealloc -= 1
+            queues.transfer += 1
+            queues.preallocated_tokens += prompt.prompt_tokens
             try:
                 outcome = await receiver.receive(bootstrap, timeout_s=waiting_timeout_s())
             except KVTransferFailed as exc:
                 logger.error(f"Abort request (room={bootstrap.room}): {exc}")
                 return _error(500, str(exc), openai=openai)
+            finally:
+                queues.transfer -= 1
+                queues.preallocated_tokens -= prompt.prompt_tokens
             first_token = outcome.get("first_token_id")
         try:
             return self.engine.submit(
@@ -459,6 +484,7 @@ class SimServer:
                 first_token=first_token if isinstance(first_token, int) else None,
                 arrival_wall=arrival,
                 skip_special_tokens=prompt.skip_special_tokens,
+                tokens=prompt.answer.tokens if prompt.answer else None,
             )
         except RequestRejected as exc:
             return _error(400, str(exc), openai=openai)
@@ -554,6 +580,8 @@ class SimServer:
         }
         if stream.finished:
             meta["e2e_latency"] = stream.e2e_latency
+        if prompt.answer is not None:
+            meta.update(prompt.answer.meta(n, prompt.top_logprobs))
         return {"text": stream.text, "output_ids": list(stream.output_ids), "meta_info": meta}
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -647,9 +675,12 @@ class SimServer:
         arrival = loop.time()
         bootstrap = prompt.bootstrap
         room = None
+        queues = self.engine.disagg
+        assert queues is not None
         if bootstrap is not None and not bootstrap.fake:
             room = self.pd.bootstrap.room(bootstrap.room)
             timeout = bootstrap_timeout_s()
+            queues.bootstrap += 1
             try:
                 await asyncio.wait_for(room.registered.wait(), timeout)
             except TimeoutError:
@@ -661,6 +692,8 @@ class SimServer:
                 room.resolve({"status": "failed", "reason": message})
                 self.pd.bootstrap.drop(bootstrap.room)
                 return _error(500, message, openai=openai)
+            finally:
+                queues.bootstrap -= 1
         try:
             stream = self.engine.submit(
                 prompt_tokens=prompt.prompt_tokens,
@@ -672,32 +705,37 @@ class SimServer:
             if room is not None:
                 room.resolve({"status": "failed", "reason": str(exc)})
             return _error(400, str(exc), openai=openai)
-        while not stream.finished:
-            await stream.wait_change()
-            if index in self.faults.midstream_error_at:
+        try:  # prefilled, the request is in the inflight queue until its KV cache left
+            while not stream.finished:
+                await stream.wait_change()
+                if index in self.faults.midstream_error_at:
+                    self.engine.abort(stream)
+                    logger.warning(f"Request #{index}: injected error (--sim-midstream-error-at).")
+                    message = f"Injected error for request #{index}."
+                    if room is not None:
+                        room.resolve({"status": "failed", "reason": message})
+                    return _error(500, message, openai=openai)
+            first = stream.output_ids[0] if stream.output_ids else None
+            if room is not None:
+                assert self.pd.sender is not None and bootstrap is not None
+                await self.pd.sender.send(
+                    room=bootstrap.room,
+                    tokens=prompt.prompt_tokens,
+                    peer=room.peer,
+                    decode_tp=room.decode_tp,
+                )
+                room.resolve(
+                    {
+                        "status": "ok",
+                        "room": bootstrap.room,
+                        "tokens": prompt.prompt_tokens,
+                        "first_token_id": first,
+                    }
+                )
+        finally:
+            if not stream.finished:  # the handler was cancelled mid-prefill
                 self.engine.abort(stream)
-                logger.warning(f"Request #{index}: injected error (--sim-midstream-error-at).")
-                message = f"Injected error for request #{index}."
-                if room is not None:
-                    room.resolve({"status": "failed", "reason": message})
-                return _error(500, message, openai=openai)
-        first = stream.output_ids[0] if stream.output_ids else None
-        if room is not None:
-            assert self.pd.sender is not None and bootstrap is not None
-            await self.pd.sender.send(
-                room=bootstrap.room,
-                tokens=prompt.prompt_tokens,
-                peer=room.peer,
-                decode_tp=room.decode_tp,
-            )
-            room.resolve(
-                {
-                    "status": "ok",
-                    "room": bootstrap.room,
-                    "tokens": prompt.prompt_tokens,
-                    "first_token_id": first,
-                }
-            )
+            self.engine.transfer_done(stream)
         if openai:
             body: dict[str, Any] = {
                 "id": f"cmpl-{uuid.uuid4().hex}",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html as _html
 import json
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -18,6 +19,8 @@ if TYPE_CHECKING:
     from servesweep.cluster.pools import PoolPlan
     from servesweep.config.paths import RunPaths
     from servesweep.workflow.jobconfig import PathLike
+
+log = logging.getLogger(__name__)
 
 # Each job imports the modules it uses in its function: a job's process pays for its own
 # (collect_results neither the summary's nor the comparison's, the log scan no pandas, the
@@ -33,11 +36,13 @@ def collect_results(
     results_csv: PathLike,
     requests_csv: PathLike,
     workers: int = 1,
+    equivalence: Sequence[PathLike] = (),
 ) -> None:
     """Rule collect_results: results.csv (one row per cell-repeat) and requests.csv (one row
     per request) from the raw records and GPU snapshots of `cell_keys` (the selected cells and
     every other finished one of the configured matrix; `raw` and `gpu` in matrix order), read
-    in `workers` processes (the rule's threads)."""
+    in `workers` processes (the rule's threads); with `equivalence` (equivalence.json), each
+    row's `outputs_verdict`."""
     from servesweep.analysis.results import collect_results as collect
     from servesweep.analysis.results import write_requests_csv, write_results_csv
     from servesweep.cluster.pools import pooled_cells
@@ -71,7 +76,15 @@ def collect_results(
         engine_kind=exp.engine.kind,
         time_scale=exp.engine.sim.time_scale,
         workers=workers,
+        cluster=exp.cluster,
     )
+    if equivalence:
+        from servesweep.analysis.equivalence import row_verdict
+
+        verdicts = json.loads(Path(equivalence[0]).read_text())
+        results["outputs_verdict"] = [
+            row_verdict(verdicts, row) for row in results.to_dict(orient="records")
+        ]
     write_results_csv(results, results_csv)
     write_requests_csv(requests, requests_csv)
 
@@ -103,6 +116,7 @@ def summarize(
     warmup: Sequence[PathLike],
     out: PathLike,
     workers: int = 1,
+    equivalence: Sequence[PathLike] = (),
 ) -> None:
     """Rule summarize: medians, intervals, verdicts, final log scan and warm-ups; `baseline`
     and the axes are the rule's params (a changed baseline reruns it); the cells are resampled
@@ -123,7 +137,25 @@ def summarize(
     scan = json.loads(Path(logscan).read_text())
     summary["log_scan"] = {k: v for k, v in scan.items() if k != "per_log"}
     summary["warmup"] = warmups(warmup)
+    if equivalence:
+        from servesweep.analysis.equivalence import with_verdicts
+
+        with_verdicts(summary, json.loads(Path(equivalence[0]).read_text()))
     write_summary(summary, out)
+
+
+def compare_outputs(
+    *, probes: Sequence[PathLike], baseline: Mapping[str, Any], tolerance: float, out: PathLike
+) -> None:
+    """Rule compare_outputs: each candidate server config's probe answers against its
+    baseline's (analysis.equivalence) into equivalence.json."""
+    from servesweep.analysis.equivalence import verdicts
+    from servesweep.measure.probefile import answers_of
+
+    result = verdicts(answers_of(probes), baseline=dict(baseline), tolerance=tolerance)
+    for c in result["comparisons"]:
+        log.info("%s vs %s: %s", c["candidate"], c["baseline"], c["verdict"])
+    write_json_atomic(out, result)
 
 
 def write_case_table(

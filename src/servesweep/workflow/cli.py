@@ -22,7 +22,7 @@ from servesweep.config.guesses import guess_values
 from servesweep.config.load import load_experiment_file
 from servesweep.config.matrix import cell_repeats, server_specs
 from servesweep.config.paths import RunPaths
-from servesweep.config.schema import MIN_RETOKENIZED_RATIO
+from servesweep.config.schema import MIN_RETOKENIZED_RATIO, EquivalenceConfig
 from servesweep.core.errors import ConfigError, ServesweepError
 from servesweep.core.files import write_json_atomic
 from servesweep.measure.cells import run_warmup
@@ -118,7 +118,45 @@ def _parser() -> argparse.ArgumentParser:
         "--min-retokenized-ratio", type=float, default=MIN_RETOKENIZED_RATIO, help="as for check"
     )
     imp.add_argument("--no-plots", action="store_true", help="results.csv and summary.json only")
+    text = (
+        "compare two equivalence probe answers (results/<run>/equivalence/<server>.json): "
+        "baseline first; exit 1 when the outputs differ"
+    )
+    eq = sub.add_parser("equivalence", help=text, description=text)
+    eq.add_argument("baseline", metavar="BASELINE.json")
+    eq.add_argument("candidate", metavar="CANDIDATE.json")
+    eq.add_argument(
+        "--tolerance",
+        type=float,
+        default=EquivalenceConfig().logprob_tolerance,
+        help="equivalence.logprob_tolerance (default %(default)s)",
+    )
+    eq.add_argument("--json", metavar="OUT", help="also write the comparison as JSON")
     return parser
+
+
+def cmd_equivalence(args: argparse.Namespace) -> int:
+    """A candidate's probe answers against a baseline's, printed (docs/equivalence.md)."""
+    from servesweep.analysis.equivalence import DIFFER, NOT_COMPARABLE, compare_answers
+    from servesweep.measure.probefile import read_probe
+
+    try:
+        base, cand = read_probe(args.baseline), read_probe(args.candidate)
+    except ValueError as exc:
+        print(f"servesweep: {exc}", file=sys.stderr)
+        return 2
+    result = compare_answers(base, cand, tolerance=args.tolerance)
+    print(f"{cand.run_id}/{cand.server} vs {base.run_id}/{base.server}: {result.line()}")
+    for row in result.per_prompt:
+        gap = "n/a" if row.max_logprob_diff is None else f"{row.max_logprob_diff:.4f}"
+        why = f"  {row.why}" if row.why else ""
+        print(
+            f"  {row.prompt:<10} {row.verdict:<27} prefix {row.agree_prefix:>3}/{row.tokens}"
+            f"  max |dlogprob| {gap}{why}"
+        )
+    if args.json:
+        write_json_atomic(args.json, result.to_dict())
+    return 1 if result.verdict in (DIFFER, NOT_COMPARABLE) else 0
 
 
 def checkout_results(configfile: str | Path) -> Path:
@@ -327,8 +365,7 @@ def cmd_up(args: argparse.Namespace) -> None:
             up_prerequisites(exp=exp, paths=paths, manager=manager)
         state, fresh = manager.ensure(spec)
         if fresh and exp.warmup_after_start:
-            cell = next(c for c in cell_repeats(exp) if c.server.id == spec.id)
-            run_warmup(exp=exp, cell=cell, manager=manager, state=state)
+            run_warmup(exp=exp, server=spec, manager=manager, state=state)
     verb = "started" if fresh else "already running"
     print(
         f"service {state.fingerprint} (server {state.server_id}) {verb} at {state.base_url}; "
@@ -439,6 +476,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if getattr(args, "results", "") is None:
         args.results = str(checkout_results(args.configfile))
+    if args.command == "equivalence":
+        return cmd_equivalence(args)
     if args.command in ("check", "import"):
         from servesweep.measure.checks import CheckInputError
 

@@ -18,12 +18,13 @@ from typing import Any
 from servesweep.cluster import pools
 from servesweep.cluster.images import build_images as build_all
 from servesweep.config.matrix import CellRepeat, client_specs, server_specs, workload_key
-from servesweep.core.errors import ConfigError, PoolStopped
+from servesweep.core.errors import ConfigError, PoolStopped, PreflightFailed
 from servesweep.core.files import write_json_atomic, write_text_atomic
 from servesweep.measure import provenance
 from servesweep.measure.cells import check_prerequisites
 from servesweep.measure.cells import run_cell as run_cell_repeat
 from servesweep.measure.locks import cell_lock, server_lock
+from servesweep.measure.probe import probe_key, run_probe
 from servesweep.serving.engines import launch_targets
 from servesweep.serving.preflight import run_preflight
 from servesweep.serving.servers import connect
@@ -145,3 +146,41 @@ def run_cell(
     line = progress.finished_line(path=paths.progress, cell=cell.key, raw=raw)
     if line:
         console(line)
+
+
+def probe_outputs(
+    *, config: Mapping[str, Any], server: str, fingerprint: str, probe: str, out: PathLike
+) -> None:
+    """Rule probe_outputs: the equivalence probe of one server config (measure.probe), after
+    its warm-up and before its cells (priority), into equivalence/<server>.json. Not a cell:
+    nothing it sends is measured, and it takes the node locks a cell takes."""
+    exp, paths = experiment(config)
+    try:
+        exp, spec = pools.locate(exp, server_id=server, fingerprint=fingerprint)
+    except ConfigError:
+        raise ConfigError(
+            f"equivalence probe of server {server}: the config gives it another fingerprint "
+            f"than the workflow planned ({fingerprint})"
+        ) from None
+    if probe != probe_key(exp):
+        raise ConfigError(
+            f"equivalence probe of server {server}: the config's probe is {probe_key(exp)}, "
+            f"the workflow planned {probe}"
+        )
+    tag = f"{server}/probe"
+    missing = [str(p) for p in paths.prerequisites(exp) if not p.exists()]
+    if missing:
+        raise PreflightFailed(f"{tag}: evidence missing: {', '.join(missing)}")
+    stopped = paths.pool_stopped(spec.pool)
+    holder = f"{exp.run_id} {os.getpid()}"
+    with (
+        server_lock(paths.node_locks(exp.cluster.nodes), cell=tag, holder=holder),
+        connect(exp, paths, pool=spec.pool) as manager,
+    ):
+        if stopped.exists():
+            raise PoolStopped(
+                f"{tag}: not started: pool {spec.pool} stopped after a failure "
+                f"({stopped.read_text().strip()})"
+            )
+        answers = run_probe(exp=exp, spec=spec, manager=manager)
+    write_json_atomic(out, answers.to_dict())
