@@ -29,7 +29,8 @@ def cautions(
     out = [
         f"WARNING: outputs differ: {_axes(c.get('candidate_axes'))} answers otherwise than its "
         f"baseline {_axes(c.get('baseline_axes'))} "
-        f"({c.get('first_token_agree')}/{c.get('prompts')} first tokens agree, greedy prefix min {c.get('prefix_min')} of {c.get('output_len')}"
+        f"({c.get('first_token_agree')}/{c.get('prompts')} first tokens agree, greedy prefix "
+        f"min {c.get('prefix_min')} of {c.get('output_len')}"
         f"{'; ' + str(c['why']) if c.get('why') else ''}): whatever its speed, it is not better "
         "(equivalence.json; docs/equivalence.md)."
         for c in differing(summary.get("equivalence"))
