@@ -171,6 +171,11 @@ PROGRESS = re.compile(r'HTTP/[\d.]+" 2\d\d|\b(?:Prefill|Decode) batch\b|ready to
 # `[Router (Rust)] 2025-03-18 14:17:58 - ERROR - ...`; a C/C++/CUDA library's source-located
 # error print (NVSHMEM: `/path/init.cu:1007: non-zero status: 7 ...`).
 GLOG = re.compile(r"(?:^|\s)([EF])\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+:\d+\] ")
+# Native error-level lines a healthy start prints, never fatal (a warning where seen): Mooncake's
+# transfer engine logs one `E... transfer_metadata.cpp:1367] Local segment descriptor not found`
+# per process at start (SGLang 0.5.17 PD on one H100, 2026-12-07, served fine after it); a
+# multi-node server's other ranks log no batch or ready line after it.
+HEALTHY_NATIVE = re.compile(r"transfer_metadata\.cpp:\d+\] Local segment descriptor not found")
 UCX_ERROR = re.compile(r"\[[\w.-]+:\d+:\d+\]\s+\S+:\d+\s+UCX\s+(?:ERROR|FATAL)\b")
 RUST_ERROR = re.compile(
     r"^\d{4}-\d\d-\d\d[ T][\d:.]+Z?\s+ERROR\s+\S.*\.rs:\d+|^\[Router \(Rust\)\] .* - ERROR - "
@@ -342,7 +347,8 @@ def scan_text(text: str, *, complete: bool = True) -> list[Finding]:
         if glog and glog.group(1) == "F":
             findings.append(Finding("native_fatal", index + 1, line, FATAL))
         elif _native_error(body, line):
-            severity = FATAL if stops_after(index) else WARNING
+            known = HEALTHY_NATIVE.search(line)
+            severity = FATAL if stops_after(index) and not known else WARNING
             detail = "the process does not go on after it" if severity == FATAL else ""
             findings.append(Finding("native_error", index + 1, line, severity, detail))
         if STACK_DUMP.search(line):
