@@ -61,7 +61,6 @@ unpack() {
   local name=$1 files want
   [ -f "$work/site/.$name-unpacked" ] && return 0
   mkdir -p "$work/site" "$work/parts"
-  for part in ".bundle/$name.tar.xz."*of*; do [ -f "$part" ] && cp "$part" "$work/parts/"; done
   files=(".bundle/$name.tar.xz")
   if [ ! -f "${files[0]}" ]; then
     mapfile -t files < <(ls "$work/parts/$name.tar.xz."*of* 2>/dev/null | sort -V)
@@ -76,6 +75,9 @@ unpack() {
     || { mark "FAIL: could not unpack ${files[*]}"; exit 2; }
   rm -f "$work/parts/$name.tar.xz."*
 }
+# Every carried part of every bundle is kept first, whichever bundle is complete yet.
+mkdir -p "$work/parts"
+for part in .bundle/*.tar.xz.*of*; do [ -f "$part" ] && cp "$part" "$work/parts/"; done
 if ! unpack site; then
   [ "${steps[*]}" = receive ] && exit 0
   mark "FAIL: no complete bundle: carry .bundle/site.tar.xz or each of its parts"
@@ -211,7 +213,7 @@ yaml.safe_dump(c, open(sys.argv[3], 'w'), sort_keys=False)" "$pd1" "${PD_BENCH_R
     cfg=$work/pd1-bench.yaml snake pd-bench CLIENT_KIND=bench_serving SUITE=all
     ;;
   pd1-faults)
-    for role in decode prefill router; do
+    for role in ${FAULT_ROLES:-decode prefill router}; do
       python3 tools/rehearsal/kill_role.py results "pd-fault-$role" "$role" --delay 4 --timeout 400 \
         >>"$out/pd1-faults.log" 2>&1 &
       killer=$!
