@@ -284,6 +284,7 @@ def compare_inputs(wildcards):
         found = run_inputs(run_dir=f"{RESULTS_ROOT}/{run}", current=run == EXP.run_id)
         files[f"csv_{side}"] = found["csv"]
         files[f"requests_{side}"] = found["requests"]
+        files[f"probes_{side}"] = found["probes"]
     return files
 
 

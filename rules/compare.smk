@@ -16,6 +16,8 @@ rule compare_runs:
         ),
     log:
         f"{RESULTS_ROOT}/{{run_a}}/logs/compare_{{run_b}}.log",
+    params:
+        tolerance=EXP.equivalence.logprob_tolerance,
     message:
         "comparison of run {wildcards.run_b} vs run {wildcards.run_a}"
     script:

@@ -14,4 +14,7 @@ if __name__ == "__main__":
             requests_b=snakemake.input.requests_b,
             out_json=snakemake.output.json,
             out_csv=snakemake.output.csv,
+            probes_a=snakemake.input.probes_a,
+            probes_b=snakemake.input.probes_b,
+            tolerance=snakemake.params.tolerance,
         )

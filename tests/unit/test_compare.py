@@ -257,7 +257,11 @@ def test_without_per_request_data_and_with_a_missing_raw_file(runs, tmp_path):
     assert gone.any()
     write_requests_csv(table[~gone], copy / "requests.csv")
     inputs = compare.run_inputs(run_dir=copy)
-    assert inputs == {"csv": str(copy / "results.csv"), "requests": [str(copy / "requests.csv")]}
+    assert inputs == {
+        "csv": str(copy / "results.csv"),
+        "requests": [str(copy / "requests.csv")],
+        "probes": [],
+    }
     results_c, requests_c = load(copy)
     assert sum(r is None for r in requests_c.values()) == 1
     mixed = compare.compare_runs(
@@ -273,7 +277,11 @@ def test_without_per_request_data_and_with_a_missing_raw_file(runs, tmp_path):
     assert cell(mixed, FLASHINFER)["metrics"]["ttft_p50_ms"]["resampled"] == "repeats+requests"
     assert mixed["method"]["resampled"]["ttft_p50_ms"] == "mixed"
     nope = tmp_path / "nope"
-    assert compare.run_inputs(run_dir=nope) == {"csv": str(nope / "results.csv"), "requests": []}
+    assert compare.run_inputs(run_dir=nope) == {
+        "csv": str(nope / "results.csv"),
+        "requests": [],
+        "probes": [],
+    }
     made = compare.run_inputs(run_dir=nope, current=True)["requests"]
     assert made == [str(nope / "requests.csv")], "the current run's table is made by the workflow"
 

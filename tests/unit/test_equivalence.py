@@ -14,6 +14,7 @@ from servesweep.analysis.equivalence import (
     NOT_COMPARABLE,
     SAME,
     WITHIN,
+    across_runs,
     compare_answers,
     pairs,
     row_verdict,
@@ -194,3 +195,12 @@ def test_answers_file_round_trip_and_a_foreign_file_is_named(tmp_path):
     (tmp_path / "b.json").write_text("{}")
     with pytest.raises(ValueError, match="b.json"):
         read_probe(tmp_path / "b.json")
+
+
+def test_a_run_against_an_earlier_run_compares_each_common_server_config():
+    first = real_answers("triton")
+    again = replace(first, run_id="later")
+    other = replace(real_answers("triton_kernel"), server="only-in-b")
+    rows = across_runs([first], [again, other], tolerance=0.25)
+    assert [(r["candidate"], r["verdict"]) for r in rows] == [("triton", SAME)]
+    assert rows[0]["candidate_run"] == "later" and "per_prompt" not in rows[0]

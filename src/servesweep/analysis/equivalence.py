@@ -292,3 +292,20 @@ def with_verdicts(summary: dict[str, Any], equivalence: Mapping[str, Any]) -> No
         verdict = verdict_of(equivalence, delta.get("axes") or {})
         if verdict:
             delta["outputs"] = verdict
+
+
+def across_runs(
+    run_a: Sequence[ProbeAnswers], run_b: Sequence[ProbeAnswers], *, tolerance: float
+) -> list[dict[str, Any]]:
+    """Run B's answers of each server config against run A's of the same server id (a config
+    started again, another image or version), without the per-prompt rows."""
+    theirs = {p.server: p for p in run_b}
+    return [
+        {
+            k: v
+            for k, v in compare_answers(a, theirs[a.server], tolerance=tolerance).to_dict().items()
+            if k != "per_prompt"
+        }
+        for a in run_a
+        if a.server in theirs
+    ]

@@ -148,11 +148,17 @@ def key_plots(
 
 
 def run_inputs(*, run_dir: str | Path, current: bool = False) -> dict[str, Any]:
-    """The files a comparison reads from one run: results.csv and requests.csv.
+    """The files a comparison reads from one run: results.csv, requests.csv and the
+    equivalence probe's answers.
 
     requests.csv is listed for the run of the current config (the workflow makes it) and for
-    any other run that has one (without it a run's cells are resampled at the repeat level).
+    any other run that has one (without it a run's cells are resampled at the repeat level);
+    the answers that exist now (equivalence/<server>.json).
     """
     paths = RunPaths(Path(run_dir))
     found = current or paths.requests_csv.exists()
-    return {"csv": str(paths.results_csv), "requests": [str(paths.requests_csv)] if found else []}
+    return {
+        "csv": str(paths.results_csv),
+        "requests": [str(paths.requests_csv)] if found else [],
+        "probes": sorted(str(p) for p in (paths.root / "equivalence").glob("*.json")),
+    }

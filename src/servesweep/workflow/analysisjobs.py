@@ -327,10 +327,17 @@ def compare_runs(
     requests_b: Sequence[PathLike],
     out_json: PathLike,
     out_csv: PathLike,
+    probes_a: Sequence[PathLike] = (),
+    probes_b: Sequence[PathLike] = (),
+    tolerance: float = 0.25,
 ) -> None:
     """Rule compare_runs: run B vs run A per common cell, with intervals, verdicts.
-    `requests_*` hold the run's requests.csv, or nothing (compare.run_inputs)."""
+    `requests_*` hold the run's requests.csv, or nothing (compare.run_inputs); `probes_*` each
+    run's equivalence answers: run B's answers of each server config against run A's
+    (`outputs` in comparison.json)."""
     from servesweep.analysis import compare
+    from servesweep.analysis.equivalence import across_runs
+    from servesweep.measure.probefile import answers_of
 
     table_a, per_request_a = compare.load_run(
         results_csv=results_a, requests_csv=next(iter(requests_a), None)
@@ -345,6 +352,9 @@ def compare_runs(
         run_b=run_b,
         requests_a=per_request_a,
         requests_b=per_request_b,
+    )
+    comparison["outputs"] = across_runs(
+        answers_of(probes_a), answers_of(probes_b), tolerance=tolerance
     )
     compare.write_comparison(comparison, out_json)
     compare.write_table(compare.comparison_table(comparison), out_csv)
