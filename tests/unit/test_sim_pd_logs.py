@@ -21,6 +21,13 @@ from servesweep.sim.scheduler import new_scheduler
 from tests.helpers import REPO
 
 LOGS = REPO / "tests" / "fixtures" / "real" / "logs"
+
+
+def body(line: str) -> str:
+    """The message after SGLang's `[date time] ` prefix."""
+    return re.sub(r"^\[[^\]]*\] ", "", line)
+
+
 # PD prefill and decode on one H100, SGLang 0.5.17, Mooncake over TCP (2026-12-07)
 PD_PREFILL = (LOGS / "pd-1gpu-0517-mooncake-tcp-prefill-batches.log").read_text().splitlines()
 # SGLang 0.5.17 without PD (the H200 rehearsal, 2026-12-02)
@@ -46,22 +53,17 @@ DECODE_PD = re.compile(
     r"(?:cuda|cpu|npu|musa) graph: (?P<graph>True|False), "
     r"gen throughput \(token/s\): (?P<gen_tput>\d+\.\d+), #queue-req: (?P<queue_req>\d+)"
 )
-# 0.5.17's `report_decode_stats` rendered in PD decode mode (the report, section 1): no real
-# PD decode line was kept, only its start (/work/shared/tools/pd-on-one-gpu/README.md).
-DECODE_PD_RENDERED = (
-    "Decode batch, #running-req: 1, #token: 16448, token usage: 0.04, pre-allocated usage: 0.00, "
-    "#prealloc-req: 0, #transfer-req: 1, #retracted-req: 0, cuda graph: True, "
-    "gen throughput (token/s): 40.00, #queue-req: 0"
+# The real PD decode server's first batch line (SGLang 0.5.17 on one H100, 2026-12-07:
+# docs/rehearsal/pd-2026-12-07/, its whole log in tests/fixtures/real/logs/).
+DECODE_PD_RENDERED = next(
+    body(line)
+    for line in (LOGS / "pd-1gpu-0517-decode-healthy.log").read_text().splitlines()
+    if "Decode batch" in line
 )
 DECODE_PD_README = "Decode batch, #running-req: 1, #token: 16448"
 COUNTS = ("new_seq", "new_token", "cached_token", "running_req", "queue_req", "pending_token")
 PD_COUNTS = (*COUNTS, "bootstrap_req", "inflight_req", "optimistic_req")
 QUIET = dataclasses.replace(CostModel(), noise_sigma=0.0)
-
-
-def body(line: str) -> str:
-    """The message after SGLang's `[date time] ` prefix."""
-    return re.sub(r"^\[[^\]]*\] ", "", line)
 
 
 def shape(line: str) -> str:

@@ -20,7 +20,10 @@
 #   pd1-faults     the decode server killed mid-cell on the service, servesweep down (GPU memory
 #                  back to idle), then the prefill server and the router killed mid-cell, each
 #                  in a run that starts its own servers (tools/rehearsal/kill_role.py)
-#   pd1-transfer   a transfer that cannot work: MOONCAKE_PROTOCOL=rdma on a machine without RDMA
+#   pd1-transfer   MOONCAKE_PROTOCOL=rdma on a machine without RDMA: a broken transfer, or (as
+#                  Mooncake's source suggests, docs/evidence.md) a fallback to TCP? Observed, not assumed
+#   eq-probe       the probe alone of h200_equivalence.yaml's triton served whole, against
+#                  PD_PROBE (a PD run's equivalence/pd.json): PD against whole serving
 #   eq-runners     h200_equivalence.yaml: triton vs triton_kernel served whole (one run), triton
 #                  started again under another RUN_ID, and the equivalence of the pairs
 # x4 and pd make the 7.6 B model (X4_MODEL_ARGS). pd-probe and pd need .bundle/pd.tar.xz. The
@@ -105,7 +108,7 @@ fi
 python3 -m pip list 2>/dev/null | grep -i -E '^(sglang|sglang-kernel|flashinfer-python|torch|triton|transformers|tokenizers|pandas|numpy|matplotlib|seaborn|aiohttp|snakemake|pydantic) ' \
   | tr -s ' ' | tr '\n' ';' | sed 's/^/[packages] /' | tee -a "$out/run.log"; echo | tee -a "$out/run.log"
 case " ${steps[*]} " in
-*" builtin "* | *" bench_serving "* | *" flow "* | *" pd1-"* | *" eq-runners "*)
+*" builtin "* | *" bench_serving "* | *" flow "* | *" pd1-"* | *" eq-runners "* | *" eq-probe "*)
   python3 tools/rehearsal/make_model.py "$work/model" 2>&1 | grep -v -i warn | tee -a "$out/run.log"
   mark "model ready in $work/model"
   ;;
@@ -233,8 +236,18 @@ yaml.safe_dump(c, open(sys.argv[2], 'w'), sort_keys=False)" "$pd1" "$work/pd1-rd
     cfg=$work/pd1-rdma.yaml snake pd-fault-transfer SUITE=decode512-c8
     mark "pd1-transfer: GPU $(nvidia-smi --query-gpu=memory.used --format=csv,noheader) after"
     ;;
+  eq-probe) # the probe alone of the model served whole with triton (no cell): PD vs whole
+    mark "eq-probe: snakemake the probe of triton, $(left)s of budget"
+    RUN_ID=eq-whole BACKENDS_CSV=triton timeout -s INT -k 30 "$(left)" python3 -m snakemake --cores 1 \
+      --configfile config/experiments/h200_equivalence.yaml \
+      "results/eq-whole/equivalence/moe_runner_backend~triton.json" >>"$out/snakemake-eq-whole.log" 2>&1
+    mark "eq-probe: exit $?; $(grep -E 'role-ready|ready fp|probe-done' results/eq-whole/orchestrator.log 2>/dev/null | tr '\n' ';')"
+    python3 -m servesweep.workflow.cli equivalence "results/eq-whole/equivalence/moe_runner_backend~triton.json" \
+      "$PD_PROBE" >"$out/equivalence.txt" 2>&1
+    ;;
   eq-runners)
-    cfg=config/experiments/h200_equivalence.yaml snake eq-runners
+    # EQ_BACKENDS=triton: the baseline alone (PD against the model served whole)
+    cfg=config/experiments/h200_equivalence.yaml snake eq-runners BACKENDS_CSV="${EQ_BACKENDS:-triton,triton_kernel}"
     # A third start of triton under another RUN_ID only with EQ_AGAIN=1: the fault runs already
     # start the PD set again, whose probe is compared with the first start's below.
     [ -n "${EQ_AGAIN:-}" ] && cfg=config/experiments/h200_equivalence.yaml snake eq-again BACKENDS_CSV=triton
