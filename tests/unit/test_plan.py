@@ -55,6 +55,7 @@ def test_history_and_existing_files_shape_the_plan(tmp_path: Path) -> None:
     for cell in cells[1:]:  # only the first cell-repeat is missing
         paths.raw(cell).parent.mkdir(parents=True, exist_ok=True)
         paths.raw(cell).write_text(json.dumps({KEY: measured_with(exp, cell)}) + "\n")
+    probed(paths, cells)
     first = cells[0]
     log = EventLog(tmp_path / "earlier-run" / "orchestrator.log")
     log.emit("ready", fp=first.server.fingerprint, server=first.server.id, seconds="100.00")
@@ -160,3 +161,27 @@ def test_a_service_that_is_up_costs_no_start(tmp_path: Path) -> None:
     assert after.starts == before.starts[1:] and up not in after.starts
     assert after.starts_s < before.starts_s
     assert f"{len(before.starts) - 1} server starts" in after.summary()
+
+
+def probed(paths: RunPaths, cells: list) -> None:
+    """Every server config's equivalence probe answered (a file in its place)."""
+    for cell in cells:
+        paths.probe(cell.server.id).parent.mkdir(parents=True, exist_ok=True)
+        paths.probe(cell.server.id).write_text("{}")
+
+
+def test_a_measured_config_without_its_probe_starts_for_the_probe_alone(tmp_path: Path) -> None:
+    exp = load_experiment_file(DEFAULT_CONFIG)
+    paths = RunPaths(tmp_path / exp.run_id)
+    cells = cell_repeats(exp)
+    for cell in cells:
+        paths.raw(cell).parent.mkdir(parents=True, exist_ok=True)
+        paths.raw(cell).write_text(json.dumps({KEY: measured_with(exp, cell)}) + "\n")
+    plan = make_plan(exp=exp, paths=paths, results_dir=tmp_path)
+    assert plan.missing == [] and len(plan.starts) == 4  # the run predates the probe
+    probed(paths, cells[:1])
+    assert len(make_plan(exp=exp, paths=paths, results_dir=tmp_path).starts) == 3
+    off = exp.model_copy(
+        update={"equivalence": exp.equivalence.model_copy(update={"enabled": False})}
+    )
+    assert make_plan(exp=off, paths=paths, results_dir=tmp_path).starts == []

@@ -397,6 +397,15 @@ def _make_plan(
         # flow). Its record says it is up; the plan touches no node to ask.
         if not paths.service_record(cell.server.fingerprint).exists():
             first.setdefault(cell.server.fingerprint, cell)
+    # A server config whose cells are all measured but whose equivalence probe is missing (a
+    # run from before the probe, a changed probe) starts for the probe alone.
+    if exp.equivalence.enabled:
+        for cell in {c.server.fingerprint: c for c in cells}.values():
+            fp = cell.server.fingerprint
+            if fp in first or paths.service_record(fp).exists():
+                continue
+            if not paths.probe(cell.server.id).exists():
+                first[fp] = cell
     held: dict[int, float] = defaultdict(float)
     for fp, cell in first.items():
         held[cell.server.pool] += history.ready_s.get(fp, start_s(exp))
