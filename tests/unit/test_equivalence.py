@@ -22,7 +22,7 @@ from servesweep.analysis.equivalence import (
     with_verdicts,
 )
 from servesweep.measure.probe import parse_answer, probe_key, prompts
-from servesweep.measure.probefile import Answer, ProbeAnswers, read_probe
+from servesweep.measure.probefile import Answer, ProbeAnswers, from_runner_probe, read_probe
 from servesweep.sim.answers import greedy
 from tests.support.runs import experiment
 
@@ -31,25 +31,9 @@ REAL = Path(__file__).parents[1] / "data" / "equivalence"
 
 def real_answers(runner: str) -> ProbeAnswers:
     """What SGLang 0.5.17 answered under `runner` (probe.py's file, as written on the H100)."""
-    data = json.loads((REAL / "runners-h100-2026-12-07.json").read_text())[runner]
-    answers = [
-        Answer(
-            prompt=f"p{i}",
-            tokens=o["tokens"],
-            logprobs=o["logprobs"],
-            top=[[(lp, t) for lp, t in pos] for pos in o["top5"]],
-        )
-        for i, o in enumerate(data["outputs"])
-    ]
-    return ProbeAnswers(
-        server=runner,
-        axes={"moe_runner_backend": runner},
-        fingerprint="real",
-        probe_key="probe",
-        settings={},
-        engine={"kind": "sglang"},
-        answers=answers,
-    )
+    data = json.loads((REAL / "runners-h100-2026-12-07.json").read_text())
+    probe = from_runner_probe(data, run_id="h100")[runner]
+    return replace(probe, server=runner, axes={"moe_runner_backend": runner}, probe_key="probe")
 
 
 def test_real_answers_against_themselves_are_the_same_outputs():

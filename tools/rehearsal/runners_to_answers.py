@@ -11,32 +11,12 @@ import sys
 from pathlib import Path
 
 from servesweep.core.files import write_json_atomic
-from servesweep.measure.probefile import Answer, ProbeAnswers
+from servesweep.measure.probefile import from_runner_probe
 
 
 def main(src: str, out: str) -> int:
     data = json.loads(Path(src).read_text())
-    for runner, result in data.items():
-        answers = [
-            Answer(
-                prompt=f"p{i}",
-                tokens=o["tokens"],
-                logprobs=o["logprobs"],
-                top=[[(lp, t) for lp, t in pos] for pos in o["top5"]],
-            )
-            for i, o in enumerate(result.get("outputs") or [])
-        ]
-        probe = ProbeAnswers(
-            server=f"moe_runner_backend~{runner}",
-            axes={"moe_runner_backend": runner},
-            fingerprint="",
-            # probe.py's fixed prompts (16, 256, 2048, 8192 ids), 8 tokens, top-5
-            probe_key="probe.py-2026-12-07",
-            settings={"lengths": [16, 256, 2048, 8192], "output_len": 8, "top_logprobs": 5},
-            engine={"kind": "sglang", "version": "0.5.17"},
-            answers=answers,
-            run_id=Path(src).stem,
-        )
+    for runner, probe in from_runner_probe(data, run_id=Path(src).stem).items():
         write_json_atomic(Path(out) / f"{runner}.json", probe.to_dict())
     return 0
 

@@ -79,3 +79,32 @@ def read_probe(path: str | Path) -> ProbeAnswers:
 def answers_of(paths: Sequence[str | Path]) -> list[ProbeAnswers]:
     """Every answers file of `paths` that exists, read."""
     return [read_probe(p) for p in paths if Path(p).exists()]
+
+
+def from_runner_probe(data: Mapping[str, Any], *, run_id: str) -> dict[str, ProbeAnswers]:
+    """Answers per MoE runner from the runner probe's file (`../shared/tools/equivalence-probe/
+    probe.py`, 2026-12-07: per runner, `outputs` of 4 fixed prompts with `tokens`, `logprobs`
+    and `top5` [logprob, token] pairs), so real answers taken outside a run compare as a
+    run's do. Its prompts are probe.py's own (16, 256, 2048, 8192 ids; 8 tokens; top 5)."""
+    out = {}
+    for runner, result in data.items():
+        answers = [
+            Answer(
+                prompt=f"p{i}",
+                tokens=[int(t) for t in o["tokens"]],
+                logprobs=[float(x) for x in o["logprobs"]],
+                top=[[(float(lp), int(t)) for lp, t in pos] for pos in o["top5"]],
+            )
+            for i, o in enumerate(result.get("outputs") or [])
+        ]
+        out[runner] = ProbeAnswers(
+            server=f"moe_runner_backend~{runner}",
+            axes={"moe_runner_backend": runner},
+            fingerprint="",
+            probe_key="probe.py-2026-12-07",
+            settings={"lengths": [16, 256, 2048, 8192], "output_len": 8, "top_logprobs": 5},
+            engine={"kind": "sglang", "version": "0.5.17"},
+            answers=answers,
+            run_id=run_id,
+        )
+    return out
