@@ -110,6 +110,23 @@ def test_sim_fault_flags(raw: dict) -> None:
     assert "--sim-fail-start" in argv
 
 
+def test_corrupting_sims_are_the_listed_runners_and_pd_decode(raw: dict) -> None:
+    raw = copy.deepcopy(raw)
+    raw["engine"]["sim"]["faults"] = {"corrupt_runners": ["flashinfer_mxfp4"]}
+    exp = load_experiment(raw, {})
+    flagged = {
+        spec.axes["moe_runner_backend"]: "--sim-corrupt" in rank_commands(exp, spec)[0].argv
+        for spec in server_specs(exp)
+    }
+    assert flagged == {"marlin": False, "flashinfer_mxfp4": True}
+    pd = yaml.safe_load((ROOT / "config" / "experiments" / "pd_standard_local.yaml").read_text())
+    pd["engine"]["sim"]["faults"] = {"corrupt_transfer": True}
+    exp = load_experiment(pd, {})
+    ranks = rank_commands(exp, server_specs(exp)[0])
+    corrupt = {r.role for r in ranks if "--sim-corrupt" in r.argv}
+    assert corrupt == {"decode"}
+
+
 def test_no_key_where_sglang_refuses_one(raw: dict) -> None:
     """Multi-tokenizer mode asserts no API key (0.5.9, 0.5.23): such a server starts without."""
     raw = copy.deepcopy(raw)
