@@ -201,10 +201,13 @@ BUILD_LOGS = [str(p) for p in PATHS.build_logs(EXP)]
 PREREQUISITES = [*BUILDS, str(PATHS.preflight)]
 # The equivalence probe of each server config (measure.probe), right before its cells.
 PROBE_KEY = probe_key(EXP)
-SERVERS = {spec.id: spec for spec in SPECS}
+# Every server config of the aggregate (a narrowed run's others too: their probe files are
+# inputs of compare_outputs, so Snakemake asks for their params).
+SERVERS = {cell.server.id: cell.server for cell in KNOWN_CELLS.values()}
+SELECTED_SERVERS = {spec.id for spec in SPECS}
 PROBE_PRIORITIES = {
-    spec.id: probe_priority(spec, repeats=EXP.repeats, clients=len(client_specs(EXP)))
-    for spec in SPECS
+    server.id: probe_priority(server, repeats=EXP.repeats, clients=len(client_specs(EXP)))
+    for server in SERVERS.values()
 }
 # Every probed server config of the aggregate: this run's selection, and the configured
 # ones a narrowed run leaves alone but probed before.
@@ -212,7 +215,7 @@ PROBES = (
     [
         str(PATHS.probe(server))
         for server in dict.fromkeys(cell.server.id for cell in AGGREGATED)
-        if server in SERVERS or PATHS.probe(server).exists()
+        if server in SELECTED_SERVERS or PATHS.probe(server).exists()
     ]
     if EXP.equivalence.enabled
     else []

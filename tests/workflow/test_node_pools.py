@@ -64,9 +64,11 @@ def test_a_failed_pool_lets_the_other_finish_and_reruns_in_its_own_pool(tmp_path
     assert "not ready" in missing or "exited" in missing
     events = read_events(log)
     starts = [(f["server"], f["pool"]) for _, e, f in events if e == "start"]
-    # pool 1 tried its server once: its other cell did not start after the failure
+    # pool 1 tried its server once (its equivalence probe, the config's first job): its cells
+    # did not start after the failure
     assert sorted(starts) == sorted([(good, "0"), (bad, "1")])
-    assert [e for _, e, _ in events].count("cell-skipped") == 1
+    assert [e for _, e, _ in events].count("cell-skipped") == 2
+    assert "after its equivalence probe failed" in missing
     assert node_overlaps(events) == []
 
     # The fault gone: only pool 1's missing cells run, in pool 1, with one start.

@@ -206,13 +206,20 @@ def every_pool(plan: PoolPlan) -> dict[str, int]:
 
 def missing_cells(cells: Sequence[CellRepeat], paths: RunPaths) -> list[tuple[CellRepeat, str]]:
     """Cells without a raw file, each with why: its last cell-failed or cell-skipped event of
-    orchestrator.log, else "not run"."""
+    orchestrator.log (a skipped cell whose server's equivalence probe failed says so), else
+    "not run"."""
     why: dict[str, str] = {}
+    probe_failed: dict[str, str] = {}
     for _, event, fields in read_events(paths.orchestrator_log):
-        if event == "cell-failed":
+        if event == "probe-failed":
+            probe_failed[fields.get("server", "")] = fields.get("error", "failed")
+        elif event == "cell-failed":
             why[fields.get("cell", "")] = fields.get("error", "failed")
         elif event == "cell-skipped":
-            why[fields.get("cell", "")] = f"not started: pool {fields.get('pool')} stopped"
+            cell = fields.get("cell", "")
+            probe = probe_failed.get(cell.split("/", 1)[0])
+            after = f" after its equivalence probe failed: {probe}" if probe else ""
+            why[cell] = f"not started: pool {fields.get('pool')} stopped{after}"
         elif event == "cell-done":
             why.pop(fields.get("cell", ""), None)
     return [(c, why.get(c.key, "not run")) for c in cells if not paths.raw(c).exists()]

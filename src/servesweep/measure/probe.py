@@ -26,8 +26,12 @@ logger = logging.getLogger(__name__)
 
 
 def probe_lengths(exp: Experiment) -> list[int]:
-    """The configured lengths and every input length of the matrix, ascending."""
-    matrix = {c.workload.input_len for c in client_specs(exp)}
+    """The configured lengths and every input length of the matrix (of every case, whichever
+    suite runs: seed 003's suites under their own RUN_IDs answer the same probe), ascending."""
+    if exp.cases:
+        matrix = {int(case.get("input_len", exp.workload.input_len)) for case in exp.cases.values()}
+    else:
+        matrix = {c.workload.input_len for c in client_specs(exp)}
     return sorted(set(exp.equivalence.lengths) | matrix)
 
 

@@ -399,10 +399,19 @@ class SimServer:
 
     async def _admit(
         self, request: web.Request, *, openai: bool
-    ) -> tuple[int, Prompt] | web.StreamResponse:
-        """Assign the arrival index, apply hang/500 faults, parse the body."""
+    ) -> tuple[int | None, Prompt] | web.StreamResponse:
+        """Parse the body, assign the arrival index, apply hang/500 faults. A request that asks
+        for logprobs (the equivalence probe) gets no index, as a health check gets none: the
+        faults' indices and the crash count the measured traffic only."""
         if not self.ready or self.stopping:
             return _error(503, "The server is not ready.", openai=openai)
+        try:
+            body = await self._read(request)
+            prompt = self._parse_completion(body) if openai else self._parse_generate(body)
+        except BadRequest as exc:
+            return _error(400, str(exc), openai=openai)
+        if prompt.answer is not None:
+            return None, prompt
         index = self._next_index
         self._next_index += 1
         if index in self.faults.hang_at:
@@ -412,11 +421,6 @@ class SimServer:
             logger.warning(f"Request #{index}: injected HTTP 500 (--sim-http-500-at).")
             await self._fail_room(request, reason=f"injected HTTP 500 for request #{index}")
             return _error(500, f"Injected internal error for request #{index}.", openai=openai)
-        try:
-            body = await self._read(request)
-            prompt = self._parse_completion(body) if openai else self._parse_generate(body)
-        except BadRequest as exc:
-            return _error(400, str(exc), openai=openai)
         return index, prompt
 
     async def _fail_room(self, request: web.Request, *, reason: str) -> None:
@@ -435,7 +439,7 @@ class SimServer:
         return self.engine.submit(
             prompt_tokens=prompt.prompt_tokens,
             max_new_tokens=prompt.max_new_tokens,
-            counted=True,
+            counted=prompt.answer is None,
             skip_special_tokens=prompt.skip_special_tokens,
             tokens=prompt.answer.tokens if prompt.answer else None,
         )
@@ -479,7 +483,7 @@ class SimServer:
             return self.engine.submit(
                 prompt_tokens=prompt.prompt_tokens,
                 max_new_tokens=prompt.max_new_tokens,
-                counted=True,
+                counted=prompt.answer is None,
                 prefilled=prompt.prompt_tokens,
                 first_token=first_token if isinstance(first_token, int) else None,
                 arrival_wall=arrival,
@@ -666,7 +670,7 @@ class SimServer:
         return await self._stream_response(request, stream, write_events)
 
     async def _prefill_only(
-        self, request: web.Request, *, index: int, prompt: Prompt, openai: bool
+        self, request: web.Request, *, index: int | None, prompt: Prompt, openai: bool
     ) -> web.StreamResponse:
         """A prefill server's request: wait for the decode side (bootstrap queue), prefill,
         sample the first token, transfer the KV cache, answer with that one token."""
@@ -698,7 +702,7 @@ class SimServer:
             stream = self.engine.submit(
                 prompt_tokens=prompt.prompt_tokens,
                 max_new_tokens=1,
-                counted=True,
+                counted=prompt.answer is None,
                 arrival_wall=arrival,
             )
         except RequestRejected as exc:

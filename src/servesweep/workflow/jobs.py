@@ -140,8 +140,7 @@ def run_cell(
             )
         except BaseException as exc:
             if multi_pool:
-                first = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
-                write_text_atomic(stopped, f"cell {cell.key} failed: {first}\n")
+                stop_pool(stopped, f"cell {cell.key}", exc)
             raise
     line = progress.finished_line(path=paths.progress, cell=cell.key, raw=raw)
     if line:
@@ -155,6 +154,7 @@ def probe_outputs(
     its warm-up and before its cells (priority), into equivalence/<server>.json. Not a cell:
     nothing it sends is measured, and it takes the node locks a cell takes."""
     exp, paths = experiment(config)
+    multi_pool = len(pools.node_pools(exp)) > 1
     try:
         exp, spec = pools.locate(exp, server_id=server, fingerprint=fingerprint)
     except ConfigError:
@@ -182,5 +182,19 @@ def probe_outputs(
                 f"{tag}: not started: pool {spec.pool} stopped after a failure "
                 f"({stopped.read_text().strip()})"
             )
-        answers = run_probe(exp=exp, spec=spec, manager=manager)
+        try:
+            answers = run_probe(exp=exp, spec=spec, manager=manager)
+        except BaseException as exc:
+            first = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+            manager.events.emit("probe-failed", server=server, fp=fingerprint, error=first)
+            if multi_pool:
+                stop_pool(stopped, tag, exc)
+            raise
     write_json_atomic(out, answers.to_dict())
+
+
+def stop_pool(marker: Path, what: str, exc: BaseException) -> None:
+    """A failure in one pool of several: the pool's other jobs are skipped (PoolStopped), the
+    other pools go on; the marker names what failed and its first line."""
+    first = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+    write_text_atomic(marker, f"{what} failed: {first}\n")
