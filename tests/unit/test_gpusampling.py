@@ -16,6 +16,7 @@ import pytest
 from servesweep.analysis import gpufigures
 from servesweep.cluster import gpusampling, telemetry
 from servesweep.cluster.transport import CommandResult, LocalTransport
+from tests.helpers import wait_until
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 SERIES = DATA / "nvidia-smi-series" / "loop-500ms-idle-load-idle.csv"
@@ -153,7 +154,25 @@ def fake_gpu_nodes(tmp_path: Path) -> PerNodePath:
 
 
 def gone(pid: int) -> bool:
-    return not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
+    """Whether process `pid` has exited (a zombie counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):  # it went between two polls
+        return True
+
+
+def lines_in(path: str) -> int:
+    """Finished lines the loop has written to `path` so far (0 before it exists)."""
+    try:
+        return Path(path).read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+# Below, waits are for what the loop did, not for a time it takes: on a loaded machine each of
+# its 50 ms rounds (a `date` and a `sleep` forked) takes longer, and a signalled process exits
+# later. WAIT_S bounds each wait (not a timed assert).
+WAIT_S = 30.0
 
 
 def test_sampler_runs_a_loop_per_node_and_stops_it_by_pid(tmp_path):
@@ -167,10 +186,9 @@ def test_sampler_runs_a_loop_per_node_and_stops_it_by_pid(tmp_path):
     sampler.start()
     pid = sampler.pids["gpu"]
     assert list(sampler.pids) == ["gpu"]
-    time.sleep(0.5)
+    assert wait_until(lambda: lines_in(sampler._out("gpu")) >= 3, WAIT_S)
     rows = sampler.stop()
-    time.sleep(0.2)
-    assert gone(pid)
+    assert wait_until(lambda: gone(pid), WAIT_S), "the loop outlived stop()"  # max_s is 60
     unavailable = [r for r in rows if r["status"] == "unavailable"]
     assert [r["detail"] for r in unavailable] == ["nvidia-smi not found on node nogpu"]
     samples = [r for r in rows if r["status"] == "ok"]
@@ -185,16 +203,15 @@ def test_a_loop_nobody_stops_ends_by_itself(tmp_path):
         nodes=["gpu"],
         interval_ms=50,
         remote_dir=str(tmp_path / "remote"),
-        max_s=1,
+        max_s=2,
     )
     sampler.start()
     pid = sampler.pids["gpu"]
-    time.sleep(0.3)
-    assert not gone(pid)
-    deadline = time.monotonic() + 10
-    while not gone(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert gone(pid)
+    # A loop without its limit samples on: it would still run when the wait gives up.
+    assert wait_until(lambda: gone(pid), WAIT_S), "the loop outlived its max_s"
+    # It ended after sampling, not at its start (say, a limit of 0 s, or arguments the fake
+    # refuses). Two of ~35 rounds in 2 s; a loaded machine's slower rounds still give several.
+    assert lines_in(sampler._out("gpu")) >= 2
 
 
 def test_a_stale_loop_never_writes_into_a_new_samplers_file(tmp_path):
@@ -212,7 +229,7 @@ def test_a_stale_loop_never_writes_into_a_new_samplers_file(tmp_path):
         gpusampling.parse_loop_output("\0" * 64 + good, node="gpu")
     fresh.start()
     out = Path(fresh._out("gpu"))
-    time.sleep(0.3)
+    assert wait_until(lambda: lines_in(str(out)) >= 1, WAIT_S)  # the fresh loop writes to it
     with out.open("r+b") as f:  # what the stale writer did to the shared file in CI
         f.seek(4096)
         f.write(b"2026/12/01 17:09:49.564, 0, GPU-x, 1, 1, 1, 1, 1, 1, 1, 1, 1, P0\n")

@@ -39,7 +39,9 @@ def figures(stderr: str) -> usage.ProcessUsage:
     return found
 
 
-def test_cpu_burning_child_is_near_a_core_a_sleeping_one_near_zero():
+def test_cpu_burning_child_is_counted_a_sleeping_one_near_zero():
+    # CPU seconds, not shares: a loaded machine gives the burner a fraction of a core (23 % seen
+    # at load 4-15 on 2 cores, 14 % at load 13 here), but what it burned is still counted.
     rc, err = run_wrapped(BURN)
     burn = usage.columns(figures(err).to_dict())
     assert rc == 0
@@ -48,9 +50,11 @@ def test_cpu_burning_child_is_near_a_core_a_sleeping_one_near_zero():
     rc, err = run_wrapped("import time; time.sleep(1.0)")
     sleep = usage.columns(figures(err).to_dict())
     assert rc == 0 and sleep["client_process_wall_s"] >= 1.0
-    assert sleep["client_process_cpu_pct"] < 50
-    # against the sleeper measured alongside: a loaded machine gives the burner less than a core
-    assert burn["client_process_cpu_pct"] > sleep["client_process_cpu_pct"] + 30
+    # The sleeper's CPU is its interpreter start-up: ~0.03 s, 0.04 s at load 13 here (CPU time
+    # grows little under load, unlike wall time). A wrapper that counted wall time as CPU gives
+    # >= 1.0 s, one that counted the burner's or its own time wrongly misses the 0.5 s above.
+    assert sleep["client_process_cpu_s"] < 0.25
+    assert sleep["client_process_cpu_pct"] < 25  # < 0.25 s over >= 1.0 s: load only lowers it
     assert figures(err).max_rss_kb > 1000  # a Python process holds megabytes
 
 

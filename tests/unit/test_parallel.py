@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 
 import pytest
@@ -9,18 +10,37 @@ import pytest
 from servesweep.core import parallel
 from servesweep.core.errors import CellFailed
 
+WAIT_S = 30.0  # bound of the workers' wait for each other below (not a timed assert)
+
 
 def _pids_and_squares(chunk):
     return [(os.getpid(), x * x) for x in chunk]
 
 
 def test_chunks_run_in_other_processes_and_come_back_in_order():
+    # How many workers take chunks is up to the scheduler: on a loaded machine the first
+    # forked worker can drain the queue before the next one starts (seen: one pid of three).
+    # So the first two chunks to start meet at a barrier: each waits in its worker until the
+    # other has started, which only a second worker process can do (a pool that ran every chunk
+    # in one process would break the barrier after WAIT_S and raise here). The barrier and the
+    # counter reach the workers by fork, as map_chunks' closures do.
+    ctx = multiprocessing.get_context("fork")
+    started, meet = ctx.Value("i", 0), ctx.Barrier(2, timeout=WAIT_S)
+
+    def pids_and_squares_after_meeting(chunk):
+        with started.get_lock():
+            started.value += 1
+            nth = started.value
+        if nth <= 2:
+            meet.wait()
+        return _pids_and_squares(chunk)
+
     items = list(range(1000))
-    out = parallel.map_chunks(_pids_and_squares, items, workers=3, min_per_worker=10)
+    out = parallel.map_chunks(pids_and_squares_after_meeting, items, workers=3, min_per_worker=10)
     assert [sq for _, sq in out] == [x * x for x in items]
     pids = {pid for pid, _ in out}
     assert os.getpid() not in pids
-    assert 2 <= len(pids) <= 3
+    assert 2 <= len(pids) <= 3  # two met at the barrier; never more than `workers`
 
 
 def test_a_closure_over_unpicklable_state_reaches_the_workers():

@@ -337,9 +337,18 @@ def test_large_output_on_both_streams(ssh: SshTransport) -> None:
     assert (len(res.stdout), len(res.stderr)) == (3_000_000, 2_000_000)
 
 
+def _connected(ssh: SshTransport, node: str) -> None:
+    """Open `node`'s connection before a command timed at 1 s, which is killed only if it
+    printed its process group by then. A cold run pays paramiko's handshake (both ends in this
+    process) too: 0.05 s idle, up to 0.19 s beside 10 busy loops here, against 0.14 s warm;
+    the 1 s then covers a channel, a fork and an echo."""
+    assert ssh.run(node, "true", timeout=20).ok
+
+
 def test_timeout_ends_the_command_and_its_process_group(ssh: SshTransport, rig: Rig) -> None:
     pidfile = rig.dir / "sleeper.pid"
     command = f"sleep 300 & echo $! > {pidfile}; wait"
+    _connected(ssh, "fake2")
     with pytest.raises(TransportError) as err:
         ssh.run("fake2", command, timeout=1, stdin=CANARY)
     message = str(err.value)
@@ -353,6 +362,7 @@ def test_timeout_ends_the_command_and_its_process_group(ssh: SshTransport, rig: 
 
 def test_timeout_kills_a_command_that_ignores_term(ssh: SshTransport, rig: Rig) -> None:
     pidfile = rig.dir / "stubborn.pid"
+    _connected(ssh, "fake2")
     with pytest.raises(TransportError, match="timed out"):
         ssh.run("fake2", f"trap '' TERM; sleep 301 & echo $! > {pidfile}; wait", timeout=1)
     pid = int(pidfile.read_text())
