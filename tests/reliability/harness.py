@@ -443,9 +443,17 @@ def check_stopped_cleanly(
         line,
     )
     failed = failed_cells(run)
+    # A start that fails in a server config's equivalence probe (its first job) fails no cell:
+    # the probe's server is what started and did not finish.
+    probes = [f.get("server", "") for _, e, f in run.events() if e == "probe-failed"]
     if name_cell:
-        checks.check("a cell started and did not finish", bool(failed), str(run.events()))
-        checks.check("the error names the failed cell", failed[0] in line, line)
+        checks.check(
+            "a cell started and did not finish (or its server config's equivalence probe)",
+            bool(failed or probes),
+            str(run.events()),
+        )
+        named = failed[0] if failed else probes[0]
+        checks.check("the error names the failed cell (or its server config)", named in line, line)
     checks.check(f"the error names the node ({node})", re.search(node, line) is not None, line)
     logs = log_paths(line)
     existing = [p for p in logs if (run.workdir / p).exists() or Path(p).exists()]
