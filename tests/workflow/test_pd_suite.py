@@ -275,16 +275,7 @@ def test_pd_on_one_hosts_gpus_each_node_its_slice(tmp_path: Path) -> None:
         "suites": {"one": ["64-8-c1"]},
         "reference": None,
     }
-    cfg = pd_config(tmp_path, "wf-pd-slices", **slices)
-    raw = yaml.safe_load(cfg.read_text())
-    del raw["evidence"]["p_state_slice_mode"]  # SGLang logs it only when P and D TP differ
-    cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
-    # up to results.csv: preflight and the cell are what this checks, not the analysis
-    table = "results/wf-pd-slices/results.csv"
-    proc = run_snakemake(tmp_path, "--cores", "1", table, "--configfile", str(cfg))
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    run = tmp_path / "results" / "wf-pd-slices"
-    commands = (run / "service" / "pd" / "commands.sh").read_text()
+    run, commands = one_case_table(tmp_path, "wf-pd-slices", slices)
     assert "CUDA_VISIBLE_DEVICES=0,1" in commands and "CUDA_VISIBLE_DEVICES=2,3" in commands
     gpu = pd.concat(pd.read_csv(p) for p in run.glob("gpu/**/*.csv"))
     indices = gpu.dropna(subset=["index"]).groupby("node")["index"].unique()
@@ -316,15 +307,7 @@ def test_pd_on_one_gpu_reads_the_shared_gpu_once(tmp_path: Path) -> None:
         "suites": {"one": ["64-8-c1"]},
         "reference": None,
     }
-    cfg = pd_config(tmp_path, "wf-pd-one-gpu", **shared)
-    raw = yaml.safe_load(cfg.read_text())
-    del raw["evidence"]["p_state_slice_mode"]  # SGLang logs it only when P and D TP differ
-    cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
-    table = "results/wf-pd-one-gpu/results.csv"
-    proc = run_snakemake(tmp_path, "--cores", "1", table, "--configfile", str(cfg))
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    run = tmp_path / "results" / "wf-pd-one-gpu"
-    commands = (run / "service" / "pd" / "commands.sh").read_text()
+    run, commands = one_case_table(tmp_path, "wf-pd-one-gpu", shared)
     assert commands.count("CUDA_VISIBLE_DEVICES=0 ") == 2
     events = read_events(run / "orchestrator.log")
     ready = [f["role"] for _, kind, f in events if kind == "role-ready"]
@@ -332,7 +315,7 @@ def test_pd_on_one_gpu_reads_the_shared_gpu_once(tmp_path: Path) -> None:
     gpu = pd.concat(pd.read_csv(p) for p in run.glob("gpu/**/*.csv"))
     indices = gpu.dropna(subset=["index"]).groupby("node")["index"].unique()
     assert {node: sorted(ids) for node, ids in indices.items()} == {"p0": [0.0]}
-    results = pd.read_csv(tmp_path / table)
+    results = pd.read_csv(run / "results.csv")
     assert list(results["gpu_status"]) == ["simulated"]  # the sim's curve: no snapshot count
     assert results["gpu_node_power_w"].str.fullmatch(r"p0=[\d.]+/[\d.]+").all()
     assert list(results["gpu_shared_by"]) == ["prefill+decode"]
@@ -414,3 +397,17 @@ def test_the_pd_report_opens_on_the_reference_table_with_tpot_in_a_browser(
     assert "No deltas in this run" not in found["text"]
     html = (pd_run / "report.html").read_text()
     assert html.index('id="reference"') < html.index("id='warnings'"), "report.html too"
+
+
+def one_case_table(tmp_path: Path, run_id: str, changes: dict) -> tuple[Path, str]:
+    """A one-case PD run of `changes` up to results.csv (preflight and the cell are what such a
+    test checks, not the analysis): its run folder and its servers' commands.sh."""
+    cfg = pd_config(tmp_path, run_id, **changes)
+    raw = yaml.safe_load(cfg.read_text())
+    del raw["evidence"]["p_state_slice_mode"]  # SGLang logs it only when P and D TP differ
+    cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
+    table = f"results/{run_id}/results.csv"
+    proc = run_snakemake(tmp_path, "--cores", "1", table, "--configfile", str(cfg))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run = tmp_path / "results" / run_id
+    return run, (run / "service" / "pd" / "commands.sh").read_text()
