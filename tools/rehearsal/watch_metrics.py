@@ -3,8 +3,9 @@
 
     python3 tools/rehearsal/watch_metrics.py RESULTS_DIR OUT_FILE [--interval 0.5]
 
-Every interval it reads the base URL of whatever server set `RESULTS_DIR/*/service/current.json`
-names, fetches `/metrics` (open without a key in SGLang), and appends one line per sample to
+Every interval it reads the URL of whatever server set `RESULTS_DIR/*/service/current.json`
+(or a service's `RESULTS_DIR/.services/*.json`) names (for PD its first engine, not the
+router), fetches `/metrics` (open without a key in SGLang), and appends one line per sample to
 OUT_FILE: the wall time and the `sglang:` samples whose value changed since the last line. The
 first sample of a server, and one every 30 s, is written whole. It ends when its parent does
 (run.sh kills it) and never touches the server otherwise.
@@ -21,13 +22,20 @@ from pathlib import Path
 
 
 def base_url(results: str) -> str | None:
-    for path in sorted(glob.glob(f"{results}/*/service/current*.json")):
+    """The server to trace: a run's own server set, else a `servesweep up` service (its state
+    lives in RESULTS_DIR/.services/); for PD its first engine (the router has no /metrics)."""
+    found = sorted(glob.glob(f"{results}/*/service/current*.json"))
+    found += sorted(glob.glob(f"{results}/.services/*.json"))
+    for path in found:
         try:
             state = json.loads(Path(path).read_text())
         except (OSError, ValueError):
             continue
-        if state.get("base_url"):
-            return str(state["base_url"])
+        engines = [
+            r["url"] for r in state.get("ranks") or [] if r.get("url") and r.get("role") != "router"
+        ]
+        if engines or state.get("base_url"):
+            return str(engines[0] if engines else state["base_url"])
     return None
 
 
