@@ -13,8 +13,11 @@ each (ABLATIONS): what each feature costs in planning.
                                   [--ablations 10000] [--smoke]
 
 Checks (exit 1, each failure named, after the JSON is written): sanity, both dry-runs planned
-more jobs than cell-repeats; goal (a timing), ratio <= 1.3 at every size. `--smoke` (one
-dry-run each at 100) enforces the sanity bound and reports the ratio without failing on it.
+more jobs than cell-repeats; goal (a timing), the workflow's own overhead: `ratio_wall_vs_shaped`
+(the workflow against a Snakefile of run_cell's shape, medians of interleaved runs) <= 1.15 at
+every size of at least 10k (issue 41: Snakemake's own per-job cost, e.g. 9.19+'s `script:`
+check, is the shaped Snakefile's too). The plain ratio is reported, not gated. `--smoke` (one
+dry-run each at 100) enforces the sanity bound and reports the ratios without failing on them.
 """
 
 from __future__ import annotations
@@ -46,7 +49,9 @@ from _common import (
     write_result,
 )
 
-GOAL_RATIO = 1.3
+# The workflow's own planning overhead, against a Snakefile of run_cell's shape, at >= GOAL_SIZE.
+GOAL_RATIO = 1.15
+GOAL_SIZE = 10_000
 # --smoke: one dry-run of each at 100 cell-repeats (seconds); the ratio is reported, not
 # enforced (a timing at a tiny size on a shared machine: benchmarks/README.md).
 SMOKE = {"sizes": "100", "repeats": 1}
@@ -333,11 +338,13 @@ def checks(rows: list[dict[str, Any]]) -> list[Check]:
         )
     ]
     for r in rows:
+        if r["cell_repeats"] < GOAL_SIZE:
+            continue
         found.append(
             Check(
-                f"dry-run <= {GOAL_RATIO}x a plain Snakefile at {r['cell_repeats']:,}",
+                f"dry-run <= {GOAL_RATIO}x a run_cell-shaped Snakefile at {r['cell_repeats']:,}",
                 r["goal_met"],
-                f"{r['ratio_wall']:.2f}x",
+                f"{r['ratio_wall_vs_shaped']:.2f}x (plain: {r['ratio_wall']:.2f}x, reported)",
                 timing=True,
             )
         )
@@ -392,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
             row["shaped_ratio_wall"] = row["shaped_wall_s"] / row["plain_wall_s"]
             row["ratio_wall_vs_shaped"] = row["servesweep_wall_s"] / row["shaped_wall_s"]
             row["ratio_cpu_vs_shaped"] = row["servesweep_cpu_s"] / row["shaped_cpu_s"]
-            row["goal_met"] = row["ratio_wall"] <= GOAL_RATIO
+            row["goal_met"] = row["ratio_wall_vs_shaped"] <= GOAL_RATIO
             rows.append(row)
             log.info(
                 "N=%-6d jobs %-6s servesweep %6.2f s  plain %6.2f s  ratio %.2f (CPU %.2f);"
