@@ -196,3 +196,23 @@ def test_import_without_mapping_warns_of_files_merged_into_one_cell(tmp_path, ca
         "(cutlass/run.jsonl, flashinfer_mxfp4/run.jsonl, marlin/run.jsonl, ...;"
     ), warned
     assert "--mapping" in warned[0]
+
+
+def test_import_never_writes_over_a_measured_record_of_an_unfinished_run(tmp_path, capsys):
+    """An interrupted (or running) run has raw records and no results.csv yet: importing under
+    its id is refused, and its record stays byte for byte."""
+    src = seed_raw_folder(tmp_path / "src")
+    mapping = tmp_path / "map.yaml"
+    mapping.write_text(SEED_MAPPING)
+    run = tmp_path / "results" / "live"
+    measured = run / "raw" / "moe_runner_backend~marlin,chunked_prefill_size~8192" / "concurrency~8"
+    measured.mkdir(parents=True)
+    record = measured / "r1.jsonl"
+    record.write_text('{"measured": "by the workflow"}\n')
+    argv = ["import", str(src), "--run-id", "live", "--mapping", str(mapping)]
+    rc = main([*argv, "--results", str(tmp_path / "results"), "--no-plots"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "already holds a run" in err and "r1.jsonl" in err and "another --run-id" in err
+    assert record.read_text() == '{"measured": "by the workflow"}\n'
+    assert not (run / "results.csv").exists()

@@ -195,8 +195,15 @@ def import_run(
     if not source.is_dir():
         raise CheckInputError(f"{source}: not a folder")
     run_dir = results / run_id
-    if (run_dir / "results.csv").exists():
-        raise CheckInputError(f"{run_dir}: already holds a run (results.csv); pick another id")
+    # Any run folder with content is a run's (finished, interrupted or still running): an
+    # import never writes over a measured record, so it goes under a new id.
+    held = next(
+        (str(p.relative_to(run_dir)) for p in sorted(run_dir.rglob("*")) if p.is_file()), None
+    )
+    if held is not None:
+        raise CheckInputError(
+            f"{run_dir}: already holds a run ({held}, ...); import under another --run-id"
+        )
     report = ImportReport(run_dir=run_dir)
     cells: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for path in sorted(source.glob(mapping.files)):
