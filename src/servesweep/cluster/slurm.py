@@ -47,6 +47,7 @@ from servesweep.cluster.secrets import Secret
 from servesweep.config.experiment import Experiment, node_pools
 from servesweep.config.schema import RuntimeConfig, SlurmOptions
 from servesweep.core.errors import ConfigError, ServerStartError, TransportError
+from servesweep.core.files import open_private, private_dir
 from servesweep.core.names import safe_segment
 
 logger = logging.getLogger(__name__)
@@ -136,11 +137,16 @@ def _user() -> str:
         return str(os.getuid())
 
 
+def head_dir() -> Path:
+    """This user's folder on the head (srun logs, locks): private_dir checks it is ours."""
+    return Path(LOCK_DIR) / f"servesweep-slurm-{os.getuid()}"
+
+
 @contextlib.contextmanager
 def _head_lock(name: str) -> Iterator[None]:
     """An exclusive lock on the head (one per user), e.g. around making an allocation."""
-    path = Path(LOCK_DIR) / f"servesweep-slurm-{os.getuid()}-{name}.lock"
-    with open(path, "a") as fh:
+    path = private_dir(head_dir()) / f"{name}.lock"
+    with open_private(path, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
@@ -457,7 +463,7 @@ class SlurmRuntime:
         self.transport = transport
         self.runtime = runtime
         self.image = image or runtime.image or ""
-        self.head_log_dir = Path(LOCK_DIR) / f"servesweep-slurm-{os.getuid()}"
+        self.head_log_dir = head_dir()
 
     # ---------------------------------------------------------- command lines
     def _container_flags(self, launch: Launch) -> list[str]:
@@ -572,9 +578,8 @@ class SlurmRuntime:
     def start(self, launch: Launch) -> str:
         job = self.transport.allocate(launch.node)
         line = self._step_line(launch, job, gpus=True)
-        self.head_log_dir.mkdir(mode=0o700, exist_ok=True)
-        head_log = self.head_log_dir / f"{launch.name}.srun.log"
-        with open(head_log, "w") as out:
+        head_log = private_dir(self.head_log_dir) / f"{launch.name}.srun.log"
+        with open_private(head_log, "w") as out:
             proc = subprocess.Popen(
                 ["/bin/sh", "-c", f"exec {line}"],
                 stdin=subprocess.PIPE,

@@ -6,6 +6,7 @@ import contextlib
 import json
 import math
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -125,3 +126,27 @@ def strict_json(data: Any, **kwargs: Any) -> str:
 def write_json_atomic(path: str | Path, data: Any) -> None:
     """Write `data` as indented strict JSON to `path` atomically (finite_json)."""
     write_text_atomic(path, strict_json(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def private_dir(path: str | Path) -> Path:
+    """`path` as a folder only this user can write: made 0700 if missing; an existing one must
+    be a real folder (no symlink) owned by us with no group or other write bit, else OSError
+    naming it (another user may have planted it in a shared /tmp, with links inside)."""
+    path = Path(path)
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    st = path.lstat()
+    if not stat.S_ISDIR(st.st_mode):
+        raise OSError(f"{path}: not a folder of ours (a link or a file); remove it or pick another")
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise OSError(
+            f"{path}: owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}, not a "
+            f"private folder of uid {os.geteuid()}; remove it (someone else may have made it)"
+        )
+    return path
+
+
+def open_private(path: str | Path, mode: str = "w") -> IO[str]:
+    """Open a file inside a private_dir without following a link planted at its name."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if mode == "w" else os.O_APPEND)
+    return os.fdopen(os.open(path, flags, 0o600), mode)
