@@ -1,9 +1,7 @@
 # Load + validate config, apply env narrowing, expand the matrix, constrain wildcards, helpers.
 import datetime as dt
-import json
 import os
 import sys
-from pathlib import Path
 
 # No module here imports pandas or numpy (a dry-run pays none of the analysis imports).
 from servesweep.analysis.planned import (
@@ -78,8 +76,6 @@ if dry_run_requested(sys.argv):
 # .snakemake/ lost: a record measured with another configuration reruns through a marker input
 # (servesweep.workflow.lostmetadata); {} while Snakemake has its metadata.
 CHANGED = changed_without_metadata(exp=EXP, paths=PATHS, cells=list(CELLS.values()))
-# The set of cells as a param: rules over all cells rerun when it changes (no `input` trigger).
-CELL_KEYS = sorted(CELLS)
 # A params entry of collect_results: a changed SLO recomputes results.csv, never a cell.
 SLO = EXP.slo.model_dump()
 PLOT_METRICS = plot_metrics(EXP)
