@@ -283,10 +283,7 @@ def with_verdicts(summary: dict[str, Any], equivalence: Mapping[str, Any]) -> No
         "tolerance": equivalence.get("tolerance"),
         "baseline": equivalence.get("baseline"),
         "note": equivalence.get("note"),
-        "comparisons": [
-            {k: v for k, v in c.items() if k != "per_prompt"}
-            for c in equivalence.get("comparisons") or []
-        ],
+        "comparisons": [without_rows(c) for c in equivalence.get("comparisons") or []],
     }
     for delta in summary.get("deltas") or []:
         verdict = verdict_of(equivalence, delta.get("axes") or {})
@@ -301,11 +298,12 @@ def across_runs(
     started again, another image or version), without the per-prompt rows."""
     theirs = {p.server: p for p in run_b}
     return [
-        {
-            k: v
-            for k, v in compare_answers(a, theirs[a.server], tolerance=tolerance).to_dict().items()
-            if k != "per_prompt"
-        }
+        without_rows(compare_answers(a, theirs[a.server], tolerance=tolerance).to_dict())
         for a in run_a
         if a.server in theirs
     ]
+
+
+def without_rows(comparison: Mapping[str, Any]) -> dict[str, Any]:
+    """A comparison's figures and verdict without its per-prompt rows (summary, compare)."""
+    return {k: v for k, v in comparison.items() if k != "per_prompt"}

@@ -65,19 +65,19 @@ def server_logs(manager: ServerManager, state: ServerState) -> list[str]:
     return [str(manager.local_log_path(state.server_id, r.role, r.node)) for r in state.ranks]
 
 
-def flush_radix_cache(*, cell: CellRepeat, manager: ServerManager, state: ServerState) -> bool:
-    """Before a cell's client: flush the radix cache of every role that keeps one (SGLang's
-    `/flush_cache` on the role's entry point), so no cell reuses another's prefixes; True if
-    it flushed (recorded in results.csv `cache_flushed`), False when every role runs with
-    `disable_radix_cache`."""
-    cached = {r.name for r in cell.server.roles if not r.args.disable_radix_cache}
+def flush_radix_cache(
+    *, server: ServerSpec, tag: str, manager: ServerManager, state: ServerState
+) -> bool:
+    """Before a cell's client (`tag` its key), or after the equivalence probe: flush the radix
+    cache of every role that keeps one (SGLang's `/flush_cache` on the role's entry point), so
+    no cell reuses another's prefixes; True if it flushed (recorded in results.csv
+    `cache_flushed`), False when every role runs with `disable_radix_cache`."""
+    cached = {r.name for r in server.roles if not r.args.disable_radix_cache}
     urls = [r.url for r in state.ranks if r.url and r.role in cached and r.role != ROUTER_ROLE]
     if not urls:
         return False
-    isolation.flush_cache(
-        urls=urls, server=state.server_id, cell=cell.key, key=manager.api_key(state)
-    )
-    manager.events.emit("flush-cache", cell=cell.key, roles=",".join(sorted(cached)))
+    isolation.flush_cache(urls=urls, server=state.server_id, cell=tag, key=manager.api_key(state))
+    manager.events.emit("flush-cache", cell=tag, roles=",".join(sorted(cached)))
     return True
 
 
@@ -251,7 +251,7 @@ def run_cell(
         state, fresh = manager.ensure(cell.server)
         if fresh and exp.warmup_after_start:
             run_warmup(exp=exp, server=cell.server, manager=manager, state=state)
-        flushed = flush_radix_cache(cell=cell, manager=manager, state=state)
+        flushed = flush_radix_cache(server=cell.server, tag=cell.key, manager=manager, state=state)
         logs = rank_logs(manager, state, {p.role for p in exp.evidence.values()})
         marks = evidence.count(exp.evidence, logs)
         client_started = time.monotonic()

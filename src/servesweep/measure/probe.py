@@ -13,13 +13,12 @@ import time
 from typing import Any
 
 from servesweep.cluster import http
+from servesweep.cluster.secrets import Secret
 from servesweep.config.experiment import Experiment
 from servesweep.config.matrix import ServerSpec, client_specs
 from servesweep.core.errors import ProbeFailed
-from servesweep.measure import isolation
-from servesweep.measure.cells import engine_label, run_warmup
+from servesweep.measure.cells import engine_label, flush_radix_cache, run_warmup
 from servesweep.measure.probefile import VERSION, Answer, ProbeAnswers, Prompt
-from servesweep.serving.engines import ROUTER_ROLE
 from servesweep.serving.servers import ServerManager
 
 logger = logging.getLogger(__name__)
@@ -107,7 +106,7 @@ def parse_answer(prompt: str, body: Any) -> Answer:
     return Answer(prompt=prompt, tokens=tokens, logprobs=logprobs, top=top)
 
 
-def ask(*, url: str, exp: Experiment, prompt: Prompt, key: Any, server: str) -> Answer:
+def ask(*, url: str, exp: Experiment, prompt: Prompt, key: Secret | None, server: str) -> Answer:
     """One probe request to `url`/generate; ProbeFailed naming the server and prompt."""
     status, body = http.post_json(
         f"{url}/generate",
@@ -141,10 +140,7 @@ def run_probe(*, exp: Experiment, spec: ServerSpec, manager: ServerManager) -> P
     answers = [
         ask(url=state.base_url, exp=exp, prompt=p, key=key, server=spec.id) for p in prompts(exp)
     ]
-    cached = {r.name for r in spec.roles if not r.args.disable_radix_cache}
-    urls = [r.url for r in state.ranks if r.url and r.role in cached and r.role != ROUTER_ROLE]
-    if urls:
-        isolation.flush_cache(urls=urls, server=spec.id, cell=f"{spec.id}/probe", key=key)
+    flush_radix_cache(server=spec, tag=f"{spec.id}/probe", manager=manager, state=state)
     seconds = time.monotonic() - started
     manager.events.emit(
         "probe-done", server=spec.id, fp=spec.fingerprint, prompts=len(answers),

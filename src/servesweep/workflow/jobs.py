@@ -18,7 +18,7 @@ from typing import Any
 from servesweep.cluster import pools
 from servesweep.cluster.images import build_images as build_all
 from servesweep.config.matrix import CellRepeat, client_specs, server_specs, workload_key
-from servesweep.core.errors import ConfigError, PoolStopped, PreflightFailed
+from servesweep.core.errors import ConfigError, PoolStopped
 from servesweep.core.files import write_json_atomic, write_text_atomic
 from servesweep.measure import provenance
 from servesweep.measure.cells import check_prerequisites
@@ -168,9 +168,7 @@ def probe_outputs(
             f"the workflow planned {probe}"
         )
     tag = f"{server}/probe"
-    missing = [str(p) for p in paths.prerequisites(exp) if not p.exists()]
-    if missing:
-        raise PreflightFailed(f"{tag}: evidence missing: {', '.join(missing)}")
+    check_prerequisites(exp=exp, paths=paths, cell=tag)
     stopped = paths.pool_stopped(spec.pool)
     holder = f"{exp.run_id} {os.getpid()}"
     with (
@@ -185,8 +183,9 @@ def probe_outputs(
         try:
             answers = run_probe(exp=exp, spec=spec, manager=manager)
         except BaseException as exc:
-            first = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
-            manager.events.emit("probe-failed", server=server, fp=fingerprint, error=first)
+            manager.events.emit(
+                "probe-failed", server=server, fp=fingerprint, error=first_line(exc)
+            )
             if multi_pool:
                 stop_pool(stopped, tag, exc)
             raise
@@ -196,5 +195,9 @@ def probe_outputs(
 def stop_pool(marker: Path, what: str, exc: BaseException) -> None:
     """A failure in one pool of several: the pool's other jobs are skipped (PoolStopped), the
     other pools go on; the marker names what failed and its first line."""
-    first = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
-    write_text_atomic(marker, f"{what} failed: {first}\n")
+    write_text_atomic(marker, f"{what} failed: {first_line(exc)}\n")
+
+
+def first_line(exc: BaseException) -> str:
+    """An error's first line (its type when it has no text), at most 300 characters."""
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:300]
