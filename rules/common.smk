@@ -202,7 +202,9 @@ PROBE_KEY = probe_key(EXP)
 SERVERS = {cell.server.id: cell.server for cell in KNOWN_CELLS.values()}
 SELECTED_SERVERS = {spec.id for spec in SPECS}
 PROBE_PRIORITIES = {
-    server.id: probe_priority(server, repeats=EXP.repeats, clients=len(client_specs(EXP)))
+    server.id: probe_priority(
+        server, repeats=EXP.repeats, clients=len(client_specs(EXP))
+    )
     for server in SERVERS.values()
 }
 # Every probed server config of the aggregate: this run's selection, and the configured
