@@ -17,7 +17,7 @@ from servesweep.analysis import gpufigures
 from servesweep.cluster import gpuidle, gpusampling, telemetry
 from servesweep.cluster.access import open_cluster
 from servesweep.cluster.transport import CommandResult
-from servesweep.config.experiment import gpu_shared_by
+from servesweep.config.experiment import gpu_shared_by, start_waves
 from servesweep.config.load import load_experiment
 from servesweep.config.matrix import cell_repeats, server_specs
 from servesweep.config.paths import RunPaths
@@ -184,6 +184,21 @@ def test_prefill_and_decode_may_share_one_gpu_with_their_memory_shares() -> None
         == ""
     )
     assert cells.gpu_nodes(sliced) == ["p01", "d23"]
+
+
+def test_engines_on_one_gpu_start_in_turn_on_disjoint_gpus_together() -> None:
+    """Two processes profiling one GPU's free memory at once would race; on disjoint GPUs the
+    engines start together, the router after both (docs/pools.md)."""
+    for raw, waves in (
+        (one_gpu_pd(), [("prefill",), ("decode",), ("router",)]),
+        (one_host_pd(), [("prefill", "decode"), ("router",)]),
+    ):
+        exp = load_experiment(raw, {})
+        roles = [(r.name, r.nodes) for r in server_specs(exp)[0].roles]
+        assert start_waves(exp.cluster, roles, router="router") == waves
+    single = load_experiment(yaml.safe_load(DEFAULT_CONFIG.read_text()), {})
+    roles = [(r.name, r.nodes) for r in server_specs(single)[0].roles]
+    assert start_waves(single.cluster, roles, router=None) == [("server",)]
 
 
 @pytest.mark.parametrize(

@@ -153,6 +153,11 @@ def test_collect_results_default_matrix(tmp_path):
         *results.GPU_COLUMNS,
         *results.FIGURE_COLUMNS,
         "cache_flushed",
+        "start_ready_s",
+        "start_imports_s",
+        "start_load_weight_s",
+        "start_cuda_graph_s",
+        "start_warmup_s",
         *results.SIM_COLUMNS,
     ]
     assert set(df["run_id"]) == {"moe-prefill-sim"}

@@ -32,7 +32,7 @@ from servesweep.core.files import atomic_open
 from servesweep.core.parallel import map_chunks
 from servesweep.measure import isolation, provenance, validation
 from servesweep.measure.loadgen import selfcheck, usage
-from servesweep.measure.records import BenchRecord, read_record
+from servesweep.measure.records import START_KEY, START_PHASES, BenchRecord, read_record
 from servesweep.serving import evidence
 
 log = logging.getLogger(__name__)
@@ -120,6 +120,9 @@ READ_KEYS = frozenset(
 )
 # Whether the server's radix cache was flushed before the cell (empty: not known, e.g. imported).
 HYGIENE_COLUMNS = ("cache_flushed",)
+# Where the start of the cell's server went (records.START_KEY): the same for every cell it
+# served; NaN where the log does not show a phase (older releases print no timing summary).
+START_COLUMNS = tuple(f"start_{phase}" for phase in START_PHASES)
 ID_COLUMNS = ("run_id", "server_id", "client_id", "repeat", "seed", "fingerprint", "pool")
 
 # requests.csv: one row per successful request of every cell-repeat (stats.request_figures).
@@ -257,12 +260,15 @@ def read_cell(
 
 def hygiene_columns(record: BenchRecord) -> dict[str, Any]:
     """What run_cell recorded about a cell's conditions: whether the radix cache was flushed
-    before it, and its log evidence counts (`evidence_<name>`)."""
+    before it, where its server's start went (`start_<phase>`), and its log evidence counts
+    (`evidence_<name>`)."""
     extra = record.model_extra or {}
     flushed = extra.get(isolation.CACHE_FLUSHED_KEY)
     counts = extra.get(evidence.KEY) or {}
+    started = extra.get(START_KEY) or {}
     return {
         "cache_flushed": math.nan if flushed is None else bool(flushed),
+        **{f"start_{phase}": started.get(phase, math.nan) for phase in START_PHASES},
         **{f"{evidence.COLUMN_PREFIX}{name}": int(n) for name, n in counts.items()},
     }
 
@@ -326,6 +332,7 @@ def result_columns(server_axes: Sequence[str], client_axes: Sequence[str]) -> li
         *GPU_COLUMNS,
         *FIGURE_COLUMNS,
         *HYGIENE_COLUMNS,
+        *START_COLUMNS,
         *SIM_COLUMNS,
     ]
 

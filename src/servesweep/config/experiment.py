@@ -432,6 +432,18 @@ def _check_shared_memory(exp: Experiment, axes: dict[str, Any]) -> None:
         )
 
 
+def start_waves(
+    cluster: ClusterConfig, roles: Sequence[tuple[str, Sequence[str]]], *, router: str | None
+) -> list[tuple[str, ...]]:
+    """The order a server set's roles start in, wave by wave, each wave ready before the next:
+    engines on disjoint GPUs start together; engines that share a GPU start one after another
+    (two processes profiling one GPU's free memory at once would race); `router`, when the set
+    has one, after every engine."""
+    engines = tuple(name for name, _ in roles)
+    waves = [(name,) for name in engines] if gpu_shared_by(cluster, roles) else [engines]
+    return waves + ([(router,)] if router else [])
+
+
 def gpu_shared_by(cluster: ClusterConfig, roles: Sequence[tuple[str, Sequence[str]]]) -> str:
     """The roles of a server set (`roles`: name and nodes) whose processes share a GPU, as
     `prefill+decode` (results.csv `gpu_shared_by`: that GPU's figures are counted once and

@@ -34,7 +34,7 @@ from servesweep.measure.client import (
     run_client,
 )
 from servesweep.measure.loadgen import selfcheck, usage
-from servesweep.measure.records import BenchRecord, write_record
+from servesweep.measure.records import START_KEY, BenchRecord, write_record
 from servesweep.serving import evidence
 from servesweep.serving.engines import ROUTER_ROLE
 from servesweep.serving.servers import ServerManager
@@ -328,6 +328,7 @@ def run_cell(
                 evidence.KEY: counts,
                 isolation.CACHE_FLUSHED_KEY: flushed,
                 ENGINE_KEY: engine_label(exp),
+                START_KEY: state.start_phases,
             }
         )
         _write(gpu_out, lambda: telemetry.write_snapshot(gpu_out, snapshot), written)

@@ -13,6 +13,11 @@ from pydantic import BaseModel, ConfigDict
 from servesweep.core.bounds import loads_json
 from servesweep.core.files import restore_non_finite, strict_json, write_text_atomic
 
+# run_cell's copy of where its server's start went (ServerState.start_phases: `ready_s` and
+# serving.logscan.startup_phases), under this key of the record; results.csv `start_<phase>`.
+START_KEY = "server_start"
+START_PHASES = ("ready_s", "imports_s", "load_weight_s", "cuda_graph_s", "warmup_s")
+
 
 class BenchRecord(BaseModel):
     """One bench_serving-compatible record; unknown keys are kept, absent ones are None."""

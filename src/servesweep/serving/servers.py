@@ -25,7 +25,7 @@ from servesweep.cluster.owner import (
 from servesweep.cluster.pools import narrow, node_pools
 from servesweep.cluster.runtime import Labelled, Launch
 from servesweep.cluster.secrets import Secret, new_api_key, scrub
-from servesweep.config.experiment import Experiment
+from servesweep.config.experiment import Experiment, start_waves
 from servesweep.config.matrix import ServerSpec, server_specs
 from servesweep.config.paths import RunPaths
 from servesweep.config.schema import PD_ROLES, SINGLE_ROLE
@@ -179,8 +179,9 @@ class ServerManager:
         return [line.split()[1] for line in path.read_text().splitlines()] if path.exists() else []
 
     def start(self, spec: ServerSpec) -> ServerState:
-        """Start role by role (prefill, decode, router), each ready before the next;
-        on failure stop everything that started. "auto" ports are picked now."""
+        """Start wave by wave (config.experiment.start_waves: PD engines together unless they
+        share a GPU, then the router), each wave ready before the next; on failure stop
+        everything that started. "auto" ports are picked now."""
         spec = resolve_ports(spec)
         service = self.paths.service(spec.id)
         service.mkdir(parents=True, exist_ok=True)
@@ -189,7 +190,6 @@ class ServerManager:
             fingerprint=spec.fingerprint,
             server_id=spec.id,
             base_url=base_url(self.exp, spec),
-            started_at=time.time(),
             service=self.service_mode,
             owner=self.owner.label,
             run_id=self.exp.run_id,
@@ -198,6 +198,7 @@ class ServerManager:
         self.transport.check_reachable(self.exp.cluster.nodes)
         check_foreign(self.runtime, self.exp, spec, owner=self.owner)
         check_nodes_free(self.runtime, self.exp, spec, owner=self.owner, pool=self.pool)
+        state.started_at = time.time()  # the start proper: `ready seconds` counts from here
         self.events.emit(
             "start",
             fp=spec.fingerprint,
@@ -212,10 +213,15 @@ class ServerManager:
             launches = self.launches(spec, key)
             if not any(launch.secret_env for _, launch in launches):
                 self._keys[spec.id] = None
-            for role in dict.fromkeys(cmd.role for cmd, _ in launches):
-                role_started = time.time()
+            waves = start_waves(
+                self.exp.cluster,
+                [(role.name, role.nodes) for role in spec.roles],
+                router=ROUTER_ROLE if spec.router else None,
+            )
+            for wave, roles in enumerate(waves, 1):
+                wave_started = time.time()
                 for cmd, launch in launches:
-                    if cmd.role != role:
+                    if cmd.role not in roles:
                         continue
                     handle = self.runtime.start(launch)
                     state.ranks.append(
@@ -230,18 +236,20 @@ class ServerManager:
                         )
                     )
                     write_json_atomic(state_file, state.to_dict())
-                self._wait_ready(state, spec, role)
-                if role == PD_ROLES[-1]:  # both engines up, before the router and any request
+                ready_at = self._wait_ready(state, spec, roles)
+                if PD_ROLES[-1] in roles:  # both engines up, before the router and any request
                     agreed = check_pd_agreement(state)
                     self.events.emit("pd-agreement", fp=spec.fingerprint, **agreed)
-                if role != SINGLE_ROLE:
-                    self.events.emit(
-                        "role-ready",
-                        fp=spec.fingerprint,
-                        server=spec.id,
-                        role=role,
-                        seconds=f"{time.time() - role_started:.2f}",
-                    )
+                for role in roles:
+                    if role != SINGLE_ROLE:
+                        self.events.emit(
+                            "role-ready",
+                            fp=spec.fingerprint,
+                            server=spec.id,
+                            role=role,
+                            wave=wave,
+                            seconds=f"{ready_at[role] - wave_started:.2f}",
+                        )
         except BaseException as exc:
             self.events.emit(
                 "start-failed",
@@ -252,6 +260,12 @@ class ServerManager:
             self.stop(state, reason="start failed")
             raise
         state.ready_at = time.time()
+        total = state.ready_at - state.started_at
+        head = state.ranks[0]
+        phases = logscan.startup_phases(
+            self.runtime.logs(head.node, head.handle, head.log_path), total
+        )
+        state.start_phases = {"ready_s": round(total, 2), **phases}
         write_json_atomic(state_file, state.to_dict())
         if state.service:
             self._note_use(spec.fingerprint)
@@ -260,11 +274,6 @@ class ServerManager:
         info = http.get_json(f"{state.ranks[0].url}/server_info", key=key)
         if info is not None:  # SGLang reports its api_key (and launch command): masked
             write_text_atomic(service / "server_info.json", scrub(json.dumps(info, indent=2), key))
-        total = state.ready_at - state.started_at
-        head = state.ranks[0]
-        phases = logscan.startup_phases(
-            self.runtime.logs(head.node, head.handle, head.log_path), total
-        )
         self.events.emit(
             "ready",
             fp=spec.fingerprint,
@@ -274,24 +283,28 @@ class ServerManager:
         )
         return state
 
-    def _wait_ready(self, state: ServerState, spec: ServerSpec, role: str) -> None:
-        """Wait until `role`'s endpoint answers /health 200 (and, for an engine, rank 0 has
-        logged SGLang's ready line); fail fast on a dead rank or a fatal log pattern."""
-        head = next(r for r in state.ranks if r.role == role and r.url)
+    def _wait_ready(
+        self, state: ServerState, spec: ServerSpec, roles: tuple[str, ...]
+    ) -> dict[str, float]:
+        """Wait until every role of `roles` answers /health 200 (and, for an engine, its rank 0
+        has logged SGLang's ready line); fail fast on a dead rank or a fatal log pattern. Returns
+        when each role was first seen ready (time.time())."""
+        heads = {role: next(r for r in state.ranks if r.role == role and r.url) for role in roles}
+        ready_at: dict[str, float] = {}
         deadline = time.monotonic() + self.exp.engine.ready_timeout_s
         next_scan = 0.0
         while True:
-            if http.status(f"{head.url}/health") == 200:
-                if role == ROUTER_ROLE:
-                    break
-                log = self.runtime.logs(head.node, head.handle, head.log_path)
-                if logscan.READY_LINE in log:
-                    break
+            for role, head in heads.items():
+                if role not in ready_at and self._role_ready(role, head):
+                    ready_at[role] = time.time()
+            if len(ready_at) == len(heads):
+                break
             now = time.monotonic()
             if now >= next_scan:
                 self._check_ranks(state, starting=True)
                 next_scan = now + FATAL_SCAN_EVERY_S
             if now > deadline:
+                role, head = next((r, h) for r, h in heads.items() if r not in ready_at)
                 text = self.runtime.logs(head.node, head.handle, head.log_path)
                 raise ServerStartError(
                     f"server {spec.id} (fp {spec.fingerprint}) {role} not ready after "
@@ -301,6 +314,15 @@ class ServerManager:
                 )
             time.sleep(POLL_S)
         self._check_ranks(state, starting=True)
+        return ready_at
+
+    def _role_ready(self, role: str, head: RankState) -> bool:
+        """/health answers 200 and, for an engine, its log holds SGLang's ready line."""
+        if http.status(f"{head.url}/health") != 200:
+            return False
+        if role == ROUTER_ROLE:
+            return True
+        return logscan.READY_LINE in self.runtime.logs(head.node, head.handle, head.log_path)
 
     def _check_ranks(self, state: ServerState, *, starting: bool) -> None:
         """Save every process's log; raise naming node and log if one died or logged a

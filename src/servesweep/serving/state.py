@@ -38,6 +38,8 @@ class ServerState:
     service: bool = False  # brought up by `servesweep up`: outlives runs
     owner: str = ""
     run_id: str = ""  # the run (or `up`) that started it
+    # where the start went: `ready_s` and logscan.startup_phases (the phases its log shows)
+    start_phases: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def load(cls, path: Path) -> ServerState | None:

@@ -133,7 +133,18 @@ async def _load(ns: argparse.Namespace, *, model: CostModel, capacity: int) -> N
     )
     logger.info("Capture cuda graph begin. This can take up to several minutes.")
     await asyncio.sleep(0.3 * total * scale)
-    logger.info(f"Capture cuda graph end. Time elapsed: {0.3 * total * scale:.2f} s.")
+    graphs = 0.3 * total * scale
+    logger.info(f"Capture cuda graph end. Time elapsed: {graphs:.2f} s.")
+    # SGLang 0.5.17's summary line (real logs: tests/fixtures/real/logs/): a prefill role
+    # captures prefill graphs only, a decode role decode graphs only, a whole server both.
+    prefill = {"prefill": graphs, "decode": 0.0}.get(ns.disaggregation_mode, 0.8 * graphs)
+    logger.info(
+        f"Engine startup timings (s): load_weight={0.6 * total * scale:.2f}, "
+        f"kv_cache_allocation={0.1 * total * scale:.2f}, scheduler_e2e={total * scale:.2f}, "
+        f"cuda_graph={{prefill={prefill:.2f}, decode={graphs - prefill:.2f}, "
+        "target_verify=0.00, draft_prefill=0.00, draft_decode=0.00, draft_extend=0.00}, "
+        f"tokenizer_e2e={total * scale + 0.5:.2f}"
+    )
 
 
 def _die_if_failed(task: asyncio.Task[None]) -> None:

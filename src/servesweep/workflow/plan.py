@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import TypeVar
 
 from servesweep.cluster.pools import PoolPlan, assign, node_pools, pooled_cells, read_previous
-from servesweep.config.experiment import Experiment
+from servesweep.config.experiment import Experiment, start_waves
 from servesweep.config.matrix import (
     CellRepeat,
+    ServerSpec,
     cell_repeats,
     client_specs,
     selected_cases,
@@ -38,6 +39,9 @@ K = TypeVar("K")
 
 # A real SGLang start of a large MoE model across nodes (seed 000: "about ten minutes").
 SGLANG_START_S = 600.0
+# sglang-router's mini load balancer, from launch to /health 200 (16.7 s on the one-GPU PD
+# rehearsal, docs/rehearsal/pd-2026-12-07).
+ROUTER_START_S = 17.0
 # Per cell-repeat outside the client's measured window, without history: Snakemake's job and
 # the job's process start (1.0 s), the client's process start, GPU snapshots and sampler stop
 # (1.5 s). Measured on the default sim run: cell-done `seconds` minus the record's duration,
@@ -147,11 +151,14 @@ def simulated_seconds(exp: Experiment, cell: CellRepeat, workload: Workload | No
     return seconds * scale
 
 
-def start_s(exp: Experiment) -> float:
-    """Estimated seconds from start to ready without history."""
+def start_s(exp: Experiment, spec: ServerSpec) -> float:
+    """Estimated seconds from launch to ready without history: an engine start per start wave
+    (config.experiment.start_waves: a PD set's engines together on disjoint GPUs, in turn on
+    one GPU), then its router's."""
+    waves = start_waves(exp.cluster, [(r.name, r.nodes) for r in spec.roles], router=None)
     if exp.engine.kind == "sim":
-        return exp.engine.sim.startup_s * exp.engine.sim.time_scale + 1.0
-    return SGLANG_START_S
+        return len(waves) * exp.engine.sim.startup_s * exp.engine.sim.time_scale + 1.0
+    return len(waves) * SGLANG_START_S + (ROUTER_START_S if spec.router else 0.0)
 
 
 def config_estimates(exp: Experiment, history: History) -> dict[str, float]:
@@ -162,7 +169,7 @@ def config_estimates(exp: Experiment, history: History) -> dict[str, float]:
     for cell in cell_repeats(exp):
         fp, sid = cell.server.fingerprint, cell.server.id
         if sid not in out:
-            out[sid] = history.ready_s.get(fp, start_s(exp))
+            out[sid] = history.ready_s.get(fp, start_s(exp, cell.server))
         key = (fp, cell.client.id)
         if key in history.cell_s:
             out[sid] += history.cell_s[key] + JOB_OVERHEAD_S
@@ -408,8 +415,8 @@ def _make_plan(
                 first[fp] = cell
     held: dict[int, float] = defaultdict(float)
     for fp, cell in first.items():
-        held[cell.server.pool] += history.ready_s.get(fp, start_s(exp))
-    starts_s = sum(history.ready_s.get(fp, start_s(exp)) for fp in first)
+        held[cell.server.pool] += history.ready_s.get(fp, start_s(exp, cell.server))
+    starts_s = sum(history.ready_s.get(fp, start_s(exp, c.server)) for fp, c in first.items())
     warmups_s = 0.0
     if exp.warmup_after_start:
         shape = client_specs(exp)[0].workload.model_copy(
