@@ -602,6 +602,31 @@ class ReferenceConfig(Strict):
     tolerance: float = Field(default=0.10, gt=0)  # relative; a larger delta is marked
 
 
+class Bound(Strict):
+    """An absolute bound on one metric: its value must be >= min and <= max (either may be
+    left out, not both)."""
+
+    min: float | None = None
+    max: float | None = None
+
+    @model_validator(mode="after")
+    def _check_bound(self) -> Bound:
+        if self.min is None and self.max is None:
+            raise ValueError("a bound needs min, max or both")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min {self.min} is above max {self.max}")
+        return self
+
+
+class GateRule(Strict):
+    """Absolute bounds the cells `where` selects must meet (a miss fails the run): `where`
+    maps an axis (`case` for a case run) to its value, {} for every cell; `bounds` maps a
+    summary.json metric to its Bound, checked against the cell's median over repeats."""
+
+    where: dict[str, Any] = Field(default_factory=dict)
+    bounds: dict[str, Bound] = Field(min_length=1)
+
+
 class Matrix(Strict):
     """Axes: lists of values for server arguments (restart) and workload fields (no restart)."""
 
