@@ -41,6 +41,7 @@ rule all:
 
 
 onstart:
+    keep_console()
     check_secrets_at_start()
     start_pools()
     remove_partial_files()
@@ -53,6 +54,7 @@ onstart:
 onsuccess:
     stop_servers("workflow finished")
     print_answer()
+    fail_validation()
 
 
 onerror:

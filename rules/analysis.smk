@@ -53,6 +53,7 @@ rule summarize:
         baseline=CONFIGURED.baseline,
         server_axes=SERVER_AXES,
         client_axes=CLIENT_AXES,
+        gate=GATE,
     message:
         "summary.json: medians over repeats and deltas vs the baseline"
     script:

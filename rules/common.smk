@@ -11,6 +11,7 @@ from servesweep.analysis.planned import (
     run_inputs,
 )
 from servesweep.analysis.reference import load_reference
+from servesweep.analysis.verdict import check_gate
 from servesweep.cluster import pools
 from servesweep.config.load import load_experiment, unnarrowed_env
 from servesweep.config.matrix import (
@@ -61,6 +62,7 @@ try:
     )
     for path in REFERENCE_FILES:
         load_reference(path, cases=list(EXP.cases))
+    check_gate(EXP)
     check_experiment(EXP, SPECS, os.environ)
 except ConfigError as exc:
     sys.exit(f"servesweep: ConfigError: {exc}")
@@ -78,6 +80,8 @@ if dry_run_requested(sys.argv):
 CHANGED = changed_without_metadata(exp=EXP, paths=PATHS, cells=list(CELLS.values()))
 # A params entry of collect_results: a changed SLO recomputes results.csv, never a cell.
 SLO = EXP.slo.model_dump()
+# A params entry of summarize: a changed gate rechecks the medians, never a cell.
+GATE = [rule.model_dump(mode="json") for rule in EXP.gate]
 PLOT_METRICS = plot_metrics(EXP)
 RESULTS_ROOT = str(PATHS.root.parent)
 SERVER_AXES, CLIENT_AXES = axis_names(CONFIGURED)
@@ -305,6 +309,13 @@ def check_secrets_at_start():
         sys.exit(f"servesweep: SecretError: {exc}")
 
 
+def keep_console():
+    """onstart: what this invocation prints is kept in the run folder too (console.log)."""
+    from servesweep.workflow.console import tee_console
+
+    tee_console(PATHS.console_log, sys.argv)
+
+
 def start_pools():
     """onstart: persist the pool assignment; a pool stopped by a failure runs again."""
     pools.write_plan(PATHS.pools, POOLS)
@@ -370,6 +381,18 @@ def print_answer():
         metrics=PLOT_METRICS,
         events=PATHS.orchestrator_log,
     )
+
+
+def fail_validation():
+    """onsuccess, after the answer: a fatal finding of the final log scan or a missed gate
+    bound exits 1 with its named line (the measured records stay)."""
+    from servesweep.analysis.verdict import exit_message
+    from servesweep.analysis.summary import read_summary
+
+    if os.path.exists(PATHS.summary_json):
+        message = exit_message(read_summary(PATHS.summary_json))
+        if message:
+            sys.exit(message)
 
 
 # orchestrator.log's stamp when this invocation read the Snakefile (before any job).

@@ -16,4 +16,5 @@ if __name__ == "__main__":
             out=snakemake.output.json,
             workers=snakemake.threads,
             equivalence=snakemake.input.equivalence,
+            gate=snakemake.params.gate,
         )

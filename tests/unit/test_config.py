@@ -133,6 +133,11 @@ def test_fingerprint_is_independent_of_run_id(raw: dict) -> None:
         (lambda r: r["matrix"]["server"].update(page_sz=[1]), "matrix.server.page_sz"),
         (lambda r: r.update(baseline={"moe_runner_backend": "triton"}), "baseline.moe_runner"),
         (lambda r: r["cluster"].update(nodes=["a", "a"]), "duplicate node"),
+        (lambda r: r["cluster"].update(transport="ssh", local_nodes=["x"]), "local_nodes"),
+        (
+            lambda r: r["cluster"].update(local_nodes=r["cluster"]["nodes"][:1]),
+            "needs transport ssh",
+        ),
         (lambda r: r["server"].update(tp_size=6, ep_size=6), "tp_size*pp_size"),
         (lambda r: r["server"].update(ep_size=3), "'server.ep_size': 3 does not divide"),
         (lambda r: r["matrix"]["client"].update(concurrency=[8, 8]), "duplicate values"),

@@ -167,6 +167,7 @@ def test_labels_carry_units():
     assert labels.label("gpu_mem_used_peak_mib") == "gpu mem used peak [MiB]"
     assert labels.value_text(207786.6, "input_tps") == "207,787 tok/s"
     assert labels.value_text(0.02374, "joules_per_input_token") == "0.0237 J/tok"
+    assert labels.value_text(None, "tpot_p50_ms") == "N/A"  # as the case table, never 0
     assert labels.sim_note({"kind": "sglang"}) == ""
 
 

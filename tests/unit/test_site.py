@@ -61,9 +61,13 @@ def test_commands_warns_on_guesses_and_unresolved_aliases(
     err = capsys.readouterr().err.splitlines()
     assert "warning: evidence.d_rdma_ready_ack = " in err[0] and "pd_standard.yaml" in err[0]
     assert "warning: evidence.p_kv_inflight = " in err[1] and "pd_standard.yaml" in err[1]
-    assert "warning: engine.model_path = '/data/models/Kimi-K3' is a guess" in err[6]
-    assert "rtx6000d.yaml" in err[6]
-    assert sum("is a guess" in line for line in err) == 11  # runtime.build.base too
+    [model] = [line for line in err if "warning: engine.model_path = " in line]
+    assert "'/data/models/Kimi-K3' is a guess" in model and "rtx6000d.yaml" in model
+    # runtime.build.base too; and the NIC settings the seed's cluster needs
+    assert sum("is a guess" in line for line in err) == 14
+    for nic in ("cluster.socket_ifname = 'bond0'", "runtime.env.NCCL_IB_HCA = 'mlx5_0,"):
+        assert any(f"warning: {nic}" in line and "pd_standard.yaml" in line for line in err)
+    assert any("warning: runtime.env.MC_GID_INDEX = " in line for line in err)
     aliases = [line for line in err if "no ssh alias resolves" in line]
     assert len(aliases) == 8 and "601:20000 would be used" in aliases[0]
 
@@ -118,3 +122,21 @@ def test_an_alias_bomb_in_a_site_file_is_one_line(tmp_path: Path) -> None:
         apply_site({"site": "bomb"}, tmp_path)
     assert str(err.value).startswith(f"config key 'site': {tmp_path / 'bomb.yaml'}: key 'b5': ")
     assert "expands to more than 100,000 values" in str(err.value)
+
+
+def test_the_pd_config_carries_the_nic_settings_of_the_seeds_cluster_as_guesses() -> None:
+    """Seed 003's cluster: NCCL's HCAs, the ranks' socket interface and Mooncake's MC_* env,
+    each a listed guess (named by `commands` and `doctor`, never enforced)."""
+    from servesweep.serving.engines import socket_env
+
+    exp = load_experiment_file(PD, {})
+    assert exp.runtime.env["NCCL_IB_HCA"] == exp.server.disaggregation_ib_device
+    mooncake = [k for k in exp.runtime.env if k.startswith("MC_")]
+    assert mooncake == ["MC_GID_INDEX"]
+    assert socket_env(exp) == {"GLOO_SOCKET_IFNAME": "bond0", "NCCL_SOCKET_IFNAME": "bond0"}
+    nic = {
+        "cluster.socket_ifname",
+        "runtime.env.NCCL_IB_HCA",
+        *(f"runtime.env.{k}" for k in mooncake),
+    }
+    assert nic <= set(exp.guesses)

@@ -138,6 +138,10 @@ def test_the_non_streamed_case_has_no_tpot_or_itl(pd_run: Path) -> None:
     [row] = [ln for ln in (pd_run / "cases.md").read_text().splitlines() if "nonstream |" in ln]
     tpot, reference, delta = [c.strip() for c in row.strip(" |").split("|")][-3:]
     assert tpot == reference == delta == "N/A", row
+    # the report's first page shows the same row: N/A, no 0
+    page = (pd_run / "report.rst").read_text()
+    cells = page.split("<td>1k-16-c1-nonstream</td>")[1].split("</tr>")[0]
+    assert cells.count("<td>N/A</td>") == 3 and "0.00" not in cells, cells
 
 
 def test_summary_has_warmup_log_scan_and_evidence(pd_run: Path) -> None:

@@ -15,6 +15,7 @@ from servesweep.analysis import equivalence as equivalence_verdicts
 from servesweep.analysis import labels, stats
 from servesweep.analysis.cautions import cautions
 from servesweep.analysis.summary import SUMMARY_METRICS, cell_label
+from servesweep.analysis.verdict import failures
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,16 @@ def warnings(
     return cautions(summary=summary, results=results, events=events)
 
 
+def verdict_lines(summary: Mapping[str, Any]) -> list[str]:
+    """The validation's failures (analysis.verdict), one line each, and the gate's count."""
+    failed = failures(summary)
+    gate = summary.get("gate")
+    lines = ["Validation FAILED:", *(f"  - {f}" for f in failed)] if failed else []
+    if gate and not gate.get("missed"):
+        lines.append(f"Gate: all {gate.get('checked')} bounds met (summary.json gate).")
+    return lines
+
+
 def answer_block(
     *,
     summary: Mapping[str, Any],
@@ -115,6 +126,7 @@ def answer_block(
         total = sum(verdicts.values())
         lines.append(f"  verdicts over {total} cell-metric comparisons: {counted or 'none'}")
         lines += _outputs_lines(summary.get("equivalence"), axis=axis, value=value)
+    lines += verdict_lines(summary)
     found = warnings(summary=summary, results=results, events=events)
     lines.append("Warnings:" + ("" if found else " none"))
     lines += [f"  - {w}" for w in found]
@@ -142,6 +154,7 @@ def print_answer(
         ("results.csv", str(results_csv)),
         ("summary.json", str(summary_json)),
         ("report", str(report_html)),
+        ("console", str(Path(summary_json).parent / "console.log")),
     ]
     if not Path(summary_json).exists() or not Path(results_csv).exists():
         text = "servesweep: no summary yet; `snakemake --cores 1 all` writes " + ", ".join(

@@ -65,9 +65,10 @@ def label(column: str) -> str:
 
 
 def value_text(value: float | None, column: str) -> str:
-    """A figure with its unit for tables and plot notes: 3 significant digits at least."""
+    """A figure with its unit for tables and plot notes: 3 significant digits at least; `N/A`
+    where there is none (TPOT of a non-streamed or one-token case), as in the case table."""
     if value is None:
-        return "n/a"
+        return "N/A"
     u = unit(column)
     text = f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
     return f"{text} {u}".strip()

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from servesweep.cluster.runtime import DockerRuntime, ProcessRuntime, Runtime
 from servesweep.cluster.secrets import sudo_password
-from servesweep.cluster.transport import LocalTransport, Transport
+from servesweep.cluster.transport import LocalTransport, MixedTransport, Transport
 from servesweep.config.experiment import Experiment
 
 
@@ -50,7 +50,9 @@ def open_cluster(exp: Experiment, *, for_commands: bool = False) -> Cluster:
     else:
         from servesweep.cluster.ssh import SshTransport  # only SSH clusters need paramiko
 
-        transport = SshTransport(exp.cluster.ssh, nodes=exp.cluster.nodes)
+        here = set(exp.cluster.local_nodes)
+        ssh = SshTransport(exp.cluster.ssh, nodes=[n for n in exp.cluster.nodes if n not in here])
+        transport = MixedTransport(local=here, remote=ssh) if here else ssh
     runtime: Runtime
     if not exp.runtime.containers:
         runtime = ProcessRuntime(transport, env=exp.runtime.env)

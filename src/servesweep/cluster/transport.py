@@ -179,3 +179,41 @@ class LocalTransport:
 
     def close(self) -> None:
         return None
+
+
+class MixedTransport:
+    """Some nodes are this machine (`local`), the others are reached through `remote` (SSH):
+    each call goes to the transport of its node."""
+
+    def __init__(self, *, local: Iterable[str], remote: Transport) -> None:
+        self.local_nodes = frozenset(local)
+        self.here = LocalTransport()
+        self.remote = remote
+
+    def _of(self, node: str) -> Transport:
+        return self.here if node in self.local_nodes else self.remote
+
+    def run(
+        self, node: str, command: str, *, timeout: float, stdin: str | None = None
+    ) -> CommandResult:
+        return self._of(node).run(node, command, timeout=timeout, stdin=stdin)
+
+    def run_background(self, node: str, command: str, *, timeout: float) -> CommandResult:
+        return self._of(node).run_background(node, command, timeout=timeout)
+
+    def put(self, node: str, local: Path, remote: str) -> None:
+        self._of(node).put(node, local, remote)
+
+    def get(self, node: str, remote: str, local: Path, *, private: bool = False) -> None:
+        self._of(node).get(node, remote, local, private=private)
+
+    def check_reachable(self, nodes: Iterable[str] | None = None) -> None:
+        if nodes is None:
+            self.remote.check_reachable(None)
+            return
+        others = [n for n in nodes if n not in self.local_nodes]
+        if others:
+            self.remote.check_reachable(others)
+
+    def close(self) -> None:
+        self.remote.close()

@@ -19,6 +19,7 @@ from servesweep.config.schema import (
     EngineConfig,
     EquivalenceConfig,
     EvidencePattern,
+    GateRule,
     Matrix,
     PlotsConfig,
     PreflightConfig,
@@ -67,6 +68,8 @@ class Experiment(Strict):
     repeats: int = Field(default=1, ge=1)
     baseline: dict[str, Any] = Field(default_factory=dict)
     reference: ReferenceConfig | None = None
+    # Absolute bounds per case or cell: a miss fails the run, named (analysis.verdict).
+    gate: list[GateRule] = Field(default_factory=list)
     # Dotted keys of values nobody has confirmed on the cluster (servesweep.config.guesses):
     # listed, observed and recorded, never enforced. A site file's guesses join them.
     guesses: list[str] = Field(default_factory=list)
@@ -97,6 +100,7 @@ class Experiment(Strict):
         for axes in combinations(self.matrix.client):
             validated(Workload, self.workload, axes, "matrix.client")
         self._check_cases()
+        self._check_gate()
         if self.reference is not None and not self.cases:
             raise ValueError("reference: compares cases: give `cases`")
         roles = {*self.roles, "router"} if self.roles else {SINGLE_ROLE}
@@ -175,6 +179,20 @@ class Experiment(Strict):
                 raise ValueError(f"suites.{suite}: unknown or no cases {missing}")
         if self.suite is not None and self.suite not in {*self.suites, "all"}:
             raise ValueError(f"suite: {self.suite!r} is not one of {[*self.suites, 'all']}")
+
+    def _check_gate(self) -> None:
+        """Every `where` names an axis of this experiment and one of its values."""
+        axes = {**self.matrix.server, **self.matrix.client}
+        if self.cases:
+            axes["case"] = list(self.cases)
+        for i, rule in enumerate(self.gate):
+            for axis, value in rule.where.items():
+                if axis not in axes:
+                    raise ValueError(
+                        f"gate[{i}].where.{axis}: not an axis of this experiment {sorted(axes)}"
+                    )
+                if value not in axes[axis]:
+                    raise ValueError(f"gate[{i}].where.{axis}: {value!r} is not in {axes[axis]}")
 
 
 # ---------------------------------------------------- node pools (servesweep.cluster.pools)

@@ -186,6 +186,12 @@ class RunPaths:
         return self.root / "orchestrator.log"
 
     @property
+    def console_log(self) -> Path:
+        """What each invocation printed to the console, appended after a header line
+        (servesweep.workflow.console)."""
+        return self.root / "console.log"
+
+    @property
     def manifest(self) -> Path:
         return self.root / "manifest.json"
 

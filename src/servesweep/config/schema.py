@@ -133,6 +133,10 @@ class ClusterConfig(Strict):
     transport: Literal["local", "ssh", "slurm"] = "local"
     nodes: Annotated[list[str], AfterValidator(_node_names)] = Field(min_length=1)
     addresses: dict[str, str] = Field(default_factory=dict)
+    # transport ssh: the nodes that are this machine (the workflow runs on one of the nodes,
+    # as seed 003 runs from 601): their commands run here through /bin/sh, no SSH; the others
+    # are reached over SSH. Other nodes reach one at its `addresses` entry (else its name).
+    local_nodes: list[str] = Field(default_factory=list)
     gpus_per_node: int = Field(default=8, ge=1)
     ssh: SshOptions = SshOptions()
     slurm: SlurmOptions = SlurmOptions()
@@ -165,6 +169,14 @@ class ClusterConfig(Strict):
         unknown = sorted(set(self.addresses) - set(self.nodes))
         if unknown:
             raise ValueError(f"addresses: given for nodes not in cluster.nodes: {unknown}")
+        unknown = sorted(set(self.local_nodes) - set(self.nodes))
+        if unknown:
+            raise ValueError(f"local_nodes: not in cluster.nodes: {unknown}")
+        if self.local_nodes and self.transport != "ssh":
+            raise ValueError(
+                f"local_nodes: mixes this machine with SSH nodes: needs transport ssh "
+                f"(got {self.transport})"
+            )
         self._check_gpu_ids()
         if self.nodes_per_server is not None and self.nodes_per_server > len(self.nodes):
             raise ValueError(
@@ -600,6 +612,31 @@ class ReferenceConfig(Strict):
 
     file: str  # relative to the checkout, e.g. config/reference/seed003_pd_standard.yaml
     tolerance: float = Field(default=0.10, gt=0)  # relative; a larger delta is marked
+
+
+class Bound(Strict):
+    """An absolute bound on one metric: its value must be >= min and <= max (either may be
+    left out, not both)."""
+
+    min: float | None = None
+    max: float | None = None
+
+    @model_validator(mode="after")
+    def _check_bound(self) -> Bound:
+        if self.min is None and self.max is None:
+            raise ValueError("a bound needs min, max or both")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min {self.min} is above max {self.max}")
+        return self
+
+
+class GateRule(Strict):
+    """Absolute bounds the cells `where` selects must meet (a miss fails the run): `where`
+    maps an axis (`case` for a case run) to its value, {} for every cell; `bounds` maps a
+    summary.json metric to its Bound, checked against the cell's median over repeats."""
+
+    where: dict[str, Any] = Field(default_factory=dict)
+    bounds: dict[str, Bound] = Field(min_length=1)
 
 
 class Matrix(Strict):

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from servesweep.serving.state import log_owner
+
 log = logging.getLogger(__name__)
 
 # Logged by rank 0 after warmup, the moment /health turns 200. It does not clear a fatal line
@@ -474,8 +476,8 @@ def is_ready(text: str) -> bool:
 def scan_run(
     *, logs: Sequence[str | Path], service_root: str | Path, evidence: dict[str, str]
 ) -> dict[str, Any]:
-    """Final scan of every server log of a run: fatal findings, warning counts and
-    evidence-pattern counts.
+    """Final scan of every server log of a run: fatal findings (each with its log, role and
+    node), warning counts and evidence-pattern counts.
 
     `evidence` maps a name to a regular expression (e.g. the P-side KV transfer lines and the
     D-side RDMA-ready acknowledgements that prove the real P-to-D path).
@@ -492,13 +494,21 @@ def scan_run(
             "evidence": {name: len(rx.findall(text)) for name, rx in patterns.items()},
         }
     totals = {name: sum(e["evidence"][name] for e in scanned.values()) for name in patterns}
-    fatal = sum(len(entry["fatal"]) for entry in scanned.values())
+    # Every fatal finding with the log it is in and that log's role and node: each fails the
+    # run's validation (analysis.verdict), named.
+    fatal = [
+        {"log": str(path), "role": role, "node": node, **finding}
+        for path in map(Path, logs)
+        for role, node in [log_owner(path.name)]
+        for finding in scanned[str(path.relative_to(service_root))]["fatal"]
+    ]
     warnings: Counter[str] = Counter()
     for entry in scanned.values():
         warnings.update(entry["warnings"])
     return {
         "logs_scanned": len(scanned),
-        "fatal_findings": fatal,
+        "fatal_findings": len(fatal),
+        "fatal": fatal,
         "warning_findings": sum(warnings.values()),
         "warnings": dict(warnings),
         "evidence": totals,

@@ -8,8 +8,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servesweep.config.schema import SINGLE_ROLE
+from servesweep.config.schema import PD_ROLES, SINGLE_ROLE
 from servesweep.core.names import safe_segment
+from servesweep.serving.engines import ROUTER_ROLE
 
 
 @dataclass
@@ -79,3 +80,13 @@ def log_name(role: str, node: str) -> str:
     """File name of one process's log in service/<server>/."""
     node = safe_segment(node, what="node")
     return f"{node}.log" if role == SINGLE_ROLE else f"{role}-{node}.log"
+
+
+def log_owner(name: str) -> tuple[str, str]:
+    """(role, node) of a log file named by `log_name` (a PD role or the router before the
+    first dash; else the single server's node)."""
+    stem = name.removesuffix(".log")
+    role, sep, node = stem.partition("-")
+    if sep and role in (*PD_ROLES, ROUTER_ROLE):
+        return role, node
+    return SINGLE_ROLE, stem

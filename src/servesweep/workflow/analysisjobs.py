@@ -117,10 +117,12 @@ def summarize(
     out: PathLike,
     workers: int = 1,
     equivalence: Sequence[PathLike] = (),
+    gate: Sequence[Mapping[str, Any]] = (),
 ) -> None:
-    """Rule summarize: medians, intervals, verdicts, final log scan and warm-ups; `baseline`
-    and the axes are the rule's params (a changed baseline reruns it); the cells are resampled
-    in `workers` processes (the rule's threads)."""
+    """Rule summarize: medians, intervals, verdicts, final log scan, warm-ups and the `gate`'s
+    bounds (config gate, as plain data); `baseline`, the axes and the gate are the rule's
+    params (a changed one reruns it); the cells are resampled in `workers` processes (the
+    rule's threads)."""
     from servesweep.analysis.summary import load_requests, warmups, write_summary
     from servesweep.analysis.summary import summarize as summarize_results
     from servesweep.analysis.tables import read_requests_csv, read_results_csv
@@ -137,6 +139,10 @@ def summarize(
     scan = json.loads(Path(logscan).read_text())
     summary["log_scan"] = {k: v for k, v in scan.items() if k != "per_log"}
     summary["warmup"] = warmups(warmup)
+    if gate:
+        from servesweep.analysis.verdict import gate_result
+
+        summary["gate"] = gate_result(summary["cells"], gate)
     if equivalence:
         from servesweep.analysis.equivalence import with_verdicts
 
