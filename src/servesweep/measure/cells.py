@@ -347,10 +347,12 @@ def run_cell(
     except BaseException as exc:
         for path in written:
             path.unlink(missing_ok=True)
-        # The attempt's bench log under its own name: a rerun of the cell writes bench_log again.
+        # The attempt's bench log under its own name: a rerun of the cell writes bench_log
+        # again. Before the client ran, the bench log is another attempt's: the job's log.
         kept = _keep_attempt_log(bench_log) if client_ran else None
+        log = ("bench log", kept) if kept else ("job log", manager.paths.job_log(cell))
         failure = _naming_cell(
-            exc, cell=cell.key, node=exp.cluster.nodes[0], bench_log=bench_log, kept=kept
+            exc, cell=cell.key, node=exp.cluster.nodes[0], bench_log=bench_log, log=log
         )
         shown = failure if failure is not None else exc
         try:
@@ -455,29 +457,32 @@ def _keep_attempt_log(bench_log: Path) -> Path | None:
 
 
 def _naming_cell(
-    exc: BaseException, *, cell: str, node: str, bench_log: Path, kept: Path | None
+    exc: BaseException, *, cell: str, node: str, bench_log: Path, log: tuple[str, Path]
 ) -> BaseException | None:
-    """`exc` with a message that starts with the cell and names `kept`, the failed attempt's
-    bench log, in place of `bench_log`, which a rerun writes again (no bench log where the
-    client did not run); None leaves a non-error exception as is.
+    """`exc` with a message that starts with the cell and names `log` (what, path): the log
+    that holds this attempt, in place of `bench_log`, which a rerun writes again; None leaves
+    a non-error exception as is.
 
     OSError (disk full, permissions) counts as an error of the workflow host; Ctrl-C names the
     cell it interrupted."""
-    client = f"; client on node {node}; bench log {kept}" if kept else ""
+    named_log = f"{log[0]} {log[1]}"
     if isinstance(exc, ServesweepError):
         text = str(exc)
-        named = text.replace(str(bench_log), str(kept)) if kept else text
-        if f"cell {cell}" in text and (".log" in text or not kept) and named == text:
+        named = text.replace(str(bench_log), str(log[1])) if log[0] == "bench log" else text
+        if f"cell {cell}" in text and ".log" in text and named == text:
             return exc
         prefix = "" if f"cell {cell}" in text else f"cell {cell}: "
-        suffix = "" if ".log" in named or not kept else f"; bench log {kept}"
+        suffix = "" if ".log" in named else f"; {named_log}"
         return type(exc)(f"{prefix}{named}{suffix}")
     if isinstance(exc, OSError):
-        where = f"; bench log {kept}" if kept else ""
-        return OSError(exc.errno, f"cell {cell}: {exc.strerror or exc} on the workflow host{where}")
+        return OSError(
+            exc.errno, f"cell {cell}: {exc.strerror or exc} on the workflow host; {named_log}"
+        )
     if isinstance(exc, Terminated):
         why = " (hang-up: the session dropped)" if exc.signum == signal.SIGHUP else ""
-        return Terminated(f"cell {cell} {exc}{why}{client}", exc.signum)
+        return Terminated(f"cell {cell} {exc}{why}; client on node {node}; {named_log}", exc.signum)
     if isinstance(exc, KeyboardInterrupt):
-        return KeyboardInterrupt(f"cell {cell} interrupted by SIGINT (Ctrl-C){client}")
+        return KeyboardInterrupt(
+            f"cell {cell} interrupted by SIGINT (Ctrl-C); client on node {node}; {named_log}"
+        )
     return None
