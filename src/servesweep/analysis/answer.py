@@ -129,9 +129,10 @@ def comparison_block(
     comparison: Mapping[str, Any], *, metrics: Sequence[str], files: Sequence[tuple[str, str]]
 ) -> str:
     """Run B against run A (analysis.compare) as console text: per common cell the change of
-    B vs A, its interval and verdict for the primary metrics; the verdict counts per compared
-    metric; the equivalence probe's verdict per server config where both runs have answers;
-    the cells only one run has; `files` as (name, path)."""
+    B vs A, its interval and verdict for the primary metrics; the verdict counts over every
+    compared metric, and per metric where any is not `within noise`; the equivalence probe's
+    verdict per server config both runs probed; the cells only one run has; `files` as
+    (name, path)."""
     run_a, run_b = comparison.get("run_a") or "A", comparison.get("run_b") or "B"
     cells = comparison.get("cells") or []
     lines = [
