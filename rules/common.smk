@@ -370,16 +370,27 @@ def start_progress():
 
 
 def print_answer():
-    """onsuccess: the run's answer, warnings and file paths, last on the console."""
+    """onsuccess: the run's answer, warnings and file paths, last on the console; where the
+    command line targets comparisons (rules/compare.smk), each comparison's block instead,
+    as `servesweep compare` prints it."""
     # Imported here: pandas, which no dry-run needs.
     from servesweep.analysis import answer
+    from servesweep.workflow.snakelog import comparison_targets, refresh_command
 
+    compared = comparison_targets(sys.argv)
+    for path in compared:
+        answer.print_comparison(comparison_json=path, metrics=PLOT_METRICS)
+    if compared:
+        return
     answer.print_answer(
         summary_json=PATHS.summary_json,
         results_csv=PATHS.results_csv,
         report_html=PATHS.report_html,
         metrics=PLOT_METRICS,
         events=PATHS.orchestrator_log,
+        # A record newer than results.csv (a cell targeted alone): no stale answer.
+        records=AGGREGATED_RAW,
+        refresh=refresh_command(sys.argv, os.environ),
     )
 
 

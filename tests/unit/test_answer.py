@@ -167,3 +167,53 @@ def test_print_answer_reads_the_run_files(tmp_path: Path, capsys):
     assert capsys.readouterr().out.endswith(text)
     assert f"summary.json  {summary}" in text
     assert "report.html" not in text  # not written: not listed
+
+
+def test_no_answer_is_printed_from_files_older_than_a_raw_record(tmp_path: Path, capsys):
+    """A cell rerun alone (`snakemake -f <raw>`) leaves results.csv and summary.json older
+    than its new record: one line naming the record and the command, never the old answer."""
+    import os
+
+    summary, results = tmp_path / "summary.json", tmp_path / "results.csv"
+    summary.write_text(json.dumps(SUMMARY))
+    RESULTS.assign(run_id="r").to_csv(results, index=False)
+    older, newer = tmp_path / "r1.jsonl", tmp_path / "r2.jsonl"
+    older.write_text("{}\n")
+    newer.write_text("{}\n")
+    built = summary.stat().st_mtime_ns
+    os.utime(older, ns=(built - 10**9, built - 10**9))
+    os.utime(results, ns=(built + 10**9, built + 10**9))
+    os.utime(newer, ns=(built + 2 * 10**9, built + 2 * 10**9))
+    kw = {"summary_json": summary, "results_csv": results, "report_html": tmp_path / "r.html"}
+    kw |= {"metrics": ["ttft_p50_ms"], "refresh": "snakemake --cores 1 all --configfile c.yaml"}
+    text = answer.print_answer(**kw, records=[older, newer, tmp_path / "gone.jsonl"])
+    assert capsys.readouterr().out == text + "\n" and "\n" not in text
+    assert "== servesweep: the answer" not in text
+    assert str(newer) in text and str(summary) in text
+    assert "`snakemake --cores 1 all --configfile c.yaml` brings them" in text
+    # the records are older than both files: the answer
+    os.utime(newer, ns=(built - 10**9, built - 10**9))
+    assert answer.print_answer(**kw, records=[older, newer]).startswith("== servesweep: the answer")
+
+
+def test_an_invalid_attempt_remeasured_since_is_no_warning():
+    """A cell-failed event followed by a valid record of the same cell (cell-done) is history:
+    orchestrator.log keeps it, the answer warns only of attempts not remeasured since."""
+    failed = {"cell": "a/concurrency~8/r2", "error": "1 request failed"}
+    other = {"cell": "b/concurrency~8/r1", "error": "server died"}
+    events = [
+        ("t1", "cell-done", {"cell": failed["cell"]}),
+        ("t2", "cell-failed", failed),
+        ("t3", "cell-failed", other),
+        ("t4", "cell-done", {"cell": failed["cell"]}),
+        ("t5", "cell-done", {"cell": "b/concurrency~8/r2"}),
+    ]
+    found = answer.warnings(summary=SUMMARY, results=RESULTS, events=events)
+    invalid = [w for w in found if w.startswith("Invalid cell attempt")]
+    assert invalid == [
+        "Invalid cell attempt b/concurrency~8/r1: server died (orchestrator.log; not in "
+        "results.csv)."
+    ]
+    again = [*events, ("t6", "cell-failed", failed)]  # failed again after its valid record
+    found = answer.warnings(summary=SUMMARY, results=RESULTS, events=again)
+    assert sum(w.startswith("Invalid cell attempt a/concurrency~8/r2") for w in found) == 1

@@ -111,6 +111,29 @@ def test_invalid_record_leaves_no_raw_file(tmp_path: Path) -> None:
     assert [e for _, e, _ in read_events(paths.orchestrator_log)].count("cell-failed") == 1
 
 
+def test_a_failed_attempt_keeps_its_bench_log_under_its_own_name(tmp_path: Path) -> None:
+    """The error (and orchestrator.log's cell-failed) names a copy of the failed attempt's
+    bench log, which the cell's valid rerun does not overwrite."""
+    exp, paths, manager, cell = _setup(tmp_path, {"midstream_error_at": [1]})
+    try:
+        with pytest.raises(CellFailed) as info:
+            run_cell(exp=exp, cell=cell, manager=manager, **_files(paths, cell))
+        log = paths.bench_log(cell)
+        (kept,) = log.parent.glob(f"{log.name}.failed-*")
+        text = str(info.value)
+        assert str(kept) in text and text.count(str(log)) == text.count(str(kept)), text
+        failed = [f for _, e, f in read_events(paths.orchestrator_log) if e == "cell-failed"]
+        assert str(kept) in failed[0]["error"]
+        attempt = kept.read_text()
+        assert attempt == log.read_text()
+        # the fault was the server's first request only: the rerun on the same server is valid
+        run_cell(exp=exp, cell=cell, manager=manager, **_files(paths, cell))
+    finally:
+        manager.stop_all(reason="test")
+    assert paths.raw(cell).exists()
+    assert kept.read_text() == attempt != log.read_text()
+
+
 def test_an_interrupted_cell_job_stops_the_client_it_started(tmp_path: Path) -> None:
     """Ctrl-C or SIGTERM that reaches the cell job but not its client (an SSH node's container,
     a client that half-handles it) leaves no client behind: the job stops it on the way out."""

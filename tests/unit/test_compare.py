@@ -389,6 +389,10 @@ def test_snakemake_compares_two_result_directories(runs):
     assert proc.returncode == 0, out[-4000:]
     assert "run_cell" not in out and "collect_results" not in out  # nothing of run A reran
     assert "compare_runs" in out and "plot_comparison" in out
+    # the comparison's own block last, as `servesweep compare` prints it, not run A's answer
+    assert "== servesweep: the answer" not in proc.stdout
+    block = proc.stdout[proc.stdout.index("== servesweep: run B against run A: 2 cells") :]
+    assert block.rstrip().endswith(f"comparison.png   {target}/comparison.png")
     result = json.loads((runs / target / "comparison.json").read_text())
     assert (result["run_a"], result["run_b"]) == ("A", "B")
     assert [c["metrics"]["ttft_p50_ms"]["verdict"] for c in result["cells"]] == [
@@ -412,3 +416,47 @@ def test_what_changed_names_the_differing_layout():
         "moe_runner_backend"
     ]
     assert "ep_size" in compare.axis_columns(table, server_id="ep_size~8")
+
+
+# ---------------------------------------------------------------- servesweep compare
+
+
+def test_servesweep_compare_prints_b_against_a_with_the_outputs(runs, tmp_path, capsys):
+    """`servesweep compare A B` (run ids or run folders): B's change against A per cell and
+    metric, the equivalence probe's verdict where both runs probed a server config, the files."""
+    from dataclasses import replace
+
+    from servesweep.core.files import write_json_atomic
+    from servesweep.measure.probefile import from_runner_probe
+    from servesweep.workflow import cli
+
+    results = tmp_path / "results"
+    shutil.copytree(runs / "results", results)
+    real = REPO / "tests" / "data" / "equivalence" / "runners-h100-2026-12-07.json"
+    answers = from_runner_probe(json.loads(real.read_text()), run_id="h100")
+    for run, runner in (("A", "triton"), ("B", "triton_kernel")):
+        probe = replace(answers[runner], server=MARLIN, run_id=run, probe_key="probe")
+        write_json_atomic(results / run / "equivalence" / f"{MARLIN}.json", probe.to_dict())
+    assert cli.main(["compare", "A", str(results / "B"), "--results", str(results)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("== servesweep: run B against run A: 2 cells in common")
+    assert "the answer" not in out
+    lines = out.splitlines()
+    assert "TTFT p50 [ms]" in lines[2] and "input throughput [tok/s]" in lines[2]
+    row = next(line for line in lines if "moe_runner_backend=flashinfer_mxfp4" in line)
+    assert row.split()[-1] == "better" and "cache_flushed" not in row
+    assert any(line.startswith("  verdicts over ") for line in lines)
+    assert f"  {MARLIN}: within numerical tolerance: first token 4/4 agree" in out
+    assert f"Only in run B: 2 cells ({MARLIN}/concurrency~16" in out
+    saved = json.loads((results / "A" / "compare" / "B" / "comparison.json").read_text())
+    assert (saved["run_a"], saved["run_b"]) == ("A", "B")
+    assert saved["outputs"][0]["verdict"] == "within numerical tolerance"
+    assert out.rstrip().endswith(f"comparison.png   {results}/A/compare/B/comparison.png")
+    png = results / "A" / "compare" / "B" / "comparison.png"
+    assert png.stat().st_mtime_ns >= (png.parent / "comparison.json").stat().st_mtime_ns
+    assert cli.main(["compare", "A", "nope", "--results", str(results)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("servesweep: ConfigError: run 'nope': no results.csv") and err[-1] == "\n"
+    with pytest.raises(SystemExit) as shown:
+        cli.main(["compare", "--help"])
+    assert shown.value.code == 0

@@ -35,6 +35,38 @@ def test_configfiles_of_a_command_line(argv, files):
     assert snakelog.configfiles(argv) == files
 
 
+def test_the_refresh_command_keeps_the_workflow_config_and_environment():
+    argv = [
+        "snakemake",
+        "-s",
+        "/c/Snakefile",
+        "-d",
+        "/w",
+        "--cores",
+        "2",
+        "-f",
+        "results/x~a,b/r1.jsonl",
+    ]
+    argv += ["--configfile", "my runs/one.yaml"]
+    env = {"BACKENDS_CSV": "marlin", "RUN_ID": "r 1", "HOME": "/root"}
+    assert snakelog.refresh_command(argv, env) == (
+        "RUN_ID='r 1' BACKENDS_CSV=marlin snakemake --cores 1 -s /c/Snakefile -d /w all "
+        "--configfile 'my runs/one.yaml'"
+    )
+    assert snakelog.refresh_command(["snakemake", "-f", "x"], {}) == "snakemake --cores 1 all"
+
+
+def test_comparison_targets_of_a_command_line():
+    argv = ["snakemake", "--cores", "1", "results/a/compare/b/comparison.json"]
+    argv += ["results/a/compare/b/comparison.png", "/w/results/c/compare/d/comparison.csv"]
+    argv += ["--configfile", "a.yaml", "results/a/report.html", "all"]
+    assert snakelog.comparison_targets(argv) == [
+        "results/a/compare/b/comparison.json",
+        "/w/results/c/compare/d/comparison.json",
+    ]
+    assert snakelog.comparison_targets(["snakemake", "--cores", "1", "all"]) == []
+
+
 def test_a_missing_configfile_is_one_line():
     argv = ["snakemake", "-n", "--configfile", "config/experiments/nope.yaml"]
     line = snakelog.console_text(text=MISSING, error=True, argv=argv, quiet=set())

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from servesweep.core.events import read_events
-from tests.helpers import experiment_file, free_port, run_snakemake
+from tests.helpers import REPO, experiment_file, free_port, run_snakemake
 
 pytestmark = pytest.mark.workflow
 RUN = "wf-default"
@@ -288,3 +288,34 @@ def test_a_targeted_cell_on_a_fresh_run_builds_its_prerequisites(tmp_path: Path)
     assert [p.relative_to(run_dir).as_posix() for p in run_dir.glob("raw/*/*/*")] == [
         raw.removeprefix("results/targeted/")
     ]
+
+
+def test_the_readme_rerun_refreshes_the_answer_and_a_cell_alone_prints_none_stale(
+    tmp_path: Path,
+) -> None:
+    """README "Rerun one cell": `all --forcerun <raw>` reruns the cell and everything after
+    it; `-f <raw>` alone reruns the cell and says the answer is stale instead of printing it."""
+    one = {"server": {"moe_runner_backend": ["marlin"], "chunked_prefill_size": [8192]}}
+    one |= {"client": {"concurrency": [8]}}
+    cfg = experiment_file(tmp_path, {**SHORTER, "run_id": "rerun", "matrix": one, "repeats": 1})
+    run_dir = tmp_path / "results" / "rerun"
+    proc = run_snakemake(tmp_path, "--cores", "1", "all", "--configfile", str(cfg))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    raw = next(run_dir.glob("raw/*/*/r1.jsonl"))
+    measured = raw.stat().st_mtime_ns
+    forced = str(raw.relative_to(tmp_path))
+    args = ("--cores", "1", "all", "--forcerun", forced, "--configfile", str(cfg))
+    proc = run_snakemake(tmp_path, *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "== servesweep: the answer of run rerun" in proc.stdout
+    for name in ("results.csv", "summary.json", "report.html"):
+        assert (run_dir / name).stat().st_mtime_ns > raw.stat().st_mtime_ns, name
+    assert raw.stat().st_mtime_ns > measured, "the cell was measured again"
+    proc = run_snakemake(tmp_path, "--cores", "1", "-f", forced, "--configfile", str(cfg))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "== servesweep: the answer" not in proc.stdout
+    assert (run_dir / "summary.json").stat().st_mtime_ns < raw.stat().st_mtime_ns
+    stale = proc.stdout.strip().splitlines()[-1]
+    assert stale.startswith("servesweep: no answer printed:") and forced in stale, stale
+    snakefile = REPO / "Snakefile"
+    assert f"`snakemake --cores 1 -s {snakefile} -d {tmp_path} all --configfile {cfg}`" in stale

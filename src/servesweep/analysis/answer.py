@@ -3,6 +3,7 @@ warnings that matter, and where the files are."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -136,6 +137,98 @@ def answer_block(
     return "\n".join(lines) + "\n"
 
 
+def comparison_block(
+    comparison: Mapping[str, Any], *, metrics: Sequence[str], files: Sequence[tuple[str, str]]
+) -> str:
+    """Run B against run A (analysis.compare) as console text: per common cell the change of
+    B vs A, its interval and verdict for the primary metrics; the verdict counts over every
+    compared metric, and per metric where any is not `within noise`; the equivalence probe's
+    verdict per server config both runs probed; the cells only one run has; `files` as
+    (name, path)."""
+    run_a, run_b = comparison.get("run_a") or "A", comparison.get("run_b") or "B"
+    cells = comparison.get("cells") or []
+    lines = [
+        f"== servesweep: run {run_b} against run {run_a}: {len(cells)} cells in common "
+        f"(matched by {comparison.get('matched_by')}); change = (B - A) / A of the medians, "
+        "`better`: B is better"
+    ]
+    if comparison.get("note"):
+        lines.append(f"Note: {comparison['note']}.")
+    compared = list(comparison.get("metrics") or {})
+    primary = [m for m in primary_metrics(metrics) if m in compared] or primary_metrics(compared)
+    if cells and primary:
+        rows = [["cell", *(labels.label(m) for m in primary)]]
+        for cell in cells[:MAX_CELLS]:
+            found = cell.get("metrics") or {}
+            rows.append(
+                [str(cell.get("label")), *(change_text(found.get(m) or {}) for m in primary)]
+            )
+        lines += _table(rows)
+        if len(cells) > MAX_CELLS:
+            lines.append(f"  ... and {len(cells) - MAX_CELLS} more cells (comparison.csv)")
+    counts = comparison.get("verdict_counts") or {}
+    total = Counter({v: sum(c.get(v, 0) for c in counts.values()) for v in stats.VERDICTS})
+    counted = ", ".join(f"{total[v]} {v}" for v in stats.VERDICTS if total[v])
+    lines.append(
+        f"  verdicts over {sum(total.values())} cell-metric comparisons: {counted or 'none'}"
+    )
+    for metric, found in counts.items():  # the metrics that changed: each with its counts
+        changed = [f"{found[v]} {v}" for v in stats.VERDICTS if found.get(v) and v != stats.NOISE]
+        if changed:
+            lines.append(f"    {labels.label(metric)}: {', '.join(changed)}")
+    outputs = comparison.get("outputs") or []
+    if outputs:
+        lines.append(f"Outputs (equivalence probe, run {run_b}'s answers against run {run_a}'s):")
+        lines += [f"  {c.get('baseline')}: {_probe_line(c)}" for c in outputs]
+    else:
+        lines.append("Outputs: not compared (no server config probed in both runs)")
+    for side, run in (("a", run_a), ("b", run_b)):
+        only = comparison.get(f"only_in_{side}") or []
+        if only:
+            named = ", ".join(f"{c['server_id']}/{c['client_id']}" for c in only[:3])
+            more = f" and {len(only) - 3} more" if len(only) > 3 else ""
+            lines.append(f"Only in run {run}: {len(only)} cells ({named}{more})")
+    width = max(len(name) for name, _ in files) if files else 0
+    lines.append("Files:")
+    lines += [f"  {name.ljust(width)}  {path}" for name, path in files]
+    return "\n".join(lines) + "\n"
+
+
+def print_comparison(*, comparison_json: str | Path, metrics: Sequence[str]) -> str:
+    """The comparison block of a comparison.json (`servesweep compare`, the workflow's compare
+    target), with the comparison's files that exist; printed and returned."""
+    from servesweep.analysis.summary import read_summary
+
+    folder = Path(comparison_json).parent
+    names = ("comparison.json", "comparison.csv", "comparison.png")
+    files = [(n, str(folder / n)) for n in names if (folder / n).exists()]
+    text = comparison_block(read_summary(comparison_json), metrics=metrics, files=files)
+    print(text, end="", flush=True)
+    return text
+
+
+def _probe_line(comparison: Mapping[str, Any]) -> str:
+    """An equivalence comparison's one line (analysis.equivalence.Comparison.line)."""
+    names = {f.name for f in dataclasses.fields(equivalence_verdicts.Comparison)}
+    fields = {k: v for k, v in comparison.items() if k in names and k != "per_prompt"}
+    return equivalence_verdicts.Comparison(**fields).line()
+
+
+def newer_record(*, outputs: Sequence[str | Path], records: Sequence[str | Path]) -> Path | None:
+    """The newest of `records` (raw records) that is newer than the oldest of `outputs`
+    (results.csv, summary.json): an answer built from them would be stale. None: current."""
+    built = min(Path(p).stat().st_mtime_ns for p in outputs)
+    newest: tuple[int, Path] | None = None
+    for record in map(Path, records):
+        try:
+            stamp = record.stat().st_mtime_ns
+        except FileNotFoundError:
+            continue
+        if stamp > built and (newest is None or stamp > newest[0]):
+            newest = (stamp, record)
+    return newest[1] if newest else None
+
+
 def print_answer(
     *,
     summary_json: str | Path,
@@ -143,9 +236,14 @@ def print_answer(
     report_html: str | Path,
     metrics: Sequence[str],
     events: str | Path | None = None,
+    records: Sequence[str | Path] = (),
+    refresh: str = "snakemake --cores 1 all",
 ) -> str:
     """The answer block of a finished run from its files (the workflow's `onsuccess`), printed
-    and returned; a short line only if the run has no summary yet (a single cell targeted)."""
+    and returned. One line instead where there is no answer to trust: no summary yet (a single
+    cell targeted on a fresh run), or results.csv/summary.json older than one of `records`
+    (the raw records they are built from: a cell rerun alone); both name `refresh`, the
+    command that brings them up to date."""
     from servesweep.analysis.results import read_results_csv
     from servesweep.analysis.summary import read_summary
     from servesweep.core.events import read_events
@@ -157,8 +255,15 @@ def print_answer(
         ("console", str(Path(summary_json).parent / "console.log")),
     ]
     if not Path(summary_json).exists() or not Path(results_csv).exists():
-        text = "servesweep: no summary yet; `snakemake --cores 1 all` writes " + ", ".join(
-            p for _, p in files
+        text = f"servesweep: no summary yet; `{refresh}` writes " + ", ".join(p for _, p in files)
+        print(text, flush=True)
+        return text
+    newer = newer_record(outputs=[summary_json, results_csv], records=records)
+    if newer is not None:
+        text = (
+            f"servesweep: no answer printed: {summary_json} and {results_csv} are older than the "
+            f"raw record {newer} (a cell ran without the analysis after it); `{refresh}` brings "
+            "them and the report up to date and prints the answer"
         )
         print(text, flush=True)
         return text

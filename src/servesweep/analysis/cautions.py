@@ -24,8 +24,9 @@ def cautions(
     events: Sequence[tuple[str, str, Mapping[str, str]]],
 ) -> list[str]:
     """One sentence per caution: fatal and warning server-log findings, re-tokenization drift,
-    invalid (failed) cell attempts, client-saturated cells, streamed cells with a TPOT of 0,
-    node clocks off the workflow host's (GPU samples aligned), coarse intervals."""
+    invalid (failed) cell attempts not remeasured since, client-saturated cells, streamed cells
+    with a TPOT of 0, node clocks off the workflow host's (GPU samples aligned), coarse
+    intervals."""
     out = [
         f"WARNING: outputs differ: {_axes(c.get('candidate_axes'))} answers otherwise than its "
         f"baseline {_axes(c.get('baseline_axes'))} "
@@ -49,7 +50,7 @@ def cautions(
                 f"re-tokenized output / output tokens from {drift.min():.4f} to "
                 f"{drift.max():.4f} (retokenized_ratio in results.csv; docs/validation.md)."
             )
-    failed = [f for _, kind, f in events if kind == "cell-failed"]
+    failed = current_failures(events)
     for fields in failed[:MAX_FAILED]:
         out.append(
             f"Invalid cell attempt {fields.get('cell', '?')}: {fields.get('error', '?')} "
@@ -85,6 +86,20 @@ def cautions(
     if any(d.get("coarse") for d in summary.get("deltas") or []):
         out.append("Few repeats per cell: intervals are coarse (see the method).")
     return out
+
+
+def current_failures(
+    events: Sequence[tuple[str, str, Mapping[str, str]]],
+) -> list[Mapping[str, str]]:
+    """The `cell-failed` events of orchestrator.log whose cell has no `cell-done` after them:
+    an invalid attempt that a valid record of the same cell-repeat replaced is history (the
+    log keeps it), no caution about the numbers."""
+    done = {f.get("cell"): i for i, (_, kind, f) in enumerate(events) if kind == "cell-done"}
+    return [
+        fields
+        for i, (_, kind, fields) in enumerate(events)
+        if kind == "cell-failed" and done.get(fields.get("cell"), -1) < i
+    ]
 
 
 def _flagged(results: pd.DataFrame, column: str) -> pd.DataFrame:

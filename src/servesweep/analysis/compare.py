@@ -12,10 +12,12 @@ import pandas as pd
 from servesweep.analysis import labels, stats, summary
 from servesweep.analysis.planned import run_inputs  # noqa: F401 (re-exported)
 from servesweep.analysis.results import (
+    CHECK_COLUMNS,
     DERIVED,
     ENGINE_COLUMNS,
     FIGURE_COLUMNS,
     GPU_COLUMNS,
+    HYGIENE_COLUMNS,
     ID_COLUMNS,
     LAYOUT_ARGS,
     METRICS,
@@ -85,6 +87,9 @@ def axis_columns(results: pd.DataFrame, *, server_id: str | None = None) -> list
         *GPU_COLUMNS,
         *FIGURE_COLUMNS,
         *SIM_COLUMNS,
+        *HYGIENE_COLUMNS,
+        *CHECK_COLUMNS,
+        "outputs_verdict",  # the equivalence verdict of the row's server config
     }
     return [
         c

@@ -29,6 +29,15 @@ CLIENT_KIND_ENV = "CLIENT_KIND"
 # Env variables that only select what runs: aggregates still cover every finished cell-repeat
 # of the run's configured matrix (config.unnarrowed_env).
 NARROWING_ENV = frozenset({*SERVER_AXIS_ENV, *CLIENT_AXIS_ENV, "SUITE"})
+# Every env variable an experiment reads (apply_env), in the order a command line shows them.
+EXPERIMENT_ENV = (
+    "RUN_ID",
+    "SUITE",
+    CLIENT_KIND_ENV,
+    *SERVER_ARG_ENV,
+    *SERVER_AXIS_ENV,
+    *CLIENT_AXIS_ENV,
+)
 
 
 def first_error(exc: ValidationError) -> str:

@@ -6,8 +6,10 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import stat
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -66,6 +68,22 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     """Write `text` to `path` atomically."""
     with atomic_open(path) as fh:
         fh.write(text)
+
+
+def failed_name(path: str | Path) -> Path:
+    """`<path>.failed-<UTC time>`: where a failed attempt's log is kept, beside the log that a
+    later attempt (a server's next start, a cell's rerun) writes again."""
+    path = Path(path)
+    return path.with_name(f"{path.name}.failed-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}")
+
+
+def keep_failed_copy(path: str | Path) -> Path:
+    """A copy of the log `path` under failed_name(path), atomic and of the same mode."""
+    kept = failed_name(path)
+    perms = stat.S_IMODE(os.stat(path).st_mode)
+    with open(path, "rb") as src, atomic_open(kept, "wb", perms=perms) as dst:
+        shutil.copyfileobj(src, dst)
+    return kept
 
 
 # Strict JSON has no Infinity/NaN: such a float is written as null, and this top-level key of

@@ -26,6 +26,7 @@ from servesweep.core.errors import (
     Terminated,
     TransportError,
 )
+from servesweep.core.files import keep_failed_copy
 from servesweep.measure import isolation, provenance, validation
 from servesweep.measure.client import (
     CLOCK_KEY,
@@ -245,6 +246,7 @@ def run_cell(
     events = manager.events
     started = time.monotonic()
     written: list[Path] = []
+    client_ran = False  # the bench log holds this attempt (else another's, or none)
     try:
         # Inside: a full disk while logging the event is an error naming the cell too.
         events.emit("cell-start", cell=cell.key, fp=cell.server.fingerprint, pool=manager.pool)
@@ -266,6 +268,7 @@ def run_cell(
         sampler = gpu_sampler(exp=exp, manager=manager, state=state, cell=cell)
         sampler.start()
         try:
+            client_ran = True
             record = run_client(
                 exp=exp,
                 manager=manager,
@@ -345,7 +348,13 @@ def run_cell(
     except BaseException as exc:
         for path in written:
             path.unlink(missing_ok=True)
-        failure = _naming_cell(exc, cell=cell.key, node=exp.cluster.nodes[0], bench_log=bench_log)
+        # The attempt's bench log under its own name: a rerun of the cell writes bench_log
+        # again. Before the client ran, the bench log is another attempt's: the job's log.
+        kept = _keep_attempt_log(bench_log) if client_ran else None
+        log = ("bench log", kept) if kept else ("job log", manager.paths.job_log(cell))
+        failure = _naming_cell(
+            exc, cell=cell.key, node=exp.cluster.nodes[0], bench_log=bench_log, log=log
+        )
         shown = failure if failure is not None else exc
         try:
             events.emit(
@@ -438,33 +447,43 @@ def _server_cause(manager: ServerManager, state: ServerState) -> ServesweepError
     return None
 
 
+def _keep_attempt_log(bench_log: Path) -> Path | None:
+    """A copy of a failed attempt's bench log (core.files.keep_failed_copy); None where the
+    client left none or the copy fails (the cell's own error matters more)."""
+    try:
+        return keep_failed_copy(bench_log)
+    except OSError as exc:
+        logger.warning("bench log %s: not kept as the failed attempt's: %s", bench_log, exc)
+        return None
+
+
 def _naming_cell(
-    exc: BaseException, *, cell: str, node: str, bench_log: Path
+    exc: BaseException, *, cell: str, node: str, bench_log: Path, log: tuple[str, Path]
 ) -> BaseException | None:
-    """`exc` with a message that starts with the cell (None: leave a non-error exception as is).
+    """`exc` with a message that starts with the cell and names `log` (what, path): the log
+    that holds this attempt, in place of `bench_log`, which a rerun writes again; None leaves
+    a non-error exception as is.
 
     OSError (disk full, permissions) counts as an error of the workflow host; Ctrl-C names the
     cell it interrupted."""
+    named_log = f"{log[0]} {log[1]}"
     if isinstance(exc, ServesweepError):
         text = str(exc)
-        if f"cell {cell}" in text and ".log" in text:
+        named = text.replace(str(bench_log), str(log[1])) if log[0] == "bench log" else text
+        if f"cell {cell}" in text and ".log" in text and named == text:
             return exc
         prefix = "" if f"cell {cell}" in text else f"cell {cell}: "
-        suffix = "" if ".log" in text else f"; bench log {bench_log}"
-        return type(exc)(f"{prefix}{text}{suffix}")
+        suffix = "" if ".log" in named else f"; {named_log}"
+        return type(exc)(f"{prefix}{named}{suffix}")
     if isinstance(exc, OSError):
         return OSError(
-            exc.errno,
-            f"cell {cell}: {exc.strerror or exc} on the workflow host; bench log {bench_log}",
+            exc.errno, f"cell {cell}: {exc.strerror or exc} on the workflow host; {named_log}"
         )
     if isinstance(exc, Terminated):
         why = " (hang-up: the session dropped)" if exc.signum == signal.SIGHUP else ""
-        return Terminated(
-            f"cell {cell} {exc}{why}; client on node {node}; bench log {bench_log}", exc.signum
-        )
+        return Terminated(f"cell {cell} {exc}{why}; client on node {node}; {named_log}", exc.signum)
     if isinstance(exc, KeyboardInterrupt):
         return KeyboardInterrupt(
-            f"cell {cell} interrupted by SIGINT (Ctrl-C); client on node {node}; "
-            f"bench log {bench_log}"
+            f"cell {cell} interrupted by SIGINT (Ctrl-C); client on node {node}; {named_log}"
         )
     return None

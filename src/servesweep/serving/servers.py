@@ -31,7 +31,7 @@ from servesweep.config.paths import RunPaths
 from servesweep.config.schema import PD_ROLES, SINGLE_ROLE
 from servesweep.core.errors import ServerDied, ServerStartError
 from servesweep.core.events import EventLog
-from servesweep.core.files import write_json_atomic, write_text_atomic
+from servesweep.core.files import failed_name, write_json_atomic, write_text_atomic
 from servesweep.serving import logscan
 from servesweep.serving.agreement import check_pd_agreement
 from servesweep.serving.engines import API_KEY_ENV, ROUTER_ROLE, RankCommand, base_url
@@ -367,9 +367,7 @@ class ServerManager:
 
     def _keep_failed_log(self, server_id: str, rank: RankState, text: str) -> Path:
         """A copy of a failed process's log that a later start will not overwrite."""
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-        target = self.local_log_path(server_id, rank.role, rank.node)
-        kept = target.with_name(f"{target.name}.failed-{stamp}")
+        kept = failed_name(self.local_log_path(server_id, rank.role, rank.node))
         write_text_atomic(kept, scrub(text, self._keys.get(server_id)))
         return kept
 

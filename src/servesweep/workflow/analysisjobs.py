@@ -336,8 +336,9 @@ def compare_runs(
     probes_a: Sequence[PathLike] = (),
     probes_b: Sequence[PathLike] = (),
     tolerance: float = 0.25,
-) -> None:
-    """Rule compare_runs: run B vs run A per common cell, with intervals, verdicts.
+) -> dict[str, Any]:
+    """Rule compare_runs and `servesweep compare`: run B vs run A per common cell, with
+    intervals, verdicts, written to `out_json` and `out_csv` and returned.
     `requests_*` hold the run's requests.csv, or nothing (compare.run_inputs); `probes_*` each
     run's equivalence answers: run B's answers of each server config against run A's
     (`outputs` in comparison.json)."""
@@ -364,3 +365,4 @@ def compare_runs(
     )
     compare.write_comparison(comparison, out_json)
     compare.write_table(compare.comparison_table(comparison), out_csv)
+    return comparison

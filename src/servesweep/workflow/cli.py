@@ -1,5 +1,5 @@
-"""`servesweep` command line: commands, up, status, down, plan, nodes, check, import (no
-benchmark)."""
+"""`servesweep` command line: commands, up, status, down, plan, nodes, check, import, compare
+(no benchmark)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from servesweep.config.guesses import guess_values
 from servesweep.config.load import load_experiment_file
 from servesweep.config.matrix import cell_repeats, server_specs
 from servesweep.config.paths import RunPaths
-from servesweep.config.schema import MIN_RETOKENIZED_RATIO, EquivalenceConfig
+from servesweep.config.schema import MIN_RETOKENIZED_RATIO, EquivalenceConfig, PlotsConfig
 from servesweep.core.errors import ConfigError, ServesweepError
 from servesweep.core.files import write_json_atomic
 from servesweep.measure.cells import run_warmup
@@ -132,7 +132,71 @@ def _parser() -> argparse.ArgumentParser:
         help="equivalence.logprob_tolerance (default %(default)s)",
     )
     eq.add_argument("--json", metavar="OUT", help="also write the comparison as JSON")
+    text = (
+        "run B against run A, cell by cell: each metric's change of the medians, its interval "
+        "and verdict, and the equivalence probe's outputs where both runs have them; writes "
+        "A/compare/B/comparison.json, .csv and .png"
+    )
+    cmp = sub.add_parser("compare", help=text, description=text)
+    for name, role in (("A", "the reference run"), ("B", "the run compared with A")):
+        cmp.add_argument(
+            f"run_{name.lower()}",
+            metavar=name,
+            help=f"{role}: a run folder, or a run id under --results",
+        )
+    cmp.add_argument("--results", default="results", help="results directory (default %(default)s)")
+    cmp.add_argument(
+        "--tolerance",
+        type=float,
+        default=EquivalenceConfig().logprob_tolerance,
+        help="equivalence.logprob_tolerance for the outputs (default %(default)s)",
+    )
     return parser
+
+
+def run_folder(run: str, results: Path) -> Path:
+    """The folder of a run named on the command line: a folder that holds a results.csv, else
+    results/<run>/; a ConfigError naming both places where neither has one."""
+    for folder in (Path(run), results / run):
+        if (folder / "results.csv").is_file():
+            return folder
+    raise ConfigError(
+        f"run {run!r}: no results.csv in {run}/ or {results / run}/ (name a run folder, or a run "
+        "id under --results, after its `snakemake ... all`)"
+    )
+
+
+def cmd_compare(args: argparse.Namespace) -> None:
+    """Run B against run A, printed; the same files as the workflow's compare target
+    (rules/compare.smk), made by the same functions."""
+    from servesweep.analysis.answer import print_comparison
+    from servesweep.analysis.planned import run_inputs
+    from servesweep.core.names import safe_segment
+    from servesweep.workflow.analysisjobs import compare_runs
+    from servesweep.workflow.plotjobs import plot_comparison
+
+    folder_a, folder_b = (run_folder(r, Path(args.results)) for r in (args.run_a, args.run_b))
+    run_a, run_b = folder_a.resolve().name, folder_b.resolve().name
+    out = folder_a / "compare" / safe_segment(run_b, what="run id")
+    inputs = {side: run_inputs(run_dir=f) for side, f in (("a", folder_a), ("b", folder_b))}
+    compare_runs(
+        run_a=run_a,
+        run_b=run_b,
+        results_a=inputs["a"]["csv"],
+        results_b=inputs["b"]["csv"],
+        requests_a=inputs["a"]["requests"],
+        requests_b=inputs["b"]["requests"],
+        probes_a=inputs["a"]["probes"],
+        probes_b=inputs["b"]["probes"],
+        out_json=out / "comparison.json",
+        out_csv=out / "comparison.csv",
+        tolerance=args.tolerance,
+    )
+    metrics = PlotsConfig().metrics  # the default plots.metrics, as the workflow target's
+    plot_comparison(
+        comparison_json=out / "comparison.json", metrics=metrics, out=out / "comparison.png"
+    )
+    print_comparison(comparison_json=out / "comparison.json", metrics=metrics)
 
 
 def cmd_equivalence(args: argparse.Namespace) -> int:
@@ -490,6 +554,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"servesweep: {type(exc).__name__}: {exc}", file=sys.stderr)
             return 1
     handlers = {
+        "compare": cmd_compare,
         "down": cmd_down,
         "status": cmd_status,
         "commands": cmd_commands,
