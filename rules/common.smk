@@ -38,7 +38,10 @@ collect_less_often()
 
 try:
     EXP = load_experiment(
-        config, os.environ, site_dir=os.path.join(workflow.basedir, "config", "site")
+        config,
+        os.environ,
+        site_dir=os.path.join(workflow.basedir, "config", "site"),
+        default_config=os.path.join(workflow.basedir, "config", "config.yaml"),
     )
     PATHS = RunPaths.for_run(EXP)
     # Each server config's node pool (servesweep.cluster.pools), kept stable across matrix extensions.
