@@ -372,6 +372,9 @@ def print_answer():
         report_html=PATHS.report_html,
         metrics=PLOT_METRICS,
         events=PATHS.orchestrator_log,
+        exp=EXP,
+        cases=all_case_tables(),
+        reference=REFERENCE_FILES,
     )
 
 
