@@ -167,3 +167,26 @@ def test_print_answer_reads_the_run_files(tmp_path: Path, capsys):
     assert capsys.readouterr().out.endswith(text)
     assert f"summary.json  {summary}" in text
     assert "report.html" not in text  # not written: not listed
+
+
+def test_the_sims_deliberate_log_noise_is_said_but_no_warning():
+    """The sim writes a UserWarning and the default-MoE-config line on purpose (as healthy
+    real SGLang starts do): on a sim run they are named beside the warnings, not among them;
+    on a real engine they stay warnings, and so does any other finding on the sim."""
+    scan = {"fatal_findings": 0, "warnings": {"moe_default_config": 4, "user_warning": 4, "x": 3}}
+    calm = RESULTS.assign(client_saturated=False)
+    text = block(summary={**SUMMARY, "log_scan": scan}, results=calm)
+    said = text[text.index("Warnings:") : text.index("Files:")].splitlines()
+    assert said == [
+        "Warnings:",
+        "  - Server logs: warning x x 3 (logscan.json).",
+        "  (Not warnings: the simulated engine's deliberate log noise (moe_default_config x 4, "
+        "user_warning x 4 in logscan.json), written as healthy real SGLang writes it "
+        "(engine.sim.noise: false turns it off).)",
+    ]
+    real = {**SUMMARY, "engine": {"kind": "sglang"}, "log_scan": scan}
+    found = answer.warnings(summary=real, results=calm, events=[])
+    assert "Server logs: warning moe_default_config x 4 (logscan.json)." in found
+    assert "Not warnings" not in block(summary=real, results=calm)
+    quiet = {**SUMMARY, "log_scan": {"fatal_findings": 0, "warnings": {"user_warning": 2}}}
+    assert "Warnings: none\n  (Not warnings:" in block(summary=quiet, results=calm)

@@ -13,7 +13,7 @@ import pandas as pd
 
 from servesweep.analysis import equivalence as equivalence_verdicts
 from servesweep.analysis import labels, stats
-from servesweep.analysis.cautions import cautions
+from servesweep.analysis.cautions import cautions, sim_noise
 from servesweep.analysis.summary import SUMMARY_METRICS, cell_label
 from servesweep.config.experiment import Experiment
 
@@ -122,6 +122,8 @@ def answer_block(
     found = warnings(summary=summary, results=results, events=events)
     lines.append("Warnings:" + ("" if found else " none"))
     lines += [f"  - {w}" for w in found]
+    noise = sim_noise(summary)
+    lines += [f"  ({noise})"] if noise else []
     width = max(len(name) for name, _ in files) if files else 0
     lines.append("Files:")
     lines += [f"  {name.ljust(width)}  {path}" for name, path in files]
