@@ -39,7 +39,10 @@ collect_less_often()
 
 try:
     EXP = load_experiment(
-        config, os.environ, site_dir=os.path.join(workflow.basedir, "config", "site")
+        config,
+        os.environ,
+        site_dir=os.path.join(workflow.basedir, "config", "site"),
+        default_config=os.path.join(workflow.basedir, "config", "config.yaml"),
     )
     PATHS = RunPaths.for_run(EXP)
     # Each server config's node pool (servesweep.cluster.pools), kept stable across matrix extensions.
@@ -391,6 +394,9 @@ def print_answer():
         # A record newer than results.csv (a cell targeted alone): no stale answer.
         records=AGGREGATED_RAW,
         refresh=refresh_command(sys.argv, os.environ),
+        exp=EXP,
+        cases=all_case_tables(),
+        reference=REFERENCE_FILES,
     )
 
 

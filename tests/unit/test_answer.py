@@ -217,3 +217,26 @@ def test_an_invalid_attempt_remeasured_since_is_no_warning():
     again = [*events, ("t6", "cell-failed", failed)]  # failed again after its valid record
     found = answer.warnings(summary=SUMMARY, results=RESULTS, events=again)
     assert sum(w.startswith("Invalid cell attempt a/concurrency~8/r2") for w in found) == 1
+
+
+def test_the_sims_deliberate_log_noise_is_said_but_no_warning():
+    """The sim writes a UserWarning and the default-MoE-config line on purpose (as healthy
+    real SGLang starts do): on a sim run they are named beside the warnings, not among them;
+    on a real engine they stay warnings, and so does any other finding on the sim."""
+    scan = {"fatal_findings": 0, "warnings": {"moe_default_config": 4, "user_warning": 4, "x": 3}}
+    calm = RESULTS.assign(client_saturated=False)
+    text = block(summary={**SUMMARY, "log_scan": scan}, results=calm)
+    said = text[text.index("Warnings:") : text.index("Files:")].splitlines()
+    assert said == [
+        "Warnings:",
+        "  - Server logs: warning x x 3 (logscan.json).",
+        "  (Not warnings: the simulated engine's deliberate log noise (moe_default_config x 4, "
+        "user_warning x 4 in logscan.json), written as healthy real SGLang writes it "
+        "(engine.sim.noise: false turns it off).)",
+    ]
+    real = {**SUMMARY, "engine": {"kind": "sglang"}, "log_scan": scan}
+    found = answer.warnings(summary=real, results=calm, events=[])
+    assert "Server logs: warning moe_default_config x 4 (logscan.json)." in found
+    assert "Not warnings" not in block(summary=real, results=calm)
+    quiet = {**SUMMARY, "log_scan": {"fatal_findings": 0, "warnings": {"user_warning": 2}}}
+    assert "Warnings: none\n  (Not warnings:" in block(summary=quiet, results=calm)

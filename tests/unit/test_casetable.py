@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
 
-from servesweep.analysis.casetable import case_label, case_table, markdown_table
+from servesweep.analysis.casetable import (
+    CaseTables,
+    case_html,
+    case_label,
+    case_lines,
+    case_markdown,
+    case_table,
+    case_tables,
+    markdown_table,
+)
 from servesweep.config.load import load_experiment_file
 from servesweep.config.matrix import client_specs
 
-PD_LOCAL = Path(__file__).resolve().parents[2] / "config" / "experiments" / "pd_standard_local.yaml"
+REPO = Path(__file__).resolve().parents[2]
+PD_LOCAL = REPO / "config" / "experiments" / "pd_standard_local.yaml"
 
 
 def _rows(client_id: str, ttft_ms: list[float], tpot_ms: float) -> list[dict]:
@@ -58,3 +69,38 @@ def test_markdown_table_right_aligns_numbers() -> None:
     assert markdown_table(df) == (
         "| Case | Requests | Input TPS |\n|---|---:|---:|\n| a | 3 | 1.00 |\n"
     )
+
+
+def _versus_run() -> CaseTables:
+    """The local PD config's tables for rows 2x slower than seed 003's reference (each delta
+    outside the tolerance)."""
+    exp = load_experiment_file(PD_LOCAL, {})
+    clients = client_specs(exp)
+    scale = exp.engine.sim.time_scale
+    rows = []
+    for client in clients:
+        rows += _rows(client.id, [1000.0 * scale, 1000.0 * scale], 10.0 * scale)
+    reference = [REPO / exp.reference.file]
+    return case_tables(exp=exp, results=pd.DataFrame(rows), reference=reference)
+
+
+def test_bold_deltas_are_markdown_in_md_and_strong_in_html() -> None:
+    tables = _versus_run()
+    assert tables.versus is not None and not tables.versus.empty
+    markdown = case_markdown(tables)
+    assert "**" in markdown and "Against the reference" in markdown  # .md keeps Markdown
+    page = case_html(tables)
+    assert "**" not in page
+    assert re.search(r"<strong>[+-]\d+\.\d%</strong>", page), page
+    assert 'id="reference"' in page and 'id="cases-table"' in page
+
+
+def test_console_lines_show_each_case_against_the_reference() -> None:
+    tables = _versus_run()
+    lines = case_lines(tables)
+    assert lines[0].startswith("Cases against the reference") and "marked !" in lines[0]
+    assert "**" not in "\n".join(lines)
+    header = next(ln for ln in lines if "Delta TPS" in ln)
+    assert header.split()[0] == "Case"
+    for case in tables.versus["Case"]:
+        assert any(ln.split()[0] == case and "%!" in ln for ln in lines), (case, lines)

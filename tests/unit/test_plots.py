@@ -8,6 +8,7 @@ import matplotlib.colors
 import numpy as np
 import pandas as pd
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import LineCollection, PathCollection
 from matplotlib.figure import Figure
 
@@ -342,6 +343,11 @@ def test_plot_metric_vs_many_client_values_keeps_matplotlibs_ticks():
     assert len(points(fig.axes[0])) == n
 
 
+def _words(text: str) -> str:
+    """A title with its wrapping undone."""
+    return " ".join(text.split())
+
+
 def test_energy_and_goodput_page(default, tmp_path):
     _, df, _ = default
     data = df.assign(
@@ -352,7 +358,7 @@ def test_energy_and_goodput_page(default, tmp_path):
         slo_pct=100.0,
     )
     fig = plots.plot_energy_goodput(data, x="concurrency", hue="moe_runner_backend")
-    assert "GPU power: simulated" in fig.get_suptitle()
+    assert "GPU power: simulated" in _words(fig.get_suptitle())
     shown = [ax for ax in fig.axes if ax.get_visible() and ax.get_title()]
     titles = [ax.get_title().split(" (")[0] for ax in shown]
     assert titles == [labels.label(m) for m in plots.ENERGY_PAGE_METRICS]
@@ -361,9 +367,9 @@ def test_energy_and_goodput_page(default, tmp_path):
     assert sorted(points(power)[:, 1]) == pytest.approx(sorted(data["gpu_power_mean_w"]))
     empty = plots.plot_energy_goodput(df.assign(goodput_rps=np.nan), x="concurrency")
     assert "no goodput [req/s] values (no SLO configured)" in message(empty)
-    assert "CLIENT SATURATED" not in fig.get_suptitle()
+    assert "CLIENT SATURATED" not in _words(fig.get_suptitle())
     flagged = plots.plot_energy_goodput(data.assign(client_saturated=True), x="concurrency")
-    assert f"CLIENT SATURATED in {len(data)} cell-repeat(s)" in flagged.get_suptitle()
+    assert f"CLIENT SATURATED in {len(data)} cell-repeat(s)" in _words(flagged.get_suptitle())
     plots.save_figure(fig, tmp_path / "energy_goodput_vs_concurrency.png")
 
 
@@ -421,7 +427,7 @@ def test_energy_page_has_a_panel_per_chunk_size_not_one_pooled_line():
     fig = plots.plot_energy_goodput(
         data, x="concurrency", hue="moe_runner_backend", col="chunked_prefill_size"
     )
-    assert "a panel per chunked_prefill_size" in fig.get_suptitle()
+    assert "a panel per chunked_prefill_size" in _words(fig.get_suptitle())
     power = [ax for ax in fig.axes if "GPU power" in ax.get_title() or "power" in ax.get_title()]
     assert [ax.get_title().split(":")[0] for ax in power] == [
         "chunked_prefill_size=8192",
@@ -431,3 +437,43 @@ def test_energy_page_has_a_panel_per_chunk_size_not_one_pooled_line():
         expected = data.loc[data["chunked_prefill_size"] == chunk, "gpu_power_mean_w"]
         assert sorted(points(ax)[:, 1]) == pytest.approx(sorted(expected))
     _inside(fig)
+
+
+def _text_boxes(fig: Figure) -> list[tuple[str, object]]:
+    """(text, window extent) of the figure's title and every panel title, as drawn into a PNG
+    (Agg, the saved figure's dpi)."""
+    canvas = FigureCanvasAgg(fig)
+    fig.set_dpi(plots.DPI)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    texts = [fig._suptitle] if fig._suptitle is not None else []
+    texts += [ax.title for ax in fig.axes if ax.get_visible() and ax.get_title()]
+    return [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
+
+
+@pytest.mark.parametrize("saturated", [False, True])
+def test_energy_page_titles_lie_inside_the_figure_and_do_not_overlap(saturated):
+    """The sim's long title (power source, repeats, panels, time scale, saturation) and the
+    panel titles (`chunked_prefill_size=...: <metric> (<direction> is better)`) as rendered."""
+    data = _two_chunks(16384).assign(
+        gpu_source="simulated",
+        engine_kind="sim",
+        sim_time_scale=0.005,
+        client_saturated=saturated,
+        joules_per_input_token=0.01,
+        output_tokens_per_watt=2.0,
+        goodput_rps=1.0,
+        slo_pct=100.0,
+    )
+    fig = plots.plot_energy_goodput(
+        data, x="concurrency", hue="moe_runner_backend", col="chunked_prefill_size"
+    )
+    boxes = _text_boxes(fig)
+    assert len(boxes) == 1 + 2 * len(plots.ENERGY_PAGE_METRICS)
+    whole = fig.bbox
+    for text, box in boxes:
+        inside = whole.x0 <= box.x0 and box.x1 <= whole.x1 and whole.y0 <= box.y0
+        assert inside and box.y1 <= whole.y1, (text, box, whole)
+    for i, (text, box) in enumerate(boxes):
+        for other, obox in boxes[i + 1 :]:
+            assert not box.overlaps(obox), (text, other)

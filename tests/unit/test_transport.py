@@ -549,5 +549,5 @@ def test_an_unreachable_node_is_unreachable_with_the_doctor_hint(rig: Rig) -> No
         ssh.run("closed", "true", timeout=20)
     message = str(err.value)
     assert message.startswith("node closed (tester@127.0.0.1")
-    assert "cannot connect" in message
+    assert "connection refused on port" in message
     assert message.endswith("; run `servesweep doctor` to check every node")

@@ -109,3 +109,19 @@ def test_the_suggested_command_for_missing_evidence_works(
     proc = run_snakemake(tmp_path, "-n", *argv[1:], env={"RUN_ID": "suggested"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert re.search(r"^preflight\s+1$", proc.stdout, re.M), proc.stdout[-2000:]
+
+
+def test_the_hint_for_config_overrides_alone_is_a_command_that_works(tmp_path: Path) -> None:
+    """`--config run_id=x` alone replaces the embedded default; the error's suggested command
+    (a dry run of it here) plans the default matrix under that run id."""
+    # run_snakemake drops RUN_ID from the environment: the error comes from the overrides
+    proc = run_snakemake(tmp_path, "-n", "all", "--config", "run_id=hint-run")
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    line = next(ln for ln in proc.stderr.splitlines() if ln.startswith("servesweep: "))
+    command = re.search(r"`(snakemake [^`]+)`", line)
+    assert command, line
+    argv = shlex.split(command.group(1))
+    assert "--configfile" in argv and "run_id=hint-run" in argv, argv
+    proc = run_snakemake(tmp_path, "-n", "all", *argv[1:])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "servesweep plan: run hint-run:" in proc.stdout + proc.stderr

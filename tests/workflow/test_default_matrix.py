@@ -82,6 +82,18 @@ def test_the_console_has_a_line_per_cell_and_ends_with_the_answer(run_dir: Path)
     assert set(df["gpu_status"]) == {"simulated"}
 
 
+def test_the_sims_log_noise_is_said_but_no_warning_as_the_readme_shows(run_dir: Path) -> None:
+    """The sim's deliberate startup warnings (UserWarning, default MoE config) are named as
+    its noise beside the warnings, not among them; the README's answer example has the line."""
+    stdout = (run_dir.parents[1] / "stdout.txt").read_text()
+    block = stdout[stdout.rindex("== servesweep: the answer") :]
+    said = block[block.index("\nWarnings:") : block.index("\nFiles:")]
+    assert "Server logs: warning" not in said, said
+    noise = [ln for ln in said.splitlines() if "the simulated engine's deliberate log noise" in ln]
+    assert len(noise) == 1 and "moe_default_config x 4, user_warning x 4" in noise[0], said
+    assert noise[0] in (REPO / "README.md").read_text(), "the README shows a real answer"
+
+
 def test_full_matrix_starts_each_server_config_once(run_dir: Path) -> None:
     starts = _starts(run_dir)
     assert len(starts) == 4

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -49,7 +50,23 @@ def pd_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cfg = pd_config(workdir, "wf-pd", suite="all")  # every case (the default is "standard")
     proc = run_snakemake(workdir, "--cores", "1", "all", "--configfile", str(cfg))
     assert proc.returncode == 0, proc.stderr[-4000:]
+    (workdir / "console.txt").write_text(proc.stdout + proc.stderr)  # what the user saw
     return workdir / "results" / "wf-pd"
+
+
+def test_the_answer_shows_each_case_against_the_reference(pd_run: Path) -> None:
+    """The console's answer has numbers: every case against seed 003's reference, and lists
+    cases.md and cases.html; the HTML shows bold deltas as bold, never as `**`."""
+    console = (pd_run.parent.parent / "console.txt").read_text()
+    answer = console[console.rindex("== servesweep: the answer") :]
+    assert "Cases against the reference" in answer
+    for case in ("64-8-c1", "1k-16-c1-nonstream", "16k-1-c1", "16k-1-c8"):
+        assert f"\n  {case} " in answer, answer
+    assert "No deltas" not in answer
+    files = answer[answer.index("\nFiles:") :]
+    for name in ("cases.md", "cases.html"):
+        assert re.search(rf"^  {name}\s+\S*results/wf-pd/{name}$", files, re.M), files
+    assert "**" not in (pd_run / "cases.html").read_text()
 
 
 def test_one_server_set_started_prefill_decode_router(pd_run: Path) -> None:

@@ -14,9 +14,10 @@ import pandas as pd
 
 from servesweep.analysis import equivalence as equivalence_verdicts
 from servesweep.analysis import labels, stats
-from servesweep.analysis.cautions import cautions
+from servesweep.analysis.cautions import cautions, sim_noise
 from servesweep.analysis.summary import SUMMARY_METRICS, cell_label
 from servesweep.analysis.verdict import failures
+from servesweep.config.experiment import Experiment
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +87,11 @@ def answer_block(
     metrics: Sequence[str],
     files: Sequence[tuple[str, str]],
     events: Sequence[tuple[str, str, Any]] = (),
+    cases: Sequence[str] = (),
 ) -> str:
-    """The run's answer as console text: per candidate against its baseline, the change and
-    interval of the primary metrics per cell and the verdict counts over every compared
+    """The run's answer as console text: a case run's `cases` lines (each case against the
+    reference, analysis.casetable.case_lines); per candidate against its baseline, the change
+    and interval of the primary metrics per cell and the verdict counts over every compared
     metric; the warnings that matter; `files` as (name, path)."""
     run_id = summary.get("run_id") or "?"
     sim = labels.sim_note(summary.get("engine") or {})
@@ -97,7 +100,8 @@ def answer_block(
     axis = next(iter(baseline), None)
     deltas = summary.get("deltas") or []
     primary = primary_metrics(metrics)
-    if not deltas:
+    lines += cases
+    if not deltas and not cases:
         why = summary.get("note") or "no candidate cell has a baseline twin"
         lines.append(f"No deltas: {why}. Medians per cell are in summary.json and the report.")
     for value, group in _candidates(deltas, axis).items():
@@ -131,6 +135,8 @@ def answer_block(
     found = warnings(summary=summary, results=results, events=events)
     lines.append("Warnings:" + ("" if found else " none"))
     lines += [f"  - {w}" for w in found]
+    noise = sim_noise(summary)
+    lines += [f"  ({noise})"] if noise else []
     width = max(len(name) for name, _ in files) if files else 0
     lines.append("Files:")
     lines += [f"  {name.ljust(width)}  {path}" for name, path in files]
@@ -238,12 +244,17 @@ def print_answer(
     events: str | Path | None = None,
     records: Sequence[str | Path] = (),
     refresh: str = "snakemake --cores 1 all",
+    exp: Experiment | None = None,
+    cases: Sequence[str | Path] = (),
+    reference: Sequence[str | Path] = (),
 ) -> str:
     """The answer block of a finished run from its files (the workflow's `onsuccess`), printed
     and returned. One line instead where there is no answer to trust: no summary yet (a single
     cell targeted on a fresh run), or results.csv/summary.json older than one of `records`
     (the raw records they are built from: a cell rerun alone); both name `refresh`, the
-    command that brings them up to date."""
+    command that brings them up to date. A case run (`exp` with cases) also shows each case
+    against its `reference` file, and lists its `cases` files (cases.md, cases.html)."""
+    from servesweep.analysis.casetable import case_lines, case_tables
     from servesweep.analysis.results import read_results_csv
     from servesweep.analysis.summary import read_summary
     from servesweep.core.events import read_events
@@ -252,6 +263,7 @@ def print_answer(
         ("results.csv", str(results_csv)),
         ("summary.json", str(summary_json)),
         ("report", str(report_html)),
+        *((Path(p).name, str(p)) for p in cases),
         ("console", str(Path(summary_json).parent / "console.log")),
     ]
     if not Path(summary_json).exists() or not Path(results_csv).exists():
@@ -267,12 +279,17 @@ def print_answer(
         )
         print(text, flush=True)
         return text
+    results = read_results_csv(results_csv)
+    shown: list[str] = []
+    if exp is not None and exp.cases:
+        shown = case_lines(case_tables(exp=exp, results=results, reference=reference))
     text = answer_block(
         summary=read_summary(summary_json),
-        results=read_results_csv(results_csv),
+        results=results,
         metrics=metrics,
         files=[(n, p) for n, p in files if Path(p).exists()],
         events=read_events(events) if events else [],
+        cases=shown,
     )
     print(text, end="", flush=True)
     return text

@@ -15,6 +15,28 @@ from servesweep.measure.validation import DRIFT_WARNING_RATIO
 MAX_FAILED = 10
 # Saturated cells named in the line; more are elided.
 MAX_NAMED = 3
+# The log-scan warnings the simulated engine writes on purpose, as healthy real SGLang does
+# (engine.sim.noise, servesweep.sim.node.startup_noise and the Mooncake E line of
+# servesweep.sim.mooncake): on a sim run they are its noise, not warnings.
+SIM_NOISE = ("moe_default_config", "user_warning", "nccl_warn", "native_error")
+
+
+def _sim_run(summary: Mapping[str, Any]) -> bool:
+    return (summary.get("engine") or {}).get("kind") == "sim"
+
+
+def sim_noise(summary: Mapping[str, Any]) -> str | None:
+    """The sim's deliberate log noise of a sim run, in one sentence (None where there is
+    none): shown beside the warnings, never among them."""
+    scan = (summary.get("log_scan") or {}).get("warnings") or {}
+    found = {n: c for n, c in sorted(scan.items()) if n in SIM_NOISE} if _sim_run(summary) else {}
+    if not found:
+        return None
+    counts = ", ".join(f"{name} x {count}" for name, count in found.items())
+    return (
+        f"Not warnings: the simulated engine's deliberate log noise ({counts} in logscan.json), "
+        "written as healthy real SGLang writes it (engine.sim.noise: false turns it off)."
+    )
 
 
 def cautions(
@@ -23,10 +45,10 @@ def cautions(
     results: pd.DataFrame,
     events: Sequence[tuple[str, str, Mapping[str, str]]],
 ) -> list[str]:
-    """One sentence per caution: fatal and warning server-log findings, re-tokenization drift,
-    invalid (failed) cell attempts not remeasured since, client-saturated cells, streamed cells
-    with a TPOT of 0, node clocks off the workflow host's (GPU samples aligned), coarse
-    intervals."""
+    """One sentence per caution: fatal and warning server-log findings (but a sim's deliberate
+    noise: sim_noise), re-tokenization drift, invalid (failed) cell attempts not remeasured
+    since, client-saturated cells, streamed cells with a TPOT of 0, node clocks off the
+    workflow host's (GPU samples aligned), coarse intervals."""
     out = [
         f"WARNING: outputs differ: {_axes(c.get('candidate_axes'))} answers otherwise than its "
         f"baseline {_axes(c.get('baseline_axes'))} "
@@ -40,6 +62,8 @@ def cautions(
     if scan.get("fatal_findings"):
         out.append(f"Server logs: {scan['fatal_findings']} fatal finding(s) (logscan.json).")
     for name, count in sorted((scan.get("warnings") or {}).items()):
+        if _sim_run(summary) and name in SIM_NOISE:
+            continue  # sim_noise says so
         out.append(f"Server logs: warning {name} x {count} (logscan.json).")
     if "retokenized_ratio" in results.columns:
         ratio = pd.to_numeric(results["retokenized_ratio"], errors="coerce")

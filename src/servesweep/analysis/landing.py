@@ -20,7 +20,7 @@ from typing import Any
 import pandas as pd
 
 from servesweep.analysis import labels, stats
-from servesweep.analysis.cautions import cautions
+from servesweep.analysis.cautions import cautions, sim_noise
 from servesweep.analysis.planned import key_plots  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
@@ -266,6 +266,9 @@ def answer_parts(
         if found
         else "<p>None: no log findings, no re-tokenization drift, no failed cell attempts.</p>"
     )
+    noise = sim_noise(summary)
+    if noise:
+        parts.append(f"<p id='sim-noise'>{_e(noise)}</p>")
     if plots:
         parts.append("<h2 id='plots'>Key plots</h2>")
         parts.extend(image_figure(path, caption) for caption, path in plots)

@@ -434,14 +434,17 @@ def plot_energy_goodput(
     sources = sorted({str(v) for v in results.get("gpu_source", pd.Series(dtype=str)).dropna()})
     saturated = results.get("client_saturated", pd.Series(dtype=object))
     n_saturated = int((saturated.astype(str) == "True").sum())
-    fig.suptitle(
-        f"Energy and goodput vs {labels.label(x)} (GPU power: {', '.join(sources) or 'none'}); "
+    width_in = fig.get_figwidth()
+    title = (
+        f"Energy and goodput vs {labels.label(x)} (GPU power: {', '.join(sources) or 'none'})\n"
         "dots = repeats, line with open circles = median"
         + (f"; a panel per {col}" if col else "")
         + _sim_title(labels.engine_of(results))
         + (f"\nCLIENT SATURATED in {n_saturated} cell-repeat(s): client_saturated in results.csv"
            if n_saturated else "")
     )  # fmt: skip
+    fig.suptitle(_fit(title, width_in=width_in - 0.3, fontsize=12), fontsize=12)
+    panel_in = (width_in - 0.3) / len(panels) - 0.9  # less the y axis' labels
     for row, metric in zip(grid, metrics, strict=True):
         values = data.dropna(subset=[metric]) if metric in data.columns else data.iloc[:0]
         order = list(dict.fromkeys(values[hue])) if hue else None
@@ -449,7 +452,8 @@ def plot_energy_goodput(
         for j, (ax, panel) in enumerate(zip(row, panels, strict=True)):
             sub = values if panel is None else values[values[col] == panel]
             where = f"{col}={panel}: " if panel is not None else ""
-            ax.set_title(f"{where}{labels.label(metric)} ({better} is better)", fontsize=9)
+            panel_title = f"{where}{labels.label(metric)} ({better} is better)"
+            ax.set_title(_fit(panel_title, width_in=panel_in, fontsize=9), fontsize=9)
             if sub.empty or x not in sub.columns:
                 why = " (no SLO configured)" if "slo" in metric or "goodput" in metric else ""
                 _message(ax, f"no {labels.label(metric)} values{why}")
@@ -469,6 +473,17 @@ def plot_energy_goodput(
         if not values.empty:
             _y_from_zero(row, values[metric])
     return fig
+
+
+# A character's width as a share of the font size (DejaVu Sans, capitals included, rounded
+# up): how many characters a line of a title may hold.
+CHAR_EM = 0.65
+
+
+def _fit(text: str, *, width_in: float, fontsize: float) -> str:
+    """`text` wrapped (at its own line breaks too) to lines that fit `width_in` inches."""
+    chars = max(20, int(width_in * 72 / (CHAR_EM * fontsize)))
+    return "\n".join(textwrap.fill(line, chars) for line in text.splitlines())
 
 
 def save_figure(fig: Figure, path: str | Path) -> None:

@@ -202,6 +202,7 @@ class SshTransport:
         )
         keys = _Keys(target, config=self._config)
         where = f"node {node} ({target.address})"
+        started = time.monotonic()
         try:
             sock = None
             if target.proxy_command:
@@ -231,17 +232,19 @@ class SshTransport:
             ) from None
         except paramiko.SSHException as exc:
             client.close()
-            hint = ""
             if "known_hosts" in str(exc):
                 hint = (
                     f" (add its key to {primary}, e.g. with ssh-keyscan, "
                     f"or set cluster.ssh.accept_new_host_keys)"
                 )
-            raise Unreachable(f"{where}: {exc}{hint}; {DOCTOR_HINT}") from None
+                raise Unreachable(f"{where}: {exc}{hint}; {DOCTOR_HINT}") from None
+            waited = time.monotonic() - started
+            reason = self._no_ssh(target, exc, waited=waited)
+            raise Unreachable(f"{where}: {reason}; {DOCTOR_HINT}") from None
         except Exception as exc:  # socket errors, timeouts, DNS, proxy command failures
             client.close()
-            reason = str(exc) or type(exc).__name__
-            raise Unreachable(f"{where}: cannot connect: {reason}; {DOCTOR_HINT}") from None
+            reason = self._no_ssh(target, exc, waited=time.monotonic() - started)
+            raise Unreachable(f"{where}: {reason}; {DOCTOR_HINT}") from None
         finally:
             keys.close()
         transport = client.get_transport()
@@ -249,6 +252,19 @@ class SshTransport:
             transport.set_keepalive(self.options.keepalive_s)
         logger.info("connected to %s", where)
         return client
+
+    def _no_ssh(self, target: SshTarget, exc: Exception, *, waited: float) -> str:
+        """Why a connection gave no SSH session, in words: connection refused, timeout, or
+        something not SSH on the port; the socket's own words otherwise."""
+        limit = self.options.connect_timeout_s
+        errors = list(getattr(exc, "errors", {}).values()) or [exc]
+        if all(isinstance(e, ConnectionRefusedError) for e in errors):
+            return f"connection refused on port {target.port} (is sshd up there, on that port?)"
+        if isinstance(exc, TimeoutError) or waited >= limit:
+            return f"timeout: no SSH answer within {limit:g}s (is the node up, the address right?)"
+        if isinstance(exc, paramiko.SSHException):
+            return f"port {target.port} answers, but not as an SSH server ({exc})"
+        return f"cannot connect: {exc or type(exc).__name__}"
 
     def _node_lock(self, node: str) -> threading.Lock:
         with self._lock:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -144,9 +145,11 @@ def load_experiment(
     env: Mapping[str, str] | None = None,
     *,
     site_dir: str | Path | None = None,
+    default_config: str | Path = "config/config.yaml",
 ) -> Experiment:
     """Validate a raw config (e.g. Snakemake's `config`) over its site file (`site:`), after
-    env narrowing.
+    env narrowing. `default_config`: the embedded default, as the hint for a config of
+    `--config` overrides alone names it.
 
     The baseline must be in the configured matrix; after narrowing it may be absent (then no
     deltas are computed for the missing side).
@@ -163,9 +166,8 @@ def load_experiment(
         hint = ""
         if not {"cluster", "engine", "matrix"} & set(raw):
             hint = (
-                " (the config holds only overrides: `snakemake --config key=value` replaces the"
-                " embedded default, so add --configfile config/config.yaml, or name the run"
-                " with RUN_ID=...)"
+                " (the config holds only overrides: --config replaces the embedded default;"
+                f" keep the default under them: `{overrides_command(raw, default_config)}`)"
             )
         raise ConfigError(format_error(exc) + hint) from None
     data = apply_env(raw, env)
@@ -185,6 +187,18 @@ def load_experiment(
         if v in exp.matrix.server.get(k, exp.matrix.client.get(k, []))
     }
     return exp.model_copy(update={"baseline": kept})
+
+
+def overrides_command(overrides: Mapping[str, Any], default_config: str | Path) -> str:
+    """`snakemake --configfile <default> --config k=v ...`: the overrides over the default
+    (its path relative to the working folder where it lies under it, else absolute)."""
+    path = Path(default_config).resolve()
+    shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
+    items = [
+        f"{k}={v if isinstance(v, str | int | float) else json.dumps(v)}"
+        for k, v in overrides.items()
+    ]
+    return shlex.join(["snakemake", "--configfile", str(shown), "--config", *items])
 
 
 def site_dir_of(path: str | Path) -> Path | None:

@@ -3,7 +3,6 @@ manifest, cross-run comparison (see servesweep.workflow.jobs for how a job is ca
 
 from __future__ import annotations
 
-import html as _html
 import json
 import logging
 import os
@@ -174,50 +173,14 @@ def write_case_table(
 ) -> None:
     """Rule write_case_table: the seed's PD table (markdown and HTML), and beside it each
     case against the reference table (`reference`: its file, or none)."""
-    from servesweep.analysis.casetable import case_table, markdown_table
-    from servesweep.analysis.reference import load_reference, reference_table
+    from servesweep.analysis.casetable import case_html, case_markdown, case_tables
     from servesweep.analysis.results import read_results_csv
-    from servesweep.config.matrix import client_specs
     from servesweep.workflow.jobconfig import experiment
 
     exp, _ = experiment(config)
-    results = read_results_csv(results_csv)
-    clients = client_specs(exp)
-    table = case_table(results=results, clients=clients)
-    note, factor = "", 1.0
-    if exp.engine.kind == "sim" and exp.engine.sim.time_scale > 0:
-        scale = exp.engine.sim.time_scale
-        factor = 1 / scale
-        note = (
-            f"\nSimulated engine at time_scale {scale}: times are wall-clock; simulated "
-            f"seconds = shown / {scale}, simulated TPS = shown x {scale}.\n"
-        )
-    text = markdown_table(table) + note
-    page = table.to_html(index=False, border=0, table_id="cases-table")
-    if exp.reference is not None and reference:
-        ref = load_reference(reference[0], cases=list(exp.cases))
-        versus = reference_table(
-            results=results,
-            clients=clients,
-            reference=ref,
-            tolerance=exp.reference.tolerance,
-            time_factor=factor,
-        )
-        units = " (simulated seconds and TPS)" if factor != 1 else ""
-        heading = (
-            f"\nAgainst the reference{units}: {ref.source}; deltas in bold are outside "
-            f"±{exp.reference.tolerance:.0%}.\n\n"
-        )
-        text += heading + markdown_table(versus)
-        # The validation answer first (the PD landing page shows this file), the cases after.
-        page = (
-            f"<p>{_html.escape(heading.strip())}</p>"
-            + versus.to_html(index=False, border=0, table_id="reference")
-            + "<p>Every case of this run (medians over repeats):</p>"
-            + page
-        )
-    write_text_atomic(md, text)
-    write_text_atomic(html, page)
+    tables = case_tables(exp=exp, results=read_results_csv(results_csv), reference=reference)
+    write_text_atomic(md, case_markdown(tables))
+    write_text_atomic(html, case_html(tables))
 
 
 def write_landing_page(

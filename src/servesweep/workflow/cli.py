@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -538,6 +539,9 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # paramiko's transport thread logs each failed handshake with its traceback (to stderr,
+    # through logging's last resort); the commands say per node why, in one line.
+    logging.getLogger("paramiko").addHandler(logging.NullHandler())
     if getattr(args, "results", "") is None:
         args.results = str(checkout_results(args.configfile))
     if args.command == "equivalence":

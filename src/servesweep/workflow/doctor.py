@@ -17,7 +17,7 @@ from servesweep.cluster.transport import node_address
 from servesweep.config.experiment import AUTO_PORT, Experiment
 from servesweep.config.guesses import ENGINE_VERSION, guess_values, guessed
 from servesweep.config.matrix import server_specs
-from servesweep.core.errors import TransportError
+from servesweep.core.errors import DOCTOR_HINT, TransportError
 from servesweep.serving.engines import listening_ports
 from servesweep.serving.preflight import ib_ports, model_on_node, rdma_problems
 from servesweep.serving.servers import ServerManager
@@ -245,12 +245,22 @@ def run_doctor(*, exp: Experiment, manager: ServerManager, results: Path) -> lis
     def node_checks(node: str) -> list[Check]:
         reach = _run(manager, node, "true")
         if not reach[0]:
-            return [Check(node, "reach", "fail", reach[1][:200])]
+            return [Check(node, "reach", "fail", unreachable_line(exp, node, reach[1]))]
         return [check(exp, manager, node) for check in CHECKS]
 
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(exp.cluster.nodes)))) as pool:
         per_node = list(pool.map(node_checks, exp.cluster.nodes))
     return [c for checks in per_node for c in checks] + [local_disk(results), *guess_lines(exp)]
+
+
+def unreachable_line(exp: Experiment, node: str, reason: str) -> str:
+    """Why `node` gave no session (the transport's words, without its advice to run doctor)
+    and the next step: the same connection through the ssh command, which shows its own
+    debug output with -v."""
+    reason = reason.removesuffix(f"; {DOCTOR_HINT}")
+    config = exp.cluster.ssh.config_file if exp.cluster.transport == "ssh" else None
+    argv = ["ssh", *(["-F", str(config)] if config else []), node, "true"]
+    return f"{reason}; next: fix it and try `{shlex.join(argv)}`"
 
 
 def guess_lines(exp: Experiment) -> list[Check]:
