@@ -4,6 +4,7 @@ configuration it claims, and cleanup never touches a process that is not ours.""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -930,5 +931,63 @@ def test_forged_import_never_reaches_another_run(
         "its results.csv keeps the measured throughput",
         list(after["output_tps"]) == list(table["output_tps"]),
         f"{list(table['output_tps'])} -> {list(after['output_tps'])}",
+    )
+    checks.finish()
+
+
+def test_import_into_an_interrupted_run_is_refused(
+    checks: Checks, make_run: Callable[..., Run], shim: FaultShim
+) -> None:
+    checks.scenario(
+        "`servesweep import --run-id X` into the folder of a run interrupted mid-cell (raw "
+        "records, no results.csv yet), with a record of one of its measured cells"
+    )
+    run = make_run(WITHIN)
+    proc = run_during_hang(run, shim, lambda p: kill_group(p, signal.SIGINT))
+    checks.check("the interrupted run exits non-zero", proc.returncode != 0, output(proc)[-2000:])
+    raws = sorted((run.run_dir / "raw").rglob("*.jsonl"))
+    checks.check(
+        "its folder holds a measured raw record and no results.csv",
+        len(raws) == 1 and not (run.run_dir / "results.csv").exists(),
+        str(raws),
+    )
+    before = {p: hashlib.md5(p.read_bytes()).hexdigest() for p in raws}
+    # The same cell's record under another figure, named so the mapping puts it on that cell.
+    record = json.loads(raws[0].read_text())
+    record["output_throughput"] *= 3
+    source = run.workdir / "to-import"
+    source.mkdir()
+    (source / f"{TARGET}_chunk8192_c2_r1.jsonl").write_text(json.dumps(record) + "\n")
+    mapping = run.workdir / "mapping.yaml"
+    mapping.write_text(
+        'files: "*.jsonl"\n'
+        f"server:\n  moe_runner_backend: '^({TARGET})_'\n"
+        "  chunked_prefill_size: '_chunk(\\d+)_'\n"
+        "client:\n  concurrency: '_c(\\d+)_'\n"
+        "repeat: '_r(\\d+)\\.jsonl$'\n"
+    )
+    argv = [sys.executable, "-m", "servesweep.workflow.cli", "import", str(source)]
+    argv += ["--run-id", run.run_id, "--mapping", str(mapping), "--no-plots"]
+    imported = subprocess.run(
+        [*argv, "--results", str(run.workdir / "results")],
+        capture_output=True,
+        text=True,
+        env=run.full_env(),
+        timeout=120,
+    )
+    text = output(imported)
+    refusal = [x for x in text.splitlines() if "already holds a run" in x]
+    checks.check(
+        "the import refuses in one line naming the run folder and a file it holds",
+        imported.returncode != 0 and len(refusal) == 1 and str(run.run_dir) in refusal[0],
+        text[-2000:],
+    )
+    checks.message(refusal[0] if refusal else "")
+    after = {p: hashlib.md5(p.read_bytes()).hexdigest() for p in raws}
+    checks.check("every raw record is byte-identical (md5)", after == before, f"{before} {after}")
+    checks.check(
+        "no file was added to the run folder's raw records",
+        sorted((run.run_dir / "raw").rglob("*.jsonl")) == raws,
+        str(sorted((run.run_dir / "raw").rglob("*.jsonl"))),
     )
     checks.finish()
