@@ -991,3 +991,38 @@ def test_import_into_an_interrupted_run_is_refused(
         str(sorted((run.run_dir / "raw").rglob("*.jsonl"))),
     )
     checks.finish()
+
+
+def test_status_shows_escapes_visibly(checks: Checks, make_run: Callable[..., Run]) -> None:
+    checks.scenario(
+        "`servesweep status` while a process on the node carries server labels holding "
+        "terminal escapes (set the title, clear the screen, a forged line)"
+    )
+    run = make_run(WITHIN)
+    planted = "\x1b]0;pwned\x07\x1b[2J\x1b[31mforged\trow=1"
+    env = {
+        **os.environ,
+        "SERVESWEEP_LABEL_KIND": "server",
+        "SERVESWEEP_LABEL_RUN": run.run_id,
+        "SERVESWEEP_LABEL_SERVER": planted,
+    }
+    sleeper = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(300)"], env=env, start_new_session=True
+    )
+    try:
+        proc = _servesweep(run, "status")
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    text = output(proc)
+    checks.check("status succeeds", proc.returncode == 0, text[-2000:])
+    shown = [x for x in proc.stdout.splitlines() if f"handle={sleeper.pid}" in x]
+    checks.check("it lists the labelled process on one line", len(shown) == 1, repr(text))
+    checks.message(shown[0] if shown else "")
+    checks.check("no escape or control character reaches the terminal", "\x1b" not in text)
+    checks.check(
+        "the label's text is shown with its escapes made visible (`\\x1b`, `\\x09`)",
+        "server=\\x1b]0;pwned\\x07\\x1b[2J\\x1b[31mforged\\x09row=1" in shown[0],
+        repr(shown[0]),
+    )
+    checks.finish()
