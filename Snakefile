@@ -41,6 +41,7 @@ rule all:
 
 
 onstart:
+    lock_run()
     check_secrets_at_start()
     start_pools()
     remove_partial_files()

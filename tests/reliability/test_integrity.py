@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -1024,5 +1025,52 @@ def test_status_shows_escapes_visibly(checks: Checks, make_run: Callable[..., Ru
         "the label's text is shown with its escapes made visible (`\\x1b`, `\\x09`)",
         "server=\\x1b]0;pwned\\x07\\x1b[2J\\x1b[31mforged\\x09row=1" in shown[0],
         repr(shown[0]),
+    )
+    checks.finish()
+
+
+@pytest.mark.parametrize(
+    "unlock", [False, True], ids=["refused_by_the_lock", "refused_after_unlock"]
+)
+def test_a_refused_duplicate_run_leaves_the_live_run_alone(
+    unlock: bool, checks: Checks, make_run: Callable[..., Run], shim: FaultShim
+) -> None:
+    how = (
+        "after `snakemake --unlock`, refused by the cell's lock"
+        if unlock
+        else "refused by the lock"
+    )
+    checks.scenario(
+        f"a second snakemake of the same run while the first one measures ({how}): it stops "
+        "nothing of the live run"
+    )
+    run = make_run(WITHIN, workload=workload(LONG_REQUEST_TIMEOUT_S))
+    state_file = run.run_dir / "service" / "current.json"
+    seen: dict[str, Any] = {}
+
+    def start_a_duplicate(first: subprocess.Popen[str]) -> None:
+        handles = [r["handle"] for r in json.loads(state_file.read_text())["ranks"]]
+        n_events = len(run.events())
+        if unlock:
+            run.snakemake("--unlock")
+        seen["proc"] = run.snakemake()
+        seen["events"] = [(e, f) for _, e, f in run.events()[n_events:]]
+        seen["handles"] = handles
+        seen["alive"] = [h for h in handles if _alive(int(h))]
+        os.killpg(first.pid, signal.SIGTERM)  # then the live run ends, as a batch system ends it
+
+    run_during_hang(run, shim, start_a_duplicate)
+    text = output(seen["proc"])
+    checks.check("the duplicate exits non-zero", seen["proc"].returncode != 0, text[-2000:])
+    why = "another live snakemake" if unlock else "cannot be locked"
+    lines = [x for x in text.splitlines() if why in x or "LockException" in x]
+    checks.check("it says why it was refused", bool(lines), text[-2000:])
+    checks.message(lines[0] if lines else "")
+    stops = [f for e, f in seen["events"] if e in ("stop", "stale", "unhealthy")]
+    checks.check("it stops no server (no `stop` event while it ran)", not stops, str(stops))
+    checks.check(
+        "the live run's server still runs after the refused run ended",
+        bool(seen["handles"]) and seen["alive"] == seen["handles"],
+        f"{seen['handles']}, alive {seen['alive']}",
     )
     checks.finish()
