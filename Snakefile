@@ -41,6 +41,7 @@ rule all:
 
 
 onstart:
+    lock_run()
     keep_console()
     check_secrets_at_start()
     start_pools()

@@ -296,6 +296,23 @@ def compare_inputs(wildcards):
     return files
 
 
+# This invocation's hold on the run (lock_run): open until Snakemake's process ends.
+RUN_LOCK = []
+
+
+def lock_run():
+    """onstart, first: a second live snakemake of this run (after `snakemake --unlock`) stops
+    here, before any other handler or job touches the live run's records or servers."""
+    from servesweep.core.errors import RunLocked
+    from servesweep.measure.locks import hold_run_lock
+
+    holder = f"snakemake pid {os.getpid()}"
+    try:
+        RUN_LOCK.append(hold_run_lock(PATHS.run_lock, run_id=EXP.run_id, holder=holder))
+    except RunLocked as exc:
+        sys.exit(f"servesweep: RunLocked: {exc}")
+
+
 def check_secrets_at_start():
     """onstart (a real run, before any job): a config that needs sudo has its password."""
     from servesweep.core.errors import SecretError

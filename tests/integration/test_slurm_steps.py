@@ -293,6 +293,11 @@ def test_two_pools_at_once_two_allocations_nothing_left_nothing_to_rerun(tmp_pat
         ranks = [line for line in path.read_text().splitlines() if not line.startswith("#")]
         assert len(ranks) == 2 and all(r.startswith("srun --jobid=") for r in ranks)
     assert wait_until(lambda: _left(run_id) == [], 30), _left(run_id)
+    # Nothing of the run under /tmp: the head's locks and srun logs, the nodes' run folders
+    # (the nodes of this cluster are this machine).
+    stays = sorted(Path("/tmp").glob(f"servesweep-*/*-{run_id}-*"))
+    stays += sorted(Path("/tmp").glob(f"servesweep-*/{run_id}"))
+    assert not stays, stays
     again = run_snakemake(tmp_path, "-n", table, "--configfile", str(cfg))
     assert "Nothing to be done" in again.stdout + again.stderr
     assert _left(run_id) == []

@@ -251,11 +251,14 @@ class Run:
             timeout=SNAKEMAKE_TIMEOUT_S,
         )
 
-    def start(self, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    def start(
+        self, env: dict[str, str] | None = None, *, sigint_ignored: bool = False
+    ) -> subprocess.Popen[str]:
         """The same run in the background, in its own process group (for signals).
 
         SIGINT gets its default action back: started from a shell without job control (`cmd &`)
-        the tests inherit it ignored, and so would snakemake and its jobs."""
+        the tests inherit it ignored, and so would snakemake and its jobs. `sigint_ignored`:
+        started as such a shell starts it, SIGINT ignored."""
         return subprocess.Popen(
             self.argv("--cores", "1", *self.targets, "--configfile", str(self.config)),
             stdout=subprocess.PIPE,
@@ -263,7 +266,7 @@ class Run:
             text=True,
             env=self.full_env(env),
             start_new_session=True,
-            preexec_fn=_default_sigint,
+            preexec_fn=_ignore_sigint if sigint_ignored else _default_sigint,
         )
 
     def events(self) -> list[tuple[str, str, dict[str, str]]]:
@@ -301,6 +304,10 @@ class Run:
 
 def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _yaml(path: Path) -> dict[str, Any]:
@@ -712,12 +719,17 @@ def hang_started(run: Run) -> Callable[[], bool]:
 
 
 def run_during_hang(
-    run: Run, shim: FaultShim, act: Callable[[subprocess.Popen[str]], None]
+    run: Run,
+    shim: FaultShim,
+    act: Callable[[subprocess.Popen[str]], None],
+    *,
+    sigint_ignored: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """Start the run with the second cell's request hanging (a window of the request timeout);
-    once it hangs, call `act` on snakemake (a signal, a kill), wait for it, clear the fault."""
+    once it hangs, call `act` on snakemake (a signal, a kill), wait for it, clear the fault.
+    `sigint_ignored`: snakemake starts with SIGINT ignored (Run.start)."""
     shim.inject(TARGET, f"--sim-hang-at {SECOND_CELL_INDEX}")
-    proc = run.start()
+    proc = run.start(sigint_ignored=sigint_ignored)
     try:
         wait_for(
             hang_started(run),

@@ -166,3 +166,24 @@ def test_snakemake_is_sigkilled_then_rerun_with_containers(
         not overlap,
         f"stale client container(s) {[c[:12] for c in overlap]} still running",
     )
+
+
+def test_nothing_of_a_run_stays_under_tmp(
+    checks: Checks, make_cluster_run: Callable[..., Run]
+) -> None:
+    checks.scenario(
+        "a run on an SSH node with docker ends: nothing of it stays under the node's or the "
+        "head's /tmp (client and server logs, smoke logs, GPU sample folders)"
+    )
+    run = make_cluster_run(WITHIN, nodes=["node1"])
+    # The loopback nodes share this machine's /tmp: the node's folder and the head's are here.
+    before = set(Path("/tmp").glob("*")) | set(Path("/tmp").glob("servesweep-*/*"))
+    proc = run.snakemake()
+    checks.check("the run succeeds", proc.returncode == 0, output(proc)[-3000:])
+    after = set(Path("/tmp").glob("*")) | set(Path("/tmp").glob("servesweep-*/*"))
+    found = {p for p in after - before if run.run_id in p.name}
+    left = sorted(map(str, found | set(Path("/tmp").glob(f"servesweep-*/{run.run_id}*"))))
+    checks.check("no file or folder of the run is left under /tmp", not left, str(left))
+    logs = sorted(run.run_dir.glob("bench/**/*.log")) + sorted(run.run_dir.glob("service/*/*.log"))
+    checks.check("its client and server logs are in the run folder", len(logs) >= 2, str(logs))
+    checks.finish()

@@ -4,6 +4,7 @@ configuration it claims, and cleanup never touches a process that is not ours.""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -930,5 +932,145 @@ def test_forged_import_never_reaches_another_run(
         "its results.csv keeps the measured throughput",
         list(after["output_tps"]) == list(table["output_tps"]),
         f"{list(table['output_tps'])} -> {list(after['output_tps'])}",
+    )
+    checks.finish()
+
+
+def test_import_into_an_interrupted_run_is_refused(
+    checks: Checks, make_run: Callable[..., Run], shim: FaultShim
+) -> None:
+    checks.scenario(
+        "`servesweep import --run-id X` into the folder of a run interrupted mid-cell (raw "
+        "records, no results.csv yet), with a record of one of its measured cells"
+    )
+    run = make_run(WITHIN)
+    proc = run_during_hang(run, shim, lambda p: kill_group(p, signal.SIGINT))
+    checks.check("the interrupted run exits non-zero", proc.returncode != 0, output(proc)[-2000:])
+    raws = sorted((run.run_dir / "raw").rglob("*.jsonl"))
+    checks.check(
+        "its folder holds a measured raw record and no results.csv",
+        len(raws) == 1 and not (run.run_dir / "results.csv").exists(),
+        str(raws),
+    )
+    before = {p: hashlib.md5(p.read_bytes()).hexdigest() for p in raws}
+    # The same cell's record under another figure, named so the mapping puts it on that cell.
+    record = json.loads(raws[0].read_text())
+    record["output_throughput"] *= 3
+    source = run.workdir / "to-import"
+    source.mkdir()
+    (source / f"{TARGET}_chunk8192_c2_r1.jsonl").write_text(json.dumps(record) + "\n")
+    mapping = run.workdir / "mapping.yaml"
+    mapping.write_text(
+        'files: "*.jsonl"\n'
+        f"server:\n  moe_runner_backend: '^({TARGET})_'\n"
+        "  chunked_prefill_size: '_chunk(\\d+)_'\n"
+        "client:\n  concurrency: '_c(\\d+)_'\n"
+        "repeat: '_r(\\d+)\\.jsonl$'\n"
+    )
+    argv = [sys.executable, "-m", "servesweep.workflow.cli", "import", str(source)]
+    argv += ["--run-id", run.run_id, "--mapping", str(mapping), "--no-plots"]
+    imported = subprocess.run(
+        [*argv, "--results", str(run.workdir / "results")],
+        capture_output=True,
+        text=True,
+        env=run.full_env(),
+        timeout=120,
+    )
+    text = output(imported)
+    refusal = [x for x in text.splitlines() if "already holds a run" in x]
+    checks.check(
+        "the import refuses in one line naming the run folder and a file it holds",
+        imported.returncode != 0 and len(refusal) == 1 and str(run.run_dir) in refusal[0],
+        text[-2000:],
+    )
+    checks.message(refusal[0] if refusal else "")
+    after = {p: hashlib.md5(p.read_bytes()).hexdigest() for p in raws}
+    checks.check("every raw record is byte-identical (md5)", after == before, f"{before} {after}")
+    checks.check(
+        "no file was added to the run folder's raw records",
+        sorted((run.run_dir / "raw").rglob("*.jsonl")) == raws,
+        str(sorted((run.run_dir / "raw").rglob("*.jsonl"))),
+    )
+    checks.finish()
+
+
+def test_status_shows_escapes_visibly(checks: Checks, make_run: Callable[..., Run]) -> None:
+    checks.scenario(
+        "`servesweep status` while a process on the node carries server labels holding "
+        "terminal escapes (set the title, clear the screen, a forged line)"
+    )
+    run = make_run(WITHIN)
+    planted = "\x1b]0;pwned\x07\x1b[2J\x1b[31mforged\trow=1"
+    env = {
+        **os.environ,
+        "SERVESWEEP_LABEL_KIND": "server",
+        "SERVESWEEP_LABEL_RUN": run.run_id,
+        "SERVESWEEP_LABEL_SERVER": planted,
+    }
+    sleeper = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(300)"], env=env, start_new_session=True
+    )
+    try:
+        proc = _servesweep(run, "status")
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    text = output(proc)
+    checks.check("status succeeds", proc.returncode == 0, text[-2000:])
+    shown = [x for x in proc.stdout.splitlines() if f"handle={sleeper.pid}" in x]
+    checks.check("it lists the labelled process on one line", len(shown) == 1, repr(text))
+    checks.message(shown[0] if shown else "")
+    checks.check("no escape or control character reaches the terminal", "\x1b" not in text)
+    checks.check(
+        "the label's text is shown with its escapes made visible (`\\x1b`, `\\x09`)",
+        "server=\\x1b]0;pwned\\x07\\x1b[2J\\x1b[31mforged\\x09row=1" in shown[0],
+        repr(shown[0]),
+    )
+    checks.finish()
+
+
+@pytest.mark.parametrize(
+    "unlock", [False, True], ids=["refused_by_the_lock", "refused_after_unlock"]
+)
+def test_a_refused_duplicate_run_leaves_the_live_run_alone(
+    unlock: bool, checks: Checks, make_run: Callable[..., Run], shim: FaultShim
+) -> None:
+    how = (
+        "after `snakemake --unlock`, refused by the cell's lock"
+        if unlock
+        else "refused by the lock"
+    )
+    checks.scenario(
+        f"a second snakemake of the same run while the first one measures ({how}): it stops "
+        "nothing of the live run"
+    )
+    run = make_run(WITHIN, workload=workload(LONG_REQUEST_TIMEOUT_S))
+    state_file = run.run_dir / "service" / "current.json"
+    seen: dict[str, Any] = {}
+
+    def start_a_duplicate(first: subprocess.Popen[str]) -> None:
+        handles = [r["handle"] for r in json.loads(state_file.read_text())["ranks"]]
+        n_events = len(run.events())
+        if unlock:
+            run.snakemake("--unlock")
+        seen["proc"] = run.snakemake()
+        seen["events"] = [(e, f) for _, e, f in run.events()[n_events:]]
+        seen["handles"] = handles
+        seen["alive"] = [h for h in handles if _alive(int(h))]
+        os.killpg(first.pid, signal.SIGTERM)  # then the live run ends, as a batch system ends it
+
+    run_during_hang(run, shim, start_a_duplicate)
+    text = output(seen["proc"])
+    checks.check("the duplicate exits non-zero", seen["proc"].returncode != 0, text[-2000:])
+    why = "another live snakemake" if unlock else "cannot be locked"
+    lines = [x for x in text.splitlines() if why in x or "LockException" in x]
+    checks.check("it says why it was refused", bool(lines), text[-2000:])
+    checks.message(lines[0] if lines else "")
+    stops = [f for e, f in seen["events"] if e in ("stop", "stale", "unhealthy")]
+    checks.check("it stops no server (no `stop` event while it ran)", not stops, str(stops))
+    checks.check(
+        "the live run's server still runs after the refused run ended",
+        bool(seen["handles"]) and seen["alive"] == seen["handles"],
+        f"{seen['handles']}, alive {seen['alive']}",
     )
     checks.finish()

@@ -175,6 +175,23 @@ def test_snakemake_gets_sigint(
     rerun_and_check(checks, run, reference)
 
 
+def test_sigint_to_a_run_started_in_the_background(
+    checks: Checks, make_run: Callable[..., Run], shim: FaultShim, reference: pd.DataFrame
+) -> None:
+    checks.scenario(
+        "SIGINT to the process group of a snakemake started in a script's background (`cmd &`: "
+        "SIGINT ignored, only the cell's client ends on it) mid-cell: an interruption, not "
+        "'ClientError: client exited 143'"
+    )
+    run = make_run(WITHIN)
+    proc = run_during_hang(run, shim, lambda p: kill_group(p, signal.SIGINT), sigint_ignored=True)
+    line = check_stopped_cleanly(checks, run, proc, cause=r"Interrupted: .*SIGINT", finished=1)
+    checks.check("no ClientError is reported", "ClientError" not in output(proc), line)
+    events = [e for _, e, _ in run.events()]
+    checks.check("onerror stopped the server (last event `stop`)", events[-1] == "stop", events)
+    rerun_and_check(checks, run, reference)
+
+
 def test_snakemake_is_sigkilled_then_rerun(
     checks: Checks, make_run: Callable[..., Run], shim: FaultShim, reference: pd.DataFrame
 ) -> None:

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
+import subprocess
+import sys
 
 import pytest
 
 from servesweep.core import parallel
-from servesweep.core.errors import CellFailed
+from servesweep.core.errors import CellFailed, WorkerDied
+from tests.helpers import REPO
 
 WAIT_S = 30.0  # bound of the workers' wait for each other below (not a timed assert)
 
@@ -69,6 +73,42 @@ def test_a_worker_error_is_raised_in_the_caller():
     with pytest.raises(CellFailed, match="cell 13: record refused"):
         parallel.map_chunks(fail_on_13, list(range(100)), workers=2, min_per_worker=10)
     assert parallel._WORK is None  # the next map starts clean
+
+
+def _die_on_13(chunk):
+    if 13 in chunk:  # as the OOM killer ends a worker: no handler, no answer
+        os.kill(os.getpid(), signal.SIGKILL)
+    return list(chunk)
+
+
+def test_a_killed_worker_is_one_error_naming_it():
+    with pytest.raises(WorkerDied) as caught:
+        parallel.map_chunks(
+            _die_on_13, list(range(100)), workers=2, min_per_worker=10, what="reading records"
+        )
+    text = str(caught.value)
+    assert "a worker process reading records died" in text and "rerun" in text
+    assert "\n" not in text and caught.value.__cause__ is None
+    assert parallel._WORK is None
+
+
+def test_a_job_whose_worker_is_killed_ends_in_one_line_without_a_traceback(tmp_path):
+    code = (
+        "from servesweep.core import parallel\n"
+        "from servesweep.workflow.logsetup import job_logging\n"
+        "from tests.unit.test_parallel import _die_on_13\n"
+        f"with job_logging({str(tmp_path / 'job.log')!r}):\n"
+        "    parallel.map_chunks(_die_on_13, list(range(100)), workers=2, min_per_worker=10,"
+        " what='reading the raw records')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        "servesweep: WorkerDied: a worker process reading the raw records died (killed from "
+        "outside: the OOM killer or `kill -9`); nothing was written: rerun the same command"
+    ], proc.stderr
 
 
 def test_usable_cores_follow_the_affinity():

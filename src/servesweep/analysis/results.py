@@ -468,7 +468,7 @@ def collect_results(
         cluster=cluster,
     )
     items = list(zip(cells, raw, gpu, expected, strict=True))
-    read_rows = map_chunks(read, items, workers=workers)
+    read_rows = map_chunks(read, items, workers=workers, what="reading the raw records")
     rows = [row for row, _, _ in read_rows]
     requests = [per_request for _, per_request, _ in read_rows]
     stale = [s for _, _, found in read_rows for s in found]

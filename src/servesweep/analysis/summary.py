@@ -427,7 +427,10 @@ def _analyse(
     )
     entries: list[dict[str, Any]] = [{} for _ in cells]
     deltas: dict[int, dict[str, Any]] = {}
-    for group in map_chunks(analyse, list(groups.values()), workers=workers):
+    groups_done = map_chunks(
+        analyse, list(groups.values()), workers=workers, what="computing the summary's statistics"
+    )
+    for group in groups_done:
         for i, entry, delta in group:
             entries[i] = entry
             if delta is not None:

@@ -359,7 +359,7 @@ def release_allocations(exp: Experiment, *, results_root: str | Path = "results"
     """scancel every allocation of this owner and run that holds no server or client step
     any more (a service of `servesweep up` keeps its allocation); returns the names released."""
     transport = SlurmTransport(exp, results_root=results_root)
-    released = []
+    released, kept = [], []
     names = set(transport.allocation_names())
     prefix = f"{ALLOC_PREFIX}{transport.owner.tag}-{exp.run_id}-"
     for alloc in squeue_jobs(prefix):
@@ -368,10 +368,27 @@ def release_allocations(exp: Experiment, *, results_root: str | Path = "results"
         held = [n for n in squeue_steps(alloc.job_id).values() if n.startswith(ALLOC_PREFIX)]
         if alloc.state == "RUNNING" and held:
             logger.info("slurm: allocation %s stays: it holds step %s", alloc.name, held[0])
+            kept.append(alloc.name)
             continue
         _run(["scancel", alloc.job_id], timeout=QUERY_TIMEOUT_S)
         released.append(alloc.name)
+    remove_head_files(prefix, names=sorted(names), kept=kept)
     return released
+
+
+def remove_head_files(prefix: str, *, names: list[str], kept: list[str]) -> None:
+    """After a run's allocations are released: its files in head_dir() (the lock of each of
+    its allocation `names`, each step's srun log: `prefix` + a launch's 12-digit digest) go,
+    so nothing of the run stays under /tmp. While an allocation stays (`kept`: a service's),
+    its lock and every srun log of the run stay."""
+    folder = head_dir()
+    if not folder.is_dir() or folder.is_symlink():
+        return
+    gone = {f"{name}.lock" for name in names if name not in kept}
+    log = re.compile(re.escape(prefix) + r"[0-9a-f]{12}-.*\.srun\.log")
+    for path in folder.iterdir():
+        if path.name in gone or (not kept and log.fullmatch(path.name)):
+            path.unlink(missing_ok=True)
 
 
 def allocation_lines(exp: Experiment, *, results_root: str | Path = "results") -> list[str]:

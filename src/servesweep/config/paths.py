@@ -175,6 +175,12 @@ class RunPaths:
         names = sorted(safe_segment(n, what="node") for n in nodes)
         return [self.root.parent / ".locks" / f"node~{name}.lock" for name in names]
 
+    @property
+    def run_lock(self) -> Path:
+        """The lock a snakemake of this run holds for its whole life (locks.hold_run_lock): a
+        second live one (after `snakemake --unlock`, or with `--nolock`) stops at its start."""
+        return self.root / ".locks" / "run.lock"
+
     def cell_lock(self, cell: CellRepeat) -> Path:
         """The lock of one cell-repeat: a second live job of it (after `snakemake --unlock` on
         a live run) is refused instead of measuring it twice."""

@@ -77,6 +77,16 @@ class ServerBusy(ServesweepError):
     """A server still reports running or queued requests before a cell's client starts."""
 
 
+class RunLocked(ServesweepError):
+    """Another live snakemake of the same run holds it: this one stops before touching
+    anything."""
+
+
+class WorkerDied(ServesweepError):
+    """A worker process of a job's process pool died without an answer (SIGKILL: the OOM
+    killer, `kill -9`); the job wrote nothing and is run again as it was."""
+
+
 class Terminated(BaseException):
     """SIGTERM or SIGHUP (a dropped SSH session) ended a job: raised like KeyboardInterrupt, so
     the cleanup of Ctrl-C runs (cell-failed event, partial files removed)."""

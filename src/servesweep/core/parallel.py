@@ -6,7 +6,10 @@ import multiprocessing
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
+
+from servesweep.core.errors import WorkerDied
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -41,13 +44,16 @@ def map_chunks(
     *,
     workers: int,
     min_per_worker: int | None = None,
+    what: str = "of a parallel map",
 ) -> list[R]:
     """fn(items[a:b]) for contiguous chunks of `items`, joined in order, in at most `workers`
     processes with at least `min_per_worker` (MIN_PER_WORKER) items each; fn(items) itself
     when that is one process, fork is unavailable, or a map is in progress.
 
     `fn` returns one result per item. Workers are forked, so `fn` and `items` reach them
-    without pickling (closures welcome); results and exceptions come back pickled."""
+    without pickling (closures welcome); results and exceptions come back pickled. A worker
+    that dies (SIGKILL) raises WorkerDied naming `what` the pool was doing ("reading the raw
+    records"), the other workers ended."""
     global _WORK
     n = len(items)
     least = MIN_PER_WORKER if min_per_worker is None else max(1, min_per_worker)
@@ -62,5 +68,10 @@ def map_chunks(
         with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
             parts = [pool.submit(_run, a, b) for a, b in zip(bounds, bounds[1:], strict=False)]
             return [r for part in parts for r in part.result()]
+    except BrokenProcessPool:
+        raise WorkerDied(
+            f"a worker process {what} died (killed from outside: the OOM killer or "
+            f"`kill -9`); nothing was written: rerun the same command"
+        ) from None
     finally:
         _WORK = None

@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import shlex
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from servesweep.config.experiment import Experiment
 from servesweep.config.schema import Workload
 from servesweep.core.errors import (
     ClientError,
+    Terminated,
     TransportError,
 )
 from servesweep.core.events import EventLog
@@ -102,6 +104,7 @@ def run_client(
                 _fetch_log(manager, node=node, remote=node_log, local=bench_log)
         watchdog.check()
         if not result.ok:
+            _check_interrupted(result.returncode, node=node)
             raise ClientError(
                 f"cell {tag}: client exited {result.returncode} on node {node}"
                 f"{_client_cause(bench_log) or _full_disk(manager, node, node_out)}; "
@@ -336,6 +339,25 @@ def measured_alone(
         source=",".join(load.sources) or "none",
     )
     return alone
+
+
+# Signals that stop a client from outside (Ctrl-C, a batch system, `kill`, `docker stop`, the
+# OOM killer), as its exit status gives them: 128 + N from a shell, -N from a direct child.
+_STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL)
+
+
+def _check_interrupted(returncode: int, *, node: str) -> None:
+    """Raise the interruption a client's exit status says (KeyboardInterrupt for SIGINT,
+    Terminated for the others of _STOPPING), so it is reported as what stopped the cell, not
+    as a ClientError; a client's own failure (another code, a crash signal) raises nothing."""
+    number = -returncode if returncode < 0 else returncode - 128
+    sig = next((s for s in _STOPPING if s == number), None)
+    if sig is None:
+        return
+    if sig == signal.SIGINT:
+        raise KeyboardInterrupt(f"its client got SIGINT (exit {returncode}) on node {node}")
+    how = " (`kill -9`, `docker rm -f` or the OOM killer)" if sig == signal.SIGKILL else ""
+    raise Terminated(f"stopped by {sig.name}: its client got it{how}", sig)
 
 
 def _client_cause(bench_log: Path) -> str:

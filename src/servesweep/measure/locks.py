@@ -10,9 +10,9 @@ import logging
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from servesweep.core.errors import CellFailed
+from servesweep.core.errors import CellFailed, RunLocked
 
 logger = logging.getLogger(__name__)
 
@@ -92,3 +92,26 @@ def cell_lock(path: Path, *, cell: str) -> Iterator[None]:
         fh.write(f"pid {os.getpid()}")
         fh.flush()
         yield
+
+
+def hold_run_lock(path: Path, *, run_id: str, holder: str) -> IO[str]:
+    """Take the lock of run `run_id` for the calling process (Snakemake's own, from `onstart`):
+    the returned file holds it until the process ends (not inherited by its jobs). A second
+    live snakemake of the run raises RunLocked naming the first (`holder` as it wrote it), so
+    it stops before it supersedes, stops or measures anything of the live one."""
+    fh = _open_lock(path, "")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.seek(0)
+        other = fh.read().strip() or "another process"
+        fh.close()
+        raise RunLocked(
+            f"run {run_id} is being measured by another live snakemake ({other}); this one "
+            f"stops and touches nothing of it: wait for that one to end, or stop it first"
+        ) from None
+    fh.seek(0)
+    fh.truncate()
+    fh.write(holder)
+    fh.flush()
+    return fh

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import shlex
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +30,7 @@ from servesweep.config.experiment import Experiment, start_waves
 from servesweep.config.matrix import ServerSpec, server_specs
 from servesweep.config.paths import RunPaths
 from servesweep.config.schema import PD_ROLES, SINGLE_ROLE
-from servesweep.core.errors import ServerDied, ServerStartError
+from servesweep.core.errors import ServerDied, ServerStartError, TransportError
 from servesweep.core.events import EventLog
 from servesweep.core.files import failed_name, write_json_atomic, write_text_atomic
 from servesweep.serving import logscan
@@ -509,6 +510,24 @@ class ServerManager:
                     stopped += 1
         return stopped
 
+    def remove_node_dirs(self) -> None:
+        """Once the run's servers are stopped: its directory on each node (node_dir: client
+        and server logs, already copied into the run folder; smoke logs; GPU sample folders)
+        goes, so nothing of the run stays under the node's /tmp. A node where something of the
+        run still runs (a service of `servesweep up`, which logs there) keeps it."""
+        mine = {RUN_LABEL: self.exp.run_id, **self.owner.labels()}
+        folder = self.node_dir()
+        for node in self.exp.cluster.nodes:
+            try:
+                if self.runtime.labelled(node, mine):
+                    continue
+                res = self.transport.run(node, f"rm -rf {shlex.quote(folder)}", timeout=60)
+                why = res.stderr.strip() if not res.ok else ""
+            except TransportError as exc:  # the run's own end is what gets reported
+                why = str(exc)
+            if why:
+                logger.warning("node %s: could not remove %s: %s", node, folder, why)
+
     def status(self) -> list[dict[str, str]]:
         """Per server process found on the nodes by label (any owner, so also what a killed
         run left): owner, run, service, uptime and the runs that used it (from our records),
@@ -575,5 +594,6 @@ def shutdown(exp: Experiment, paths: RunPaths, *, reason: str, services: bool = 
     for pool in node_pools(exp):
         with connect(narrow(exp, pool), paths, pool=pool.index) as manager:
             stopped += manager.stop_all(reason=reason, services=services)
+            manager.remove_node_dirs()
     release(exp)  # the run's Slurm allocations (a service's stays)
     return stopped

@@ -26,6 +26,7 @@ from servesweep.config.paths import RunPaths
 from servesweep.config.schema import MIN_RETOKENIZED_RATIO, EquivalenceConfig, PlotsConfig
 from servesweep.core.errors import ConfigError, ServesweepError
 from servesweep.core.files import write_json_atomic
+from servesweep.core.terminal import visible, visible_lines
 from servesweep.measure.cells import run_warmup
 from servesweep.measure.client import client_files, client_launch
 from servesweep.measure.locks import lock_holder
@@ -323,12 +324,13 @@ def cmd_status(args: argparse.Namespace) -> None:
     exp = _experiment(args)
     with connect(exp, RunPaths.for_run(exp, args.results)) as manager:
         rows = manager.status()
+    # Labels, lock holders and Slurm's lines are data another process wrote: never raw escapes.
     for line in holdings(exp):
-        print(line)
+        print(visible(line))
     if not rows:
         print(f"run {exp.run_id}: no server running on {', '.join(exp.cluster.nodes)}")
     for row in rows:
-        print("  ".join(f"{k}={v}" for k, v in row.items()))
+        print("  ".join(f"{visible(k)}={visible(v)}" for k, v in row.items()))
 
 
 def cmd_plan(args: argparse.Namespace) -> None:
@@ -572,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_nodes(args)
         handlers[args.command](args)
     except ServesweepError as exc:
-        print(f"servesweep: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"servesweep: {type(exc).__name__}: {visible_lines(str(exc))}", file=sys.stderr)
         return 1
     return 0
 

@@ -24,8 +24,10 @@ COLUMNS = ("client_process_wall_s", "client_process_cpu_s", CPU_PCT_COLUMN)
 # clients) takes a second SIGINT as a KeyboardInterrupt raised wherever the loop happens to be,
 # which can leave its shutdown waiting forever; neither client handles SIGTERM. It waits
 # (os.wait4: the child's rusage, its waited-for children included), prints MARK and the
-# figures, and exits with the child's code (128 + N for signal N). One line without single
-# quotes: commands.sh keeps one line per command, quoted plainly.
+# figures (the child's code, 128 + N for signal N), and exits with the child's code, or with
+# 128 + the signal it got itself (130 for Ctrl-C), so the job can tell an interruption from a
+# failure of the client. One line without single quotes: commands.sh keeps one line per
+# command, quoted plainly.
 WRAPPER = ";".join(
     [
         "import json,os,signal,subprocess,sys,time",
@@ -33,15 +35,16 @@ WRAPPER = ";".join(
         "t=time.monotonic()",
         "p=subprocess.Popen(sys.argv[1:],preexec_fn=d and (lambda:d(1,9)))",
         "r=[]",
-        "[signal.signal(s,lambda n,f:r or os.kill(p.pid,signal.SIGTERM)) for s in (signal.SIGTERM,"
-        "signal.SIGINT)]",
+        "g=[]",
+        "[signal.signal(s,lambda n,f:r or g.append(n) or os.kill(p.pid,signal.SIGTERM)) for s in"
+        " (signal.SIGTERM,signal.SIGINT)]",
         "_,w,u=os.wait4(p.pid,0)",
         "r.append(1)",
         "w=os.waitstatus_to_exitcode(w)",
         "p.returncode=c=128-w if w<0 else w",
         f"sys.stderr.write({json.dumps(MARK)}+json.dumps(dict(wall_s=time.monotonic()-t,"
         'cpu_user_s=u.ru_utime,cpu_sys_s=u.ru_stime,max_rss_kb=u.ru_maxrss,returncode=c))+"\\n")',
-        "sys.exit(c)",
+        "sys.exit(128+g[0] if g else c)",
     ]
 )
 
