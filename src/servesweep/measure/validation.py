@@ -6,8 +6,6 @@ import logging
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from servesweep.config.schema import MIN_RETOKENIZED_RATIO, Workload
 from servesweep.core.errors import CellFailed
 from servesweep.measure.recordkeys import DETAIL_KEYS
@@ -180,6 +178,10 @@ class Recomputed:
 
 
 def _stat(values: list[float], name: str) -> float:
+    """bench_serving's statistic `name` of `values` (numpy's, as it computes them; imported
+    here: the Snakefile loads this module without numpy)."""
+    import numpy as np
+
     if name == "p90" or name == "p95" or name == "p99":
         return float(np.percentile(values, int(name[1:])))
     return float({"mean": np.mean, "median": np.median, "std": np.std}[name](values))
