@@ -326,6 +326,6 @@ def gpu_figures(rows: Sequence[Mapping[str, Any]], *, shared_by: str = "") -> di
     # the local sim: no nvidia-smi for the snapshots, but its simulated curve gives the figures
     if found["gpu_status"] == STATUS_UNAVAILABLE and found.get("gpu_source") == SOURCE_SIMULATED:
         found["gpu_status"] = STATUS_SIMULATED
-    if found["gpu_status"] in (STATUS_OK, STATUS_PARTIAL) and unmeasured_clocks(rows):
+    if found["gpu_status"] != STATUS_INCOMPLETE and unmeasured_clocks(rows):
         found["gpu_status"] = STATUS_CLOCK_UNMEASURED  # sample_figures left them blank
     return found
