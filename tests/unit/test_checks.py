@@ -256,3 +256,25 @@ def test_the_allowance_is_the_rounding_of_the_figures_as_written():
     assert Recomputed("completed", 96, "x").contradiction(95) == (
         "completed 95 contradicts x 96 (a count: exact)"
     )
+
+
+def test_an_exact_zero_gap_does_not_loosen_the_allowance():
+    """The sim's records hold ITLs of exactly 0.0 (tokens of one chunk): a whole value is
+    exact, so it does not widen the TTFT statistics' allowance to 0.05 s (a halved p99 TTFT
+    of the sim's record passed)."""
+    from servesweep.measure.records import BenchRecord
+    from servesweep.measure.validation import judge_record
+
+    record = {
+        "completed": 2,
+        "duration": 1.5,
+        "input_lens": [4, 4],
+        "output_lens": [2, 2],
+        "ttfts": [0.0123456789, 0.0234567891],
+        "itls": [[0.0], [0.0]],
+        "generated_texts": ["a b", "c d"],
+        "errors": ["", ""],
+        "p99_ttft_ms": 11.6,
+    }
+    line = judge_record(BenchRecord.model_validate(record)).line()
+    assert "p99_ttft_ms 11.6 contradicts the ttfts' p99 23.3" in line, line

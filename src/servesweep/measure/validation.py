@@ -260,7 +260,8 @@ def recomputed_figures(record: BenchRecord) -> list[Recomputed]:
     ]
     ttfts = [r[2] for r in rows]
     itls = [x for r in rows for x in r[3]]
-    unit = max((half_unit(x) for x in [*ttfts, *itls]), default=0.0)
+    # A whole value in a series of measured times (a 0.0 gap) is exact, not 1-decimal rounding.
+    unit = max((half_unit(x) for x in [*ttfts, *itls] if x != int(x)), default=0.0)
     out += _per_request(ttfts, unit, key="ttft", what="ttfts")
     out += _per_request(itls, unit, key="itl", what="itls")
     # E2E: each request's latency is at least its TTFT plus its ITLs (bench_serving stops the
