@@ -136,8 +136,9 @@ class FaultShim:
         return self.directory / "faults"
 
     def inject(self, match: str, flags: str) -> None:
-        """Sim processes whose argv contains `match` get `flags` (one rule per call)."""
-        with self.control.open("a") as fh:
+        """Sim processes whose argv contains `match` get `flags` (one rule per call); a lone
+        surrogate in `flags` is written as the byte it escapes (`\\udcff`: 0xff, no UTF-8)."""
+        with self.control.open("a", errors="surrogateescape") as fh:
             fh.write(f"{match}\t{flags}\n")
         self.control.chmod(0o644)
 

@@ -180,3 +180,101 @@ def test_impossible_or_contradicting_figures_are_invalid(tmp_path, capsys, chang
     assert main(["check", str(good)]) == 0
     assert main(["check", str(forged)]) == 1
     assert why in capsys.readouterr().out
+
+
+def _drop_last_request(record: dict) -> None:
+    for key in ("input_lens", "output_lens", "ttfts", "itls", "generated_texts", "errors"):
+        record[key] = record[key][:-1]
+
+
+def _scaled(key: str, factor: float):
+    return lambda record: record.update({key: record[key] * factor})
+
+
+# Edits of a real record's figures that its own arrays contradict (issue 40): each names
+# the figure it finds.
+FORGED = [
+    ("completed_edited", lambda r: r.update(completed=r["completed"] - 1), "completed 95"),
+    ("arrays_cut", _drop_last_request, "completed 96 contradicts the requests without an error"),
+    ("p99_ttft_raised", _scaled("p99_ttft_ms", 1.1), "p99_ttft_ms"),
+    ("p99_itl_raised", _scaled("p99_itl_ms", 1.02), "p99_itl_ms"),
+    ("p99_e2e_lowered", _scaled("p99_e2e_latency_ms", 0.95), "p99_e2e_latency_ms"),
+    ("median_e2e_lowered", _scaled("median_e2e_latency_ms", 0.9), "median_e2e_latency_ms"),
+    ("mean_e2e_raised", _scaled("mean_e2e_latency_ms", 1.05), "concurrency"),
+    ("output_throughput_raised", _scaled("output_throughput", 1.01), "output_throughput"),
+    ("total_throughput_raised", _scaled("total_throughput", 1.01), "total_throughput"),
+    ("median_tpot_lowered", _scaled("median_tpot_ms", 0.8), "median_tpot_ms"),
+]
+
+
+@pytest.mark.parametrize(
+    "name", ["h200-rehearsal-0517-bench-serving.jsonl", "h200-rehearsal-0517-builtin.jsonl"]
+)
+@pytest.mark.parametrize(("edit", "named"), [f[1:] for f in FORGED], ids=[f[0] for f in FORGED])
+def test_figures_the_arrays_contradict_are_invalid(tmp_path, capsys, name, edit, named):
+    """bench_serving's and our client's real records pass; each edit is named, exit 1."""
+    good = REAL / "records" / name
+    record = json.loads(good.read_text())
+    edit(record)
+    forged = tmp_path / "forged.jsonl"
+    forged.write_text(json.dumps(record) + "\n")
+    assert main(["check", str(good)]) == 0
+    capsys.readouterr()
+    assert main(["check", str(forged)]) == 1
+    out = capsys.readouterr().out
+    assert named in out and "contradicts" in out, out
+
+
+def test_arrays_of_another_num_prompts_are_invalid(tmp_path, capsys):
+    """The real record's 96 requests against a stated --num-prompts of 100 (given, or stated
+    by the record itself): the arrays and `completed` both disagree."""
+    good = REAL / "records" / "h200-rehearsal-0517-bench-serving.jsonl"
+    assert main(["check", str(good), "--num-prompts", "96"]) == 0
+    capsys.readouterr()
+    assert main(["check", str(good), "--num-prompts", "100"]) == 1
+    out = capsys.readouterr().out
+    assert "per-request details have 96 entries, not num_prompts 100" in out, out
+    stated = tmp_path / "stated.jsonl"
+    stated.write_text(json.dumps({**json.loads(good.read_text()), "num_prompts": 100}) + "\n")
+    assert main(["check", str(stated)]) == 1
+    assert "not num_prompts 100" in capsys.readouterr().out
+
+
+def test_the_allowance_is_the_rounding_of_the_figures_as_written():
+    """A figure and what it is recomputed from are allowed half a unit of their last digit:
+    a printed block's 2 decimals allow more than JSON's full floats."""
+    from servesweep.measure.validation import Recomputed, half_unit
+
+    assert half_unit(302.97) == pytest.approx(0.005)
+    assert half_unit(3.436835532000032) == pytest.approx(5e-16)
+    assert half_unit(1e-05) == pytest.approx(5e-06)
+    assert half_unit(96) == 0.0
+    figure = Recomputed("output_throughput", 100.0, "total_output_tokens / duration =", 0.01)
+    assert figure.contradiction(100.01) is None  # 0.005 + 0.01 + float slack
+    assert figure.contradiction(100.0104) is not None  # 0.00005 + 0.01 + float slack
+    assert "rounding allows +-0.015" in (figure.contradiction(100.02) or "")
+    assert Recomputed("completed", 96, "x").contradiction(95) == (
+        "completed 95 contradicts x 96 (a count: exact)"
+    )
+
+
+def test_an_exact_zero_gap_does_not_loosen_the_allowance():
+    """The sim's records hold ITLs of exactly 0.0 (tokens of one chunk): a whole value is
+    exact, so it does not widen the TTFT statistics' allowance to 0.05 s (a halved p99 TTFT
+    of the sim's record passed)."""
+    from servesweep.measure.records import BenchRecord
+    from servesweep.measure.validation import judge_record
+
+    record = {
+        "completed": 2,
+        "duration": 1.5,
+        "input_lens": [4, 4],
+        "output_lens": [2, 2],
+        "ttfts": [0.0123456789, 0.0234567891],
+        "itls": [[0.0], [0.0]],
+        "generated_texts": ["a b", "c d"],
+        "errors": ["", ""],
+        "p99_ttft_ms": 11.6,
+    }
+    line = judge_record(BenchRecord.model_validate(record)).line()
+    assert "p99_ttft_ms 11.6 contradicts the ttfts' p99 23.3" in line, line

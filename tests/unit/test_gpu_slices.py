@@ -455,3 +455,25 @@ def test_preflight_takes_a_reused_pd_set_on_a_shared_gpu_as_ours(
         for s in sessions:
             os.killpg(s.pid, signal.SIGKILL)
             s.wait()
+
+
+def test_a_node_without_gpu_ids_on_a_sliced_host_sees_only_its_implicit_gpus(
+    tmp_path: Path,
+) -> None:
+    """Node `b` has no entry, `a` has GPU 1 of one host: the check counts `b` as GPU 0, so
+    its ranks see only GPU 0 (they saw every GPU of the host, `a`'s too)."""
+    raw = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    raw["cluster"] = {"transport": "local", "nodes": ["a", "b"], "gpus_per_node": 1}
+    raw["server"] |= {"tp_size": 2, "ep_size": 2}
+    exp = load_experiment(deep_update(raw, {"cluster": {"gpu_ids": {"a": [1]}}}), {})
+    env = {
+        c.node: c.env.get("CUDA_VISIBLE_DEVICES") for c in rank_commands(exp, server_specs(exp)[0])
+    }
+    assert env == {"a": "1", "b": "0"}
+    assert {n: exp.cluster.visible_gpus(n) for n in ("a", "b")} == {"a": [1], "b": [0]}
+    # a host nobody slices: every GPU it shows, no CUDA_VISIBLE_DEVICES (as before)
+    plain = load_experiment(raw, {})
+    assert plain.cluster.visible_gpus("b") is None
+    assert all(
+        "CUDA_VISIBLE_DEVICES" not in c.env for c in rank_commands(plain, server_specs(plain)[0])
+    )

@@ -359,3 +359,39 @@ def test_each_cell_measures_the_node_clocks_and_flags_an_offset_over_the_interva
         ]["clock_offset_s"]
         == 2.5
     )
+
+
+def test_a_node_clock_that_cannot_be_read_is_flagged_never_taken_as_zero():
+    """A node 2.5 s ahead whose `date` failed: its samples were taken as on the host's clock
+    (energy low, `gpu_status ok`). Now its window figures are blank and the status names it."""
+    span = window("2026/12/01 14:13:42.000", "2026/12/01 14:13:48.000")
+    skewed = _ahead(series_rows(), 2.5)
+    unread = [
+        {
+            "node": "n1",
+            "phase": "clock",
+            "status": "unavailable",
+            "detail": "cannot read the clock of node n1: date: not found",
+        }
+    ]
+    snapshot = [
+        {"node": "n1", "phase": phase, "status": "ok", "index": 0, "power_draw_w": 80.0}
+        for phase in ("before", "after")
+    ]
+    assert gpufigures.unmeasured_clocks(skewed + unread + span) == {
+        "n1": "cannot read the clock of node n1: date: not found"
+    }
+    found = gpufigures.gpu_figures(snapshot + skewed + unread + span)
+    assert found["gpu_status"] == telemetry.STATUS_CLOCK_UNMEASURED == "clock-unmeasured"
+    for column in gpufigures.WINDOW_FIGURES:
+        assert pd_isna(found[column]), column
+    assert found["gpu_count"] == 1 and found["gpu_source"] == "measured"
+    # read, the offset aligns them (the figures come back); the sim's curve needs no clock
+    read = [{"node": "n1", "phase": "clock", "status": "ok", "clock_offset_s": 2.5}]
+    assert gpufigures.gpu_figures(snapshot + skewed + read + span)["gpu_status"] == "ok"
+    simulated = [{**r, "status": "simulated"} for r in series_rows()]
+    assert gpufigures.unmeasured_clocks(simulated + unread + span) == {}
+
+
+def pd_isna(value) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))

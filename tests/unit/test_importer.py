@@ -216,3 +216,37 @@ def test_import_never_writes_over_a_measured_record_of_an_unfinished_run(tmp_pat
     assert "already holds a run" in err and "r1.jsonl" in err and "another --run-id" in err
     assert record.read_text() == '{"measured": "by the workflow"}\n'
     assert not (run / "results.csv").exists()
+
+
+def test_import_refuses_figures_the_records_own_arrays_contradict(tmp_path, capsys):
+    """The real H200 record imports; with its p99 TTFT raised, its E2E median lowered or its
+    arrays cut by one request (completed still 96), each copy is refused with the figure named
+    and nothing of it is written."""
+    line = (REAL / "h200-rehearsal-0517-bench-serving.jsonl").read_text().splitlines()[0]
+    good = json.loads(line)
+    cut = {k: v[:-1] if isinstance(v, list) else v for k, v in good.items()}
+    forged = {
+        "p99.jsonl": {**good, "p99_ttft_ms": good["p99_ttft_ms"] * 1.1},
+        "e2e.jsonl": {**good, "median_e2e_latency_ms": good["median_e2e_latency_ms"] * 0.9},
+        "cut.jsonl": cut,
+    }
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "good.jsonl").write_text(line + "\n")
+    for name, record in forged.items():
+        (src / name).write_text(json.dumps(record) + "\n")
+    mapping = tmp_path / "map.yaml"
+    mapping.write_text("server:\n  name: '^(\\w+)\\.jsonl$'\n")
+    argv = ["import", str(src), "--run-id", "imp", "--mapping", str(mapping), "--no-plots"]
+    rc = main([*argv, "--results", str(tmp_path / "results")])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    rejected = {
+        x.split(":")[0].split()[-1]: x for x in out.splitlines() if x.startswith("rejected ")
+    }
+    assert sorted(rejected) == sorted(forged), out
+    assert "p99_ttft_ms" in rejected["p99.jsonl"]
+    assert "median_e2e_latency_ms" in rejected["e2e.jsonl"]
+    assert "completed 96 contradicts the requests without an error: 95" in rejected["cut.jsonl"]
+    df = pd.read_csv(tmp_path / "results" / "imp" / "results.csv")
+    assert list(df["server_id"]) == ["name~good"]

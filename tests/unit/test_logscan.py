@@ -340,7 +340,11 @@ def test_startup_phases_of_the_real_cold_and_warm_starts():
 
 # ---------------------------------------------------------------- structure (issue 28)
 
-SERVED = '[2026-11-29 17:03:00] INFO:     127.0.0.1:51260 - "POST /generate HTTP/1.1" 200 OK\n'
+# The scheduler goes on: a batch line (the H200 rehearsal's, SGLang 0.5.17).
+SERVED = (
+    "[2026-12-02 05:42:33] Decode batch, #running-req: 4, #token: 0, token usage: 0.00, "
+    "cuda graph: True, gen throughput (token/s): 214.23, #queue-req: 0\n"
+)
 ENGINE_TRACEBACK = (  # no crash header: a thread of the scheduler's process
     "Exception in thread Thread-3 (transfer_worker):\n"
     "Traceback (most recent call last):\n"
@@ -360,7 +364,7 @@ def test_an_engine_traceback_is_fatal_when_the_process_does_not_go_on():
         "in transfer_worker (conn.py), the process does not go on: "
         "AssertionError: kv indices out of range"
     )
-    # a served request after it: the process went on
+    # a batch after it: the process went on
     assert logscan.fatal_findings(READY_LOG + ENGINE_TRACEBACK + SERVED) == []
     # a running process's log: its end is no silence yet
     assert logscan.fatal_findings(READY_LOG + ENGINE_TRACEBACK, complete=False) == []
@@ -446,3 +450,48 @@ def test_a_soft_watchdog_dump_then_silence_is_a_hang():
     assert logscan.fatal_findings(READY_LOG + soft + SERVED) == []
     hard = soft.replace("self.soft=True", "self.soft=False")
     assert logscan.fatal_findings(READY_LOG + hard + SERVED)[0].name == "watchdog_timeout"
+
+
+# ---------------------------------------------------------------- access lines (issue 40)
+
+WARM = REAL / "h200-rehearsal-0517-warm-start-bench-serving.log"
+
+
+def _access_lines(status: str) -> list[str]:
+    """The real run's access lines answering `status` (e.g. `200 OK`)."""
+    return [ln for ln in WARM.read_text().splitlines(True) if f'HTTP/1.1" {status}' in ln]
+
+
+@pytest.mark.parametrize(
+    "target", ["/torch.OutOfMemoryError", "/KVTransferError(x)", "/v1/ncclSystemError"]
+)
+def test_an_access_lines_request_target_is_never_a_pattern(target):
+    """A client's request for a path named like a fatal line is a 404, not the fault: the
+    real healthy log with such an access line (the real one's shape) stays healthy."""
+    lines = WARM.read_text().splitlines(True)
+    real = _access_lines("200 OK")[-1]
+    probe = real.replace('"GET /metrics', f'"GET {target}').replace("200 OK", "404 Not Found")
+    probe = probe.replace('"POST /generate', f'"GET {target}')
+    assert target in probe and "404 Not Found" in probe
+    text = "".join(lines[:-3] + [probe] + lines[-3:])
+    assert logscan.fatal_findings(text) == []
+    assert logscan.verdict_line(logscan.scan_text(text)) == logscan.verdict_line(
+        logscan.scan_text(WARM.read_text())
+    )
+    # the same target answered 500 is still counted, as a 5xx
+    failed = probe.replace("404 Not Found", "500 Internal Server Error")
+    findings = logscan.scan_text("".join(lines + [failed]))
+    assert [f.name for f in findings if f.line == failed.rstrip("\n")] == ["http_5xx"]
+
+
+def test_an_access_line_after_an_engine_traceback_does_not_hide_it():
+    """A real engine traceback (CUDA graph capture in the model runner) in the real healthy
+    log, then the real run's 2xx access lines (/health answered by the HTTP process): still
+    fatal. A batch line after it clears it (the scheduler went on)."""
+    healthy = WARM.read_text()
+    crash = (REAL / "capture-cuda-graph-gloo-chained-issue4205.log").read_text()
+    answered = "".join(_access_lines("200 OK")[:5])
+    findings = logscan.fatal_findings(healthy + crash + answered)
+    assert [f.name for f in findings] == ["traceback"]
+    assert "Capture cuda graph failed" in findings[0].detail
+    assert logscan.fatal_findings(healthy + crash + answered + SERVED) == []

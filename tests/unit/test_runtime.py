@@ -441,3 +441,20 @@ def test_process_runtime_gives_runtime_env_to_every_process(tmp_path: Path) -> N
     assert "NCCL_NVLS_ENABLE=0" in rt.command_line(launch)
     res = _sh(rt.oneshot_line(launch), tmp_path)
     assert res.returncode == 0 and (tmp_path / "out.log").read_text() == "0 launch\n"
+
+
+def test_a_log_with_an_invalid_utf8_byte_is_read_and_its_finding_named(tmp_path: Path) -> None:
+    """A native library wrote one byte that is no UTF-8 into the server's log: reading it
+    through the transport (live checks, and the stop that onerror runs) replaces the byte,
+    and the fatal line it stands on is still found."""
+    from servesweep.serving import logscan
+
+    log = tmp_path / "server.log"
+    line = r"[2026-01-01 00:00:00 TP3] \377 NCCL error: unhandled system error"
+    subprocess.run(
+        ["/bin/sh", "-c", f"printf 'up\\n{line}\\n' > {shlex.quote(str(log))}"], check=True
+    )
+    assert b"\xff" in log.read_bytes()
+    text = ProcessRuntime(LocalTransport()).logs("local", "1", str(log))
+    assert "\ufffd NCCL error" in text
+    assert [f.name for f in logscan.fatal_findings(text)] == ["nccl_error"]

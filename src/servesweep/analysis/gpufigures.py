@@ -14,6 +14,7 @@ from servesweep.cluster.telemetry import (
     PHASE_WINDOW_END,
     PHASE_WINDOW_START,
     PHASES,
+    STATUS_CLOCK_UNMEASURED,
     STATUS_INCOMPLETE,
     STATUS_OK,
     STATUS_PARTIAL,
@@ -43,6 +44,16 @@ SAMPLE_FIGURES = (
     "gpu_source",
     "gpu_clock_offset_s",
     "gpu_clock_skewed",
+)
+# Sample figures that depend on where the samples fall against the measured window.
+WINDOW_FIGURES = (
+    "gpu_energy_j",
+    "gpu_power_mean_w",
+    "gpu_power_peak_w",
+    "gpu_mem_used_peak_mib",
+    "gpu_util_mean_pct",
+    "gpu_samples",
+    "gpu_node_power_w",
 )
 # The roles of the cell's server set whose processes share a GPU (`prefill+decode`, from
 # cluster.gpu_ids; empty: none). A cell reads a shared GPU once, under its first node
@@ -163,6 +174,26 @@ def clock_offsets(rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     return found
 
 
+def unmeasured_clocks(rows: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """node -> why its clock could not be read, for each node whose GPUs were sampled (status
+    `ok`: stamped by the node's own clock) while its `clock` row has no offset. A file without
+    `clock` rows (written before cells measured them) has none."""
+    rows = list(rows)
+    sampled = {
+        text_of(r.get("node"))
+        for r in rows
+        if text_of(r.get("phase")) == PHASE_SAMPLE and text_of(r.get("status")) == STATUS_OK
+    }
+    offsets = clock_offsets(rows)
+    return {
+        text_of(r.get("node")): text_of(r.get("detail")) or "no clock offset"
+        for r in rows
+        if text_of(r.get("phase")) == PHASE_CLOCK
+        and text_of(r.get("node")) in sampled
+        and text_of(r.get("node")) not in offsets
+    }
+
+
 def _interval(points: Sequence[tuple[float, Any]]) -> float:
     """The sampling interval of one GPU's series (median step; inf with fewer than 2)."""
     steps = sorted(b[0] - a[0] for a, b in zip(points, points[1:], strict=False))
@@ -264,6 +295,8 @@ def sample_figures(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             f"{n}={node_mean.get(n, math.nan):.1f}/{node_peak[n]:.1f}" for n in sorted(node_peak)
         ),
     )
+    if unmeasured_clocks(rows):  # samples on an unread clock are nowhere in the window
+        out.update(dict.fromkeys(WINDOW_FIGURES, math.nan))
     return out
 
 
@@ -274,10 +307,11 @@ GPU_COLUMNS = tuple(dict.fromkeys((*GPU_FIGURES, *SAMPLE_FIGURES, SHARED_COLUMN)
 
 def gpu_figures(rows: Sequence[Mapping[str, Any]], *, shared_by: str = "") -> dict[str, Any]:
     """GPU_COLUMNS of one GPU file: count and status from the snapshots (`incomplete` when a
-    node's before and after rows do not pair up); power, memory and utilisation from the loop
-    samples over the measured window (the snapshots' where a file has no samples, e.g. one
-    written before sampling existed). `gpu_shared_by` is `shared_by`: the roles that share a
-    GPU, which the file holds once (NaN: none)."""
+    node's before and after rows do not pair up, `clock-unmeasured` when a sampled node's
+    clock could not be read: its window figures are blank); power, memory and utilisation
+    from the loop samples over the measured window (the snapshots' where a file has no
+    samples, e.g. one written before sampling existed). `gpu_shared_by` is `shared_by`: the
+    roles that share a GPU, which the file holds once (NaN: none)."""
     snapshot = _paired_snapshot_figures(rows)
     samples = sample_figures(rows)
     # a file written before sampling existed: its snapshots give these figures
@@ -292,4 +326,6 @@ def gpu_figures(rows: Sequence[Mapping[str, Any]], *, shared_by: str = "") -> di
     # the local sim: no nvidia-smi for the snapshots, but its simulated curve gives the figures
     if found["gpu_status"] == STATUS_UNAVAILABLE and found.get("gpu_source") == SOURCE_SIMULATED:
         found["gpu_status"] = STATUS_SIMULATED
+    if found["gpu_status"] != STATUS_INCOMPLETE and unmeasured_clocks(rows):
+        found["gpu_status"] = STATUS_CLOCK_UNMEASURED  # sample_figures left them blank
     return found

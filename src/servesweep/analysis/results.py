@@ -14,7 +14,7 @@ import pandas as pd
 from pydantic import ValidationError
 
 from servesweep.analysis import figures, stats
-from servesweep.analysis.gpufigures import GPU_COLUMNS, gpu_figures
+from servesweep.analysis.gpufigures import GPU_COLUMNS, gpu_figures, unmeasured_clocks
 from servesweep.analysis.tablecsv import runs_csv_text
 from servesweep.analysis.tables import read_requests_csv, read_results_csv  # noqa: F401
 from servesweep.cluster import telemetry
@@ -306,6 +306,18 @@ def cell_gpu(path: Path, *, cell: CellRepeat, shared_by: str = "") -> dict[str, 
             "GPU figures left blank; delete it to rerun the cell",
             cell.key,
             path,
+        )
+    unread = unmeasured_clocks(rows)
+    if found["gpu_status"] == telemetry.STATUS_CLOCK_UNMEASURED:
+        why = "; ".join(f"node {node}: {detail}" for node, detail in unread.items())
+        log.warning(
+            "cell %s: GPU snapshot %s: a sampled node's clock could not be read (%s), so its "
+            "samples cannot be placed in the measured window: energy and power left blank "
+            "(gpu_status %s)",
+            cell.key,
+            path,
+            why,
+            found["gpu_status"],
         )
     return found
 

@@ -84,6 +84,7 @@ def _run(argv: list[str], *, timeout: float, stdin: str | None = None) -> Comman
             input=stdin if stdin is not None else "",
             capture_output=True,
             text=True,
+            errors="replace",
             timeout=timeout,
         )
     except FileNotFoundError:
@@ -266,7 +267,12 @@ class SlurmTransport:
         argv = [*step_argv(job, node), "/bin/sh", "-c", command]
         try:
             proc = subprocess.run(
-                argv, input=stdin or "", capture_output=True, text=True, timeout=timeout
+                argv,
+                input=stdin or "",
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=timeout,
             )
         except subprocess.TimeoutExpired:
             raise TransportError(
@@ -288,6 +294,7 @@ class SlurmTransport:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            errors="replace",
             start_new_session=True,  # a Ctrl-C to the run's group never reaches it
         )
         assert proc.stdout is not None
@@ -621,7 +628,7 @@ class SlurmRuntime:
             time.sleep(0.1)
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
-        tail = " | ".join(head_log.read_text().strip().splitlines()[-3:])
+        tail = " | ".join(head_log.read_text(errors="replace").strip().splitlines()[-3:])
         raise ServerStartError(
             f"could not start step {launch.name} on node {launch.node} (job {job}): "
             f"{tail or f'no step within {STEP_WAIT_S:.0f}s'}"
@@ -688,6 +695,7 @@ class SlurmRuntime:
                 input=secret_stdin(launch),
                 capture_output=True,
                 text=True,
+                errors="replace",
                 timeout=timeout,
             )
         except subprocess.TimeoutExpired:

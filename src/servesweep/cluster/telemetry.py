@@ -83,6 +83,9 @@ STATUS_UNAVAILABLE = "unavailable"
 STATUS_PARTIAL = "partial"
 STATUS_INCOMPLETE = "incomplete"  # a node's before or after rows are missing (a cut file)
 STATUS_SIMULATED = "simulated"  # the local sim's power curve (gpusampling), never measured
+# A node's GPUs were sampled but its clock could not be read (cluster.clocks): its samples
+# cannot be placed in the measured window, so the cell's energy and power are not figures.
+STATUS_CLOCK_UNMEASURED = "clock-unmeasured"
 STATUSES = (STATUS_OK, STATUS_UNAVAILABLE, STATUS_SIMULATED)
 # Rows of a GPU file besides the before/after snapshots: loop samples during the cell, and the
 # client's measured window (timestamp only; gpusampling writes and reads them).

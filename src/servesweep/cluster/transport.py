@@ -151,6 +151,7 @@ class LocalTransport:
                 input=stdin if stdin is not None else "",  # never the caller's own stdin
                 capture_output=True,
                 text=True,
+                errors="replace",  # a log may hold any bytes (a native library's)
                 timeout=timeout,
             )
         except subprocess.TimeoutExpired:

@@ -197,8 +197,12 @@ class ClusterConfig(Strict):
                 )
 
     def visible_gpus(self, node: str) -> list[int] | None:
-        """The host GPU indices `node` has (gpu_ids), or None: every GPU it shows."""
-        return self.gpu_ids.get(node)
+        """The host GPU indices `node` has, or None: every GPU it shows (a host nobody slices).
+        On a host some node has a slice of, a node without an entry has 0..gpus_per_node-1
+        (host_gpus), as the overlap check counts it, never every GPU of the host."""
+        if node in self.gpu_ids or any(self.host(n) == self.host(node) for n in self.gpu_ids):
+            return self.host_gpus(node)
+        return None
 
     def host(self, node: str) -> str:
         """The machine `node` is on: this one for every node of the local transport ("");

@@ -288,9 +288,10 @@ def run_cell(
         # The client's clock stops at its last response (its `duration`); the window ends when
         # it wrote its record (bench_serving exits ~1.8 s later), else when it returned here.
         written_at = ((record.model_extra or {}).get(CLOCK_KEY) or {}).get("record_written_at")
-        # `date -r` on the client's node gives its clock: back to this host's by its offset.
-        offsets = {r["node"]: r["clock_offset_s"] for r in clock if "clock_offset_s" in r}
-        end = written_at - offsets.get(nodes[0], 0.0) if written_at else client_end
+        # `date -r` on the client's node gives its clock: back to this host's by its offset
+        # (a clock not read has none: then the end is when the client returned here).
+        offset = next((r.get("clock_offset_s") for r in clock if r["node"] == nodes[0]), None)
+        end = written_at - offset if written_at and offset is not None else client_end
         window = gpusampling.window_rows(end - (record.duration or 0.0), end)
         after = telemetry.take_snapshot(
             transport=manager.transport, nodes=read, phase="after", timeout=SNAPSHOT_TIMEOUT_S

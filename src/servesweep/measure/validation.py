@@ -134,12 +134,157 @@ FIGURES = (
     "total_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_e2e_latency_ms",
     "median_e2e_latency_ms", "p99_e2e_latency_ms",
 )  # fmt: skip
-RECOMPUTE_TOLERANCE = 0.05  # bench_serving's own arithmetic agrees to rounding
+# Relative: float arithmetic (numpy's sums and percentiles in another order than ours), and a
+# figure computed from a rounded one and scaled (its repr shows 17 digits, it holds about 7).
+# Far below any edit worth making (1%: 1e-2).
+ARITHMETIC_SLACK = 1e-6
+STATS = ("mean", "median", "std", "p90", "p95", "p99")  # bench_serving's, numpy's defaults
+
+
+def half_unit(value: float) -> float:
+    """Half a unit of the last decimal digit `value` was written with: a float's shortest
+    form (JSON's, and bench_serving's printed block rounds to 2 decimals); 0 for an int (a
+    count is exact)."""
+    if isinstance(value, int):
+        return 0.0
+    mantissa, _, exponent = repr(float(value)).partition("e")
+    decimals = len(mantissa.partition(".")[2]) - int(exponent or 0)
+    return 0.5 * 10.0**-decimals
+
+
+@dataclass(frozen=True)
+class Recomputed:
+    """A stated figure's value recomputed from the record's other figures or arrays, with what
+    the rounding of those inputs allows (`slack`); `at_least`: a lower bound only."""
+
+    key: str
+    value: float
+    source: str
+    slack: float = 0.0
+    at_least: bool = False
+
+    def contradiction(self, stated: float) -> str | None:
+        """`<key> <stated> contradicts <source> <value> (rounding allows +-x)`, or None. The
+        allowance: half a unit of the stated figure, the inputs' rounding, float arithmetic."""
+        allowed = half_unit(stated) + self.slack
+        if not isinstance(self.value, int):
+            allowed += ARITHMETIC_SLACK * abs(self.value)
+        low = stated < self.value - allowed
+        if not low and (self.at_least or stated <= self.value + allowed):
+            return None
+        bound = "at least " if self.at_least else ""
+        allows = f"rounding allows +-{allowed:.2g}" if allowed else "a count: exact"
+        return (
+            f"{self.key} {stated:.6g} contradicts {self.source} {bound}{self.value:.6g} ({allows})"
+        )
+
+
+def _stat(values: list[float], name: str) -> float:
+    """bench_serving's statistic `name` of `values` (numpy's, as it computes them; imported
+    here: the Snakefile loads this module without numpy)."""
+    import numpy as np
+
+    if name == "p90" or name == "p95" or name == "p99":
+        return float(np.percentile(values, int(name[1:])))
+    return float({"mean": np.mean, "median": np.median, "std": np.std}[name](values))
+
+
+def _per_request(
+    values: list[float], slack: float, *, key: str, what: str, at_least: bool = False
+) -> list[Recomputed]:
+    """Each of bench_serving's statistics of a per-request series (seconds) in ms; each is
+    moved by at most `slack` (s) when every value is (mean, median, percentiles; std by 2x).
+    `at_least`: the series bounds the real one from below, so do its order statistics and
+    mean (its std bounds nothing)."""
+    if not values:
+        return []
+    return [
+        Recomputed(
+            f"{stat}_{key}_ms",
+            _stat(values, stat) * 1000,
+            f"the {what}' {stat}",
+            slack * 1000 * (2 if stat == "std" else 1),
+            at_least,
+        )
+        for stat in STATS
+        if not (at_least and stat == "std")
+    ]
+
+
+def recomputed_figures(record: BenchRecord) -> list[Recomputed]:
+    """Every stated figure the record's own data gives again (bench_serving's
+    calculate_metrics): throughputs from the totals and the duration; with per-request
+    arrays, the counts and totals, TTFT and ITL statistics exactly, and lower bounds of the
+    E2E and TPOT statistics (a request's latency is at least its TTFT plus its ITLs)."""
+    out: list[Recomputed] = []
+    duration = record.duration or 0.0
+    h = half_unit(duration)
+    if duration > h:
+        totals = {
+            "request_throughput": (record.completed, "completed"),
+            "input_throughput": (record.total_input_tokens, "total_input_tokens"),
+            "output_throughput": (record.total_output_tokens, "total_output_tokens"),
+        }
+        if None not in (record.total_input_tokens, record.total_output_tokens):
+            total = record.total_input_tokens + record.total_output_tokens  # type: ignore[operator]
+            totals["total_throughput"] = (total, "total tokens")
+        for key, (count, name) in totals.items():
+            if count is not None:
+                value = count / duration
+                slack = count * h / (duration * (duration - h))
+                out.append(Recomputed(key, value, f"{name} / duration =", slack))
+        e2e_mean, done = _stated(record, "mean_e2e_latency_ms"), record.completed
+        if e2e_mean is not None and done:
+            value = e2e_mean / 1000 * done / duration
+            slack = done / 1000 * (half_unit(e2e_mean) + e2e_mean * h / (duration - h)) / duration
+            out.append(Recomputed("concurrency", value, "mean e2e x completed / duration =", slack))
+    if not _has_details(record):
+        return out
+    ok = [not e for e in record.errors or []]
+    rows = [
+        (i, o, t, itl)
+        for i, o, t, itl, good in zip(
+            record.input_lens or [],
+            record.output_lens or [],
+            record.ttfts or [],
+            record.itls or [],
+            ok,
+            strict=False,
+        )
+        if good
+    ]
+    out += [
+        Recomputed("completed", len(rows), "the requests without an error:"),
+        Recomputed("total_input_tokens", sum(r[0] for r in rows), "the input_lens' sum"),
+        Recomputed("total_output_tokens", sum(record.output_lens or []), "the output_lens' sum"),
+    ]
+    ttfts = [r[2] for r in rows]
+    itls = [x for r in rows for x in r[3]]
+    # A whole value in a series of measured times (a 0.0 gap) is exact, not 1-decimal rounding.
+    unit = max((half_unit(x) for x in [*ttfts, *itls] if x != int(x)), default=0.0)
+    out += _per_request(ttfts, unit, key="ttft", what="ttfts")
+    out += _per_request(itls, unit, key="itl", what="itls")
+    # E2E: each request's latency is at least its TTFT plus its ITLs (bench_serving stops the
+    # clock after the last chunk); TPOT: at least its ITLs over output_len - 1.
+    least = [t + sum(gaps) for _, _, t, gaps in rows]
+    slack = unit * (1 + max((len(r[3]) for r in rows), default=0))
+    out += _per_request(least, slack, key="e2e_latency", what="TTFT + ITLs", at_least=True)
+    tpots = [sum(gaps) / (n - 1) for _, n, _, gaps in rows if n > 1]
+    out += _per_request(tpots, slack, key="tpot", what="ITLs / (output_len - 1)", at_least=True)
+    return out
+
+
+def _stated(record: BenchRecord, key: str) -> float | None:
+    value = getattr(record, key, None)
+    if value is None:
+        value = (record.model_extra or {}).get(key)
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _impossible_figures(record: BenchRecord) -> list[str]:
-    """Figures no run produces (NaN, infinite, negative, a zero duration) and summary figures
-    that contradict the record's own totals or per-request data (a forged or broken record)."""
+    """Figures no run produces (NaN, infinite, negative, a zero duration) and stated figures
+    that contradict what the record's own totals or per-request data give again (a forged or
+    broken record): `recomputed_figures`, each within what rounding allows."""
     if not record.completed:
         return []
     problems = []
@@ -151,30 +296,13 @@ def _impossible_figures(record: BenchRecord) -> list[str]:
             problems.append(f"{key} {value!r} is impossible")
     if problems:
         return problems
-
-    def off(stated: float | None, recomputed: float) -> bool:
-        return stated is not None and abs(stated - recomputed) > RECOMPUTE_TOLERANCE * max(
-            abs(recomputed), 1e-9
-        )
-
-    duration = record.duration or 0.0
-    if duration > 0 and record.total_input_tokens is not None:
-        recomputed = record.total_input_tokens / duration
-        if off(record.input_throughput, recomputed):
-            problems.append(
-                f"input_throughput {record.input_throughput:.6g} contradicts "
-                f"total_input_tokens / duration = {recomputed:.6g}"
-            )
-    ttfts = [t for t, n in zip(record.ttfts or [], record.output_lens or [], strict=False) if n]
-    if ttfts and len(ttfts) == record.completed:
-        ordered = sorted(ttfts)
-        mid = len(ordered) // 2
-        median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-        if off(record.median_ttft_ms, median * 1000):
-            problems.append(
-                f"median_ttft_ms {record.median_ttft_ms:.6g} contradicts the ttfts' median "
-                f"{median * 1000:.6g} ms"
-            )
+    for figure in recomputed_figures(record):
+        stated = _stated(record, figure.key)
+        if stated is None or not math.isfinite(stated):
+            continue
+        problem = figure.contradiction(stated)
+        if problem:
+            problems.append(problem)
     return problems
 
 
@@ -199,8 +327,12 @@ def stated_problems(record: BenchRecord, *, num_prompts: int | None = None) -> l
     extra = record.model_extra or {}
     done = record.completed
     wanted = num_prompts if num_prompts is not None else extra.get("num_prompts")
-    if isinstance(wanted, int) and done is not None and done < wanted:
+    if isinstance(wanted, int) and done is not None and done != wanted:
         problems.append(f"completed {done} of {wanted} requests (num_prompts {wanted})")
+    if isinstance(wanted, int) and record.errors is not None and len(record.errors) != wanted:
+        problems.append(
+            f"per-request details have {len(record.errors)} entries, not num_prompts {wanted}"
+        )
     if done and record.total_output_tokens == 0:
         problems.append(f"total_output_tokens 0 over {done} completed requests (no output)")
     ratio, out_len = extra.get("random_range_ratio"), record.random_output_len

@@ -162,9 +162,22 @@ REQUEST_SCOPE = re.compile(
 # Exceptions that say the process was asked to stop (Ctrl-C, our SIGTERM, a cancelled task).
 STOPPED = re.compile(r"^(?:\w+\.)*(?:KeyboardInterrupt|SystemExit|CancelledError)\b")
 
-# The process goes on: it serves a request (an access line with 2xx, a batch, the ready line,
-# the Rust router's finished request with 2xx).
-PROGRESS = re.compile(r'HTTP/[\d.]+" 2\d\d|\b(?:Prefill|Decode) batch\b|ready to roll|status=2\d\d')
+# The process goes on: its scheduler runs a batch, the ready line, the Rust router's finished
+# request with 2xx. An HTTP access line is no such sign: the HTTP process logs a streamed
+# request's 200 when its headers go out and answers /health with 200 while a scheduler is dead.
+PROGRESS = re.compile(r"\b(?:Prefill|Decode) batch\b|ready to roll|status=2\d\d")
+
+# An HTTP access line, as uvicorn writes it for SGLang:
+# `INFO:     127.0.0.1:5000 - "GET /path HTTP/1.1" 404 Not Found`. Its request target is the
+# client's text: no pattern reads it (`GET /torch.OutOfMemoryError` is a 404, not an OOM).
+ACCESS_TARGET = re.compile(r'("[A-Z]+ )\S+( HTTP/[\d.]+" \d{3}\b)')
+
+
+def without_request_target(line: str) -> str:
+    """The line with the request target of an access line replaced by `-` (other lines as
+    they are): what the patterns read."""
+    return ACCESS_TARGET.sub(r"\1-\2", line)
+
 
 # Native log levels of what SGLang hosts; an error-level line is fatal when the process does
 # not go on after it. glog (Mooncake, ...): `E0511 07:42:36.355509 10240 file.cpp:198] ...`
@@ -314,11 +327,12 @@ def scan_text(text: str, *, complete: bool = True) -> list[Finding]:
     """Every finding of a log text, fatal and warning, in line order (readiness-probe 503s
     before the ready line are no finding).
 
-    Lines of FATAL_PATTERNS are fatal wherever they stand. The rest is judged by structure:
+    Lines of FATAL_PATTERNS are fatal wherever they stand, an access line's request target
+    aside (ACCESS_TARGET). The rest is judged by structure:
     - a traceback that runs in a request's handler is a warning; one that runs anywhere else
       (scheduler, model runner, a transfer or bootstrap thread, a child process; its header
-      cut off or not) is fatal when the process does not go on after it: no served request
-      (2xx access line, batch line, ready line) follows;
+      cut off or not) is fatal when the process does not go on after it: no batch line, ready
+      line or router's 2xx follows (an HTTP access line is no such sign: PROGRESS);
     - a native error-level line (glog E, UCX ERROR, Rust ERROR, a source-located C/CUDA error
       print) and a stack dump without a crash (faulthandler, py-spy, the soft watchdog) are
       fatal on the same condition; glog F is fatal.
@@ -329,8 +343,9 @@ def scan_text(text: str, *, complete: bool = True) -> list[Finding]:
     bars wrote carriage returns.
     """
     lines = [line.rstrip("\r") for line in text.split("\n")]
-    bodies = [strip_prefix(line) for line in lines]
-    last_progress = max((i for i, line in enumerate(lines) if PROGRESS.search(line)), default=-1)
+    read = [without_request_target(line) for line in lines]
+    bodies = [strip_prefix(line) for line in read]
+    last_progress = max((i for i, line in enumerate(read) if PROGRESS.search(line)), default=-1)
 
     def stops_after(index: int) -> bool:
         return complete and last_progress <= index
@@ -342,18 +357,18 @@ def scan_text(text: str, *, complete: bool = True) -> list[Finding]:
         if not ready and READINESS_PROBE.search(line):
             continue
         for pattern in PATTERNS:
-            if pattern.regex.search(line):
+            if pattern.regex.search(read[index]):
                 findings.append(Finding(pattern.name, index + 1, line, pattern.severity))
         body = bodies[index]
-        glog = GLOG.search(line)
+        glog = GLOG.search(read[index])
         if glog and glog.group(1) == "F":
             findings.append(Finding("native_fatal", index + 1, line, FATAL))
-        elif _native_error(body, line):
+        elif _native_error(body, read[index]):
             known = HEALTHY_NATIVE.search(line)
             severity = FATAL if stops_after(index) and not known else WARNING
             detail = "the process does not go on after it" if severity == FATAL else ""
             findings.append(Finding("native_error", index + 1, line, severity, detail))
-        if STACK_DUMP.search(line):
+        if STACK_DUMP.search(read[index]):
             severity = FATAL if stops_after(index) else WARNING
             detail = "a stack dump, then silence" if severity == FATAL else ""
             findings.append(Finding("stack_dump", index + 1, line, severity, detail))
