@@ -55,6 +55,7 @@ from servesweep.cluster.transport import LocalTransport
 from servesweep.config.load import load_experiment
 from servesweep.config.matrix import cell_repeats
 from servesweep.config.paths import RunPaths
+from servesweep.core import gpufile
 from servesweep.measure import provenance
 from servesweep.measure.loadgen.metrics import RequestResult, build_record, record_line
 
@@ -161,7 +162,7 @@ def write_run(*, workdir: Path, config: dict[str, Any], requests: int) -> tuple[
     before = telemetry.take_snapshot(transport=LocalTransport(), nodes=["local"], phase="before")
     after = telemetry.take_snapshot(transport=LocalTransport(), nodes=["local"], phase="after")
     template = workdir / "gpu-template.csv"
-    telemetry.write_snapshot(template, before + after)
+    gpufile.write_snapshot(template, before + after)
     gpu_bytes = template.read_bytes()
     rng = np.random.default_rng(7)
     cells = cell_repeats(exp)

@@ -46,6 +46,7 @@ from _common import SMOKE_DIR, Check, check_rows, verdict
 from servesweep.analysis import gpufigures
 from servesweep.cluster import gpusampling
 from servesweep.cluster.transport import LocalTransport
+from servesweep.core import gpufile
 from servesweep.core.files import write_text_atomic
 
 NODE = "local"
@@ -112,8 +113,8 @@ def phase_windows(
 
 
 def sample_times(rows: list[dict]) -> list[float]:
-    samples = [r for r in rows if r.get("phase") == gpusampling.PHASE_SAMPLE and r.get("timestamp")]
-    return [gpusampling.parse_timestamp(str(r["timestamp"])) for r in samples]
+    samples = [r for r in rows if r.get("phase") == gpufile.PHASE_SAMPLE and r.get("timestamp")]
+    return [gpufile.parse_timestamp(str(r["timestamp"])) for r in samples]
 
 
 def phase_figures(rows: list[dict], start: float, end: float) -> dict:

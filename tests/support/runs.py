@@ -11,6 +11,7 @@ from servesweep.cluster import telemetry
 from servesweep.config.load import load_experiment, load_experiment_file
 from servesweep.config.matrix import cell_repeats
 from servesweep.config.paths import RunPaths
+from servesweep.core import gpufile
 from servesweep.measure.records import write_record
 
 REPO = Path(__file__).resolve().parents[2]
@@ -113,7 +114,7 @@ def make_run(root: Path, exp, *, base: Path = REC_0523, backend=None) -> RunPath
     rec = template(base)
     for cell in cell_repeats(exp):
         write_record(paths.raw(cell), cell_record(cell, rec, backend))
-        telemetry.write_snapshot(paths.gpu(cell), snapshot)
+        gpufile.write_snapshot(paths.gpu(cell), snapshot)
     return paths
 
 

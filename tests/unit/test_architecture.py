@@ -154,3 +154,16 @@ def test_the_snakefile_loads_without_pandas_or_numpy():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_the_analysis_reads_files_not_the_cluster():
+    """The analysis reads the run's files through their formats (core.gpufile, measure.records,
+    measure.probefile, core.events), never the modules that reach nodes and servers."""
+    reach = sorted(
+        f"{name} -> {dep}"
+        for name, deps in GRAPH.items()
+        if name.startswith("servesweep.analysis")
+        for dep in deps
+        if layer_of(dep) in (LAYERS.index("cluster"), LAYERS.index("serving"))
+    )
+    assert reach == []

@@ -16,14 +16,13 @@ import pytest
 import yaml
 
 from servesweep.cluster.access import open_cluster
-from servesweep.cluster.gpusampling import parse_timestamp
-from servesweep.cluster.telemetry import read_snapshot
 from servesweep.config.load import load_experiment
 from servesweep.config.matrix import cell_repeats, image_key, workload_key
 from servesweep.config.paths import RunPaths
 from servesweep.config.schema import SaturationConfig
 from servesweep.core.errors import CellFailed, ClientError, ConfigError, PreflightFailed
 from servesweep.core.events import read_events
+from servesweep.core.gpufile import parse_timestamp, read_snapshot
 from servesweep.measure import provenance
 from servesweep.measure.cells import (
     _check_client,

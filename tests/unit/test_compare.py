@@ -27,6 +27,7 @@ from servesweep.cluster import telemetry
 from servesweep.config.load import load_experiment_file
 from servesweep.config.matrix import CellRepeat, cell_repeats
 from servesweep.config.paths import RunPaths
+from servesweep.core import gpufile
 from servesweep.measure.records import write_record
 from tests.helpers import REPO, experiment_file
 
@@ -97,7 +98,7 @@ def write_run(
     cells = cell_repeats(exp)
     for cell in cells:
         write_record(paths.raw(cell), detailed_record(rng, scale=scale(cell)))
-        telemetry.write_snapshot(paths.gpu(cell), snapshot)
+        gpufile.write_snapshot(paths.gpu(cell), snapshot)
     results, requests = collect_results(
         run_id=run_id,
         cells=cells,

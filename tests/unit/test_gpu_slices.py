@@ -21,6 +21,7 @@ from servesweep.config.experiment import gpu_shared_by, start_waves
 from servesweep.config.load import load_experiment
 from servesweep.config.matrix import cell_repeats, server_specs
 from servesweep.config.paths import RunPaths
+from servesweep.core import gpufile
 from servesweep.core.errors import ConfigError, PreflightFailed
 from servesweep.measure import cells
 from servesweep.serving.engines import rank_commands
@@ -324,7 +325,7 @@ def _smi_rows(node: str, phase: str, capture: str) -> list[dict]:
 
 def _samples(node: str) -> list[dict]:
     """The recorded H200 loop series as node `node`'s samples."""
-    meta = {"node": node, "phase": telemetry.PHASE_SAMPLE, "status": "ok", "detail": ""}
+    meta = {"node": node, "phase": gpufile.PHASE_SAMPLE, "status": "ok", "detail": ""}
     return [{**meta, **r} for r in telemetry.parse_with_header(SERIES.read_text())]
 
 
@@ -333,8 +334,8 @@ def test_a_shared_gpu_is_one_gpu_in_the_cells_file_and_figures() -> None:
     GPU, recorded on 2026-12-07: gpu_count 2, energy twice). The cell keeps it once."""
     exp = load_experiment(one_gpu_pd(), {})
     window = gpusampling.window_rows(
-        gpusampling.parse_timestamp("2026/12/01 14:13:40.000"),
-        gpusampling.parse_timestamp("2026/12/01 14:13:58.000"),
+        gpufile.parse_timestamp("2026/12/01 14:13:40.000"),
+        gpufile.parse_timestamp("2026/12/01 14:13:58.000"),
     )
     both = [
         *(

@@ -16,6 +16,7 @@ import pytest
 from servesweep.analysis import gpufigures
 from servesweep.cluster import gpusampling, telemetry
 from servesweep.cluster.transport import CommandResult, LocalTransport
+from servesweep.core import gpufile
 from tests.helpers import wait_until
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -28,19 +29,17 @@ CAPTURE = Path(
 
 def series_rows(node: str = "n1") -> list[dict]:
     """The recorded series as sample rows of one node (as the loop's rows would be)."""
-    meta = {"node": node, "phase": telemetry.PHASE_SAMPLE, "status": "ok", "detail": ""}
+    meta = {"node": node, "phase": gpufile.PHASE_SAMPLE, "status": "ok", "detail": ""}
     return [{**meta, **r} for r in telemetry.parse_with_header(SERIES.read_text())]
 
 
 def window(start: str, end: str) -> list[dict]:
-    return gpusampling.window_rows(
-        gpusampling.parse_timestamp(start), gpusampling.parse_timestamp(end)
-    )
+    return gpusampling.window_rows(gpufile.parse_timestamp(start), gpufile.parse_timestamp(end))
 
 
 def test_timestamps_round_trip():
-    t = gpusampling.parse_timestamp("2026/12/01 14:13:27.970")
-    assert gpusampling.format_timestamp(t) == "2026/12/01 14:13:27.970"
+    t = gpufile.parse_timestamp("2026/12/01 14:13:27.970")
+    assert gpufile.format_timestamp(t) == "2026/12/01 14:13:27.970"
 
 
 def test_energy_is_the_hand_computed_trapezoid_over_the_recorded_capture():
@@ -278,7 +277,7 @@ def test_real_gpu_capture_rises_and_falls_with_the_load():
     def loaded_power(index: float) -> float:
         return max(
             (r["power_draw_w"] for r in every if r["index"] == index
-             and load_s[0] <= gpusampling.parse_timestamp(r["timestamp"]) <= load_s[1]),
+             and load_s[0] <= gpufile.parse_timestamp(r["timestamp"]) <= load_s[1]),
             default=0.0,
         )  # fmt: skip
 
@@ -289,8 +288,7 @@ def test_real_gpu_capture_rises_and_falls_with_the_load():
         values = [
             r[column]
             for r in rows
-            if start <= gpusampling.parse_timestamp(r["timestamp"]) <= end
-            and not math.isnan(r[column])
+            if start <= gpufile.parse_timestamp(r["timestamp"]) <= end and not math.isnan(r[column])
         ]
         assert values, f"no samples between {start} and {end}"
         return sum(values) / len(values)
@@ -310,8 +308,8 @@ def test_real_gpu_capture_rises_and_falls_with_the_load():
 def _ahead(rows: list[dict], seconds: float) -> list[dict]:
     """The rows as a node whose clock is `seconds` ahead of the workflow host stamps them."""
     return [
-        r | {"timestamp": gpusampling.format_timestamp(
-            gpusampling.parse_timestamp(r["timestamp"]) + seconds)}
+        r | {"timestamp": gpufile.format_timestamp(
+            gpufile.parse_timestamp(r["timestamp"]) + seconds)}
         for r in rows
     ]  # fmt: skip
 
@@ -354,9 +352,9 @@ def test_each_cell_measures_the_node_clocks_and_flags_an_offset_over_the_interva
     assert lines[0] in caplog.text
     # the rows round-trip through a GPU file (the offset is a column of its own)
     assert (
-        telemetry.parse_snapshot("node,phase,status,detail,clock_offset_s\nfast,clock,ok,,2.5\n")[
-            0
-        ]["clock_offset_s"]
+        gpufile.parse_snapshot("node,phase,status,detail,clock_offset_s\nfast,clock,ok,,2.5\n")[0][
+            "clock_offset_s"
+        ]
         == 2.5
     )
 
@@ -382,7 +380,7 @@ def test_a_node_clock_that_cannot_be_read_is_flagged_never_taken_as_zero():
         "n1": "cannot read the clock of node n1: date: not found"
     }
     found = gpufigures.gpu_figures(snapshot + skewed + unread + span)
-    assert found["gpu_status"] == telemetry.STATUS_CLOCK_UNMEASURED == "clock-unmeasured"
+    assert found["gpu_status"] == gpufile.STATUS_CLOCK_UNMEASURED == "clock-unmeasured"
     for column in gpufigures.WINDOW_FIGURES:
         assert pd_isna(found[column]), column
     assert found["gpu_count"] == 1 and found["gpu_source"] == "measured"

@@ -15,6 +15,7 @@ import pytest
 from servesweep.analysis import gpufigures
 from servesweep.cluster import telemetry
 from servesweep.cluster.transport import CommandResult, LocalTransport
+from servesweep.core import gpufile
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 RECORDED = DATA / "nvidia-smi"
@@ -64,7 +65,7 @@ def without(rows: list[dict], *keys: str) -> list[dict]:
 def test_query_fields_are_the_recorded_query():
     readme = (RECORDED / "README.md").read_text()
     recorded = re.search(r"--query-gpu=([a-z_.,\s]+)", readme).group(1)  # the first query
-    assert list(telemetry.QUERY_FIELDS) == re.sub(r"\s+", "", recorded).split(",")
+    assert list(gpufile.QUERY_FIELDS) == re.sub(r"\s+", "", recorded).split(",")
     cmd = telemetry.snapshot_command()
     assert cmd.startswith("nvidia-smi --query-gpu=timestamp,index,uuid,")
     assert cmd.endswith(",clocks.sm,clocks.mem,pstate --format=csv,noheader,nounits")
@@ -136,7 +137,7 @@ def test_snapshot_with_fake_nvidia_smi_on_path(tmp_path, monkeypatch):
     rows = telemetry.take_snapshot(
         transport=LocalTransport(), nodes=["local"], phase="before", timeout=30
     )
-    assert [list(r) for r in rows] == [list(telemetry.SNAPSHOT_COLUMNS)] * 8
+    assert [list(r) for r in rows] == [list(gpufile.SNAPSHOT_COLUMNS)] * 8
     assert {(r["node"], r["phase"], r["status"]) for r in rows} == {("local", "before", "ok")}
     assert [r["index"] for r in rows] == list(range(8))
     assert sum(r["memory_total_mib"] for r in rows) == 8 * 143771
@@ -146,7 +147,7 @@ def test_snapshot_frame_types():
     rows = telemetry.node_rows(CommandResult("n", "c", 0, IDLE_8.read_text(), ""), phase="after")
     rows += telemetry.node_rows(CommandResult("m", "c", 127, "", "not found"), phase="after")
     df = telemetry.snapshot_frame(rows)
-    assert list(df.columns) == list(telemetry.SNAPSHOT_COLUMNS)
+    assert list(df.columns) == list(gpufile.SNAPSHOT_COLUMNS)
     assert df["power_limit_w"].dtype == "float64"
     assert str(df["index"].dtype) == "Int64"
     assert str(df["name"].dtype) == "string" and pd.isna(df["name"].iloc[8])
@@ -160,10 +161,10 @@ def test_snapshot_without_nvidia_smi_is_unavailable_not_invented(tmp_path, monke
     (row,) = telemetry.take_snapshot(
         transport=LocalTransport(), nodes=["local"], phase="after", timeout=30
     )
-    assert list(row) == list(telemetry.SNAPSHOT_COLUMNS)
+    assert list(row) == list(gpufile.SNAPSHOT_COLUMNS)
     assert row["status"] == "unavailable"
     assert row["detail"] == "nvidia-smi not found on node local"
-    values = [row[telemetry.COLUMNS[f]] for f in telemetry.QUERY_FIELDS]
+    values = [row[gpufile.COLUMNS[f]] for f in gpufile.QUERY_FIELDS]
     assert all(v is None or math.isnan(v) for v in values)
 
 
@@ -221,23 +222,23 @@ def test_mixed_nodes_and_round_trip(tmp_path):
     after = telemetry.take_snapshot(transport=transport, nodes=["a", "b"], phase="after")
     both = before + after
     path = tmp_path / "gpu" / "cell" / "r1.csv"
-    telemetry.write_snapshot(path, both)
+    gpufile.write_snapshot(path, both)
     assert [p.name for p in path.parent.iterdir()] == ["r1.csv"]  # no temp file left
     lines = path.read_text().splitlines()
-    assert lines[0] == ",".join(telemetry.SNAPSHOT_COLUMNS)
+    assert lines[0] == ",".join(gpufile.SNAPSHOT_COLUMNS)
     # The node without nvidia-smi: status and reason, every value empty.
     b_line = next(line for line in lines if line.startswith("b,before,"))
     assert (
         b_line == "b,before,unavailable,nvidia-smi not found on node b" + "," * 18
     )  # 17 query fields, clock_offset_s
-    back = telemetry.read_snapshot(path)
+    back = gpufile.read_snapshot(path)
     assert back[:8] == before[:8]  # the GPU rows read back equal (none has a missing value)
     pd.testing.assert_frame_equal(telemetry.snapshot_frame(back), telemetry.snapshot_frame(both))
     # A typed frame's records (numpy floats, pandas' NA) write the same values.
     again = tmp_path / "again.csv"
-    telemetry.write_snapshot(again, telemetry.snapshot_frame(both).to_dict("records"))
+    gpufile.write_snapshot(again, telemetry.snapshot_frame(both).to_dict("records"))
     pd.testing.assert_frame_equal(
-        telemetry.snapshot_frame(telemetry.read_snapshot(again)), telemetry.snapshot_frame(both)
+        telemetry.snapshot_frame(gpufile.read_snapshot(again)), telemetry.snapshot_frame(both)
     )
 
     figures = gpufigures.snapshot_figures(back)
@@ -292,9 +293,9 @@ def test_unknown_phase_is_refused():
 
 # ---------------------------------------------------------------- snapshot files
 
-HEADER = ",".join(telemetry.SNAPSHOT_COLUMNS)
-EMPTY_VALUES = "," * (len(telemetry.COLUMNS) - 1)
-N = len(telemetry.SNAPSHOT_COLUMNS)  # 22: META_COLUMNS, the query fields, clock_offset_s
+HEADER = ",".join(gpufile.SNAPSHOT_COLUMNS)
+EMPTY_VALUES = "," * (len(gpufile.COLUMNS) - 1)
+N = len(gpufile.SNAPSHOT_COLUMNS)  # 22: META_COLUMNS, the query fields, clock_offset_s
 
 
 def snapshot_text(*rows: str, header: str = HEADER) -> str:
@@ -305,15 +306,15 @@ def test_parse_snapshot_types_ok_unavailable_and_na_values():
     load = LOAD_8.read_text().splitlines()[0]  # one GPU of the recorded 8-GPU output
     gpu = ",".join(v.strip() for v in load.split(","))
     na_power = gpu.split(",")
-    na_power[telemetry.QUERY_FIELDS.index("power.draw")] = "[N/A]"
-    rows = telemetry.parse_snapshot(
+    na_power[gpufile.QUERY_FIELDS.index("power.draw")] = "[N/A]"
+    rows = gpufile.parse_snapshot(
         snapshot_text(
             f"a,after,ok,,{gpu},",  # no clock_offset_s: a snapshot row
             f"a,after,ok,,{','.join(na_power)},",
             f"b,after,unavailable,nvidia-smi not found on node b,{EMPTY_VALUES}",
         )
     )
-    assert [list(r) for r in rows] == [list(telemetry.SNAPSHOT_COLUMNS)] * 3
+    assert [list(r) for r in rows] == [list(gpufile.SNAPSHOT_COLUMNS)] * 3
     ok, na, gone = rows
     assert ok["detail"] == "" and ok["status"] == "ok"
     assert ok["index"] == 0.0 and isinstance(ok["memory_used_mib"], float)
@@ -335,11 +336,11 @@ def test_parse_snapshot_unknown_absent_columns_and_blank_lines():
         "",
         header="node,phase,status,detail,index,memory_used_mib,extra",
     )
-    (row,) = telemetry.parse_snapshot(text)
-    assert "extra" not in row and list(row) == list(telemetry.SNAPSHOT_COLUMNS)
+    (row,) = gpufile.parse_snapshot(text)
+    assert "extra" not in row and list(row) == list(gpufile.SNAPSHOT_COLUMNS)
     assert (row["index"], row["memory_used_mib"]) == (3.0, 5000.0)
     assert row["uuid"] is None and math.isnan(row["power_draw_w"])
-    assert telemetry.parse_snapshot(HEADER + "\n") == []
+    assert gpufile.parse_snapshot(HEADER + "\n") == []
 
 
 @pytest.mark.parametrize(
@@ -356,14 +357,14 @@ def test_parse_snapshot_unknown_absent_columns_and_blank_lines():
 )
 def test_parse_snapshot_malformed_rows_are_errors(text, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        telemetry.parse_snapshot(text)
+        gpufile.parse_snapshot(text)
 
 
 def test_read_snapshot_names_the_file(tmp_path):
     path = tmp_path / "r1.csv"
     path.write_text(snapshot_text("a,after,ok"))
     with pytest.raises(ValueError, match=re.escape(f"GPU snapshot {path}: row 1: 3 values")):
-        telemetry.read_snapshot(path)
+        gpufile.read_snapshot(path)
 
 
 def test_gpu_figures_of_frame_records_with_missing_values():

@@ -7,8 +7,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from servesweep.cluster.gpusampling import parse_timestamp
-from servesweep.cluster.telemetry import (
+from servesweep.core.gpufile import (
     PHASE_CLOCK,
     PHASE_SAMPLE,
     PHASE_WINDOW_END,
@@ -21,6 +20,7 @@ from servesweep.cluster.telemetry import (
     STATUS_SIMULATED,
     STATUS_UNAVAILABLE,
     number_of,
+    parse_timestamp,
     text_of,
 )
 

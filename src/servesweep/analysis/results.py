@@ -17,7 +17,6 @@ from servesweep.analysis import figures, stats
 from servesweep.analysis.gpufigures import GPU_COLUMNS, gpu_figures, unmeasured_clocks
 from servesweep.analysis.tablecsv import runs_csv_text
 from servesweep.analysis.tables import read_requests_csv, read_results_csv  # noqa: F401
-from servesweep.cluster import telemetry
 from servesweep.config.experiment import gpu_shared_by
 from servesweep.config.matrix import CellRepeat
 from servesweep.config.schema import (
@@ -27,13 +26,20 @@ from servesweep.config.schema import (
     SloConfig,
     Workload,
 )
+from servesweep.core import gpufile
 from servesweep.core.errors import CellFailed
 from servesweep.core.files import atomic_open
 from servesweep.core.parallel import map_chunks
 from servesweep.measure import isolation, provenance, validation
 from servesweep.measure.loadgen import selfcheck, usage
-from servesweep.measure.records import START_KEY, START_PHASES, BenchRecord, read_record
-from servesweep.serving import evidence
+from servesweep.measure.records import (
+    EVIDENCE_COLUMN_PREFIX,
+    EVIDENCE_KEY,
+    START_KEY,
+    START_PHASES,
+    BenchRecord,
+    read_record,
+)
 
 log = logging.getLogger(__name__)
 # Per-request TTFT, E2E, TPOT (ms) of one cell-repeat (stats.request_figures); None: none.
@@ -264,12 +270,12 @@ def hygiene_columns(record: BenchRecord) -> dict[str, Any]:
     (`evidence_<name>`)."""
     extra = record.model_extra or {}
     flushed = extra.get(isolation.CACHE_FLUSHED_KEY)
-    counts = extra.get(evidence.KEY) or {}
+    counts = extra.get(EVIDENCE_KEY) or {}
     started = extra.get(START_KEY) or {}
     return {
         "cache_flushed": math.nan if flushed is None else bool(flushed),
         **{f"start_{phase}": started.get(phase, math.nan) for phase in START_PHASES},
-        **{f"{evidence.COLUMN_PREFIX}{name}": int(n) for name, n in counts.items()},
+        **{f"{EVIDENCE_COLUMN_PREFIX}{name}": int(n) for name, n in counts.items()},
     }
 
 
@@ -293,14 +299,14 @@ def cell_gpu(path: Path, *, cell: CellRepeat, shared_by: str = "") -> dict[str, 
     one cut short `incomplete`; a malformed one is CellFailed naming the cell and the file.
     `shared_by`: the roles of its server set that share a GPU (gpu_figures)."""
     try:
-        rows = telemetry.read_snapshot(path)
+        rows = gpufile.read_snapshot(path)
     except FileNotFoundError:
         log.warning("cell %s: no GPU snapshot %s", cell.key, path)
         return {**gpu_figures([], shared_by=shared_by), "gpu_status": "missing"}
     except ValueError as exc:  # names the file
         raise CellFailed(f"cell {cell.key}: {exc}; delete {path} to rerun the cell") from None
     found = gpu_figures(rows, shared_by=shared_by)
-    if found["gpu_status"] == telemetry.STATUS_INCOMPLETE:
+    if found["gpu_status"] == gpufile.STATUS_INCOMPLETE:
         log.warning(
             "cell %s: GPU snapshot %s is cut short (its before and after rows do not pair up): "
             "GPU figures left blank; delete it to rerun the cell",
@@ -308,7 +314,7 @@ def cell_gpu(path: Path, *, cell: CellRepeat, shared_by: str = "") -> dict[str, 
             path,
         )
     unread = unmeasured_clocks(rows)
-    if found["gpu_status"] == telemetry.STATUS_CLOCK_UNMEASURED:
+    if found["gpu_status"] == gpufile.STATUS_CLOCK_UNMEASURED:
         why = "; ".join(f"node {node}: {detail}" for node, detail in unread.items())
         log.warning(
             "cell %s: GPU snapshot %s: a sampled node's clock could not be read (%s), so its "
@@ -486,7 +492,7 @@ def collect_results(
     stale = [s for _, _, found in read_rows for s in found]
     provenance.check_current(stale)
     columns = result_columns(server_axes, client_axes)
-    found = dict.fromkeys(k for row in rows for k in row if k.startswith(evidence.COLUMN_PREFIX))
+    found = dict.fromkeys(k for row in rows for k in row if k.startswith(EVIDENCE_COLUMN_PREFIX))
     df = pd.DataFrame(rows, columns=[*columns, *found])
     for col in (*INTEGER_METRICS, "gpu_count"):
         df[col] = pd.to_numeric(df[col]).astype("Int64")

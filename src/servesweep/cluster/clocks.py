@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from servesweep.cluster.telemetry import PHASE_CLOCK, STATUS_OK, STATUS_UNAVAILABLE
+from servesweep.core.gpufile import PHASE_CLOCK, STATUS_OK, STATUS_UNAVAILABLE
 
 if TYPE_CHECKING:
     from servesweep.cluster.transport import Transport

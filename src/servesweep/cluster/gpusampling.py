@@ -11,16 +11,20 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from servesweep.cluster import telemetry
 from servesweep.cluster.runtime import node_dir_prep
-from servesweep.cluster.telemetry import (
+from servesweep.core.gpufile import (
     PHASE_SAMPLE,
     PHASE_WINDOW_END,
     PHASE_WINDOW_START,
+    STATUS_OK,
     STATUS_SIMULATED,
+    STATUS_UNAVAILABLE,
+    format_timestamp,
+    parse_timestamp,
+    text_of,
 )
 
 if TYPE_CHECKING:
@@ -45,8 +49,6 @@ SAMPLE_FIELDS: tuple[str, ...] = (
     "temperature.gpu",
     "pstate",
 )
-# nvidia-smi's timestamp; the loop runs with TZ=UTC, so it is UTC.
-TIMESTAMP_FORMAT = "%Y/%m/%d %H:%M:%S.%f"
 # The simulated curve: idle and loaded power of the recorded H200 series (79 W, 692 W, limit
 # 700 W); busy = 1 - 0.5**requests held (a monotone curve of the load, not a power model).
 SIM_IDLE_W = 79.3
@@ -54,16 +56,6 @@ SIM_LOADED_W = 691.9
 SIM_LIMIT_W = 700.0
 SIM_MIN_INTERVAL_S = 0.02
 STOP_TIMEOUT_S = 60.0
-
-
-def format_timestamp(epoch_s: float) -> str:
-    """An epoch time as nvidia-smi prints its timestamp (UTC, milliseconds)."""
-    return datetime.fromtimestamp(epoch_s, UTC).strftime(TIMESTAMP_FORMAT)[:-3]
-
-
-def parse_timestamp(text: str) -> float:
-    """nvidia-smi's `2026/12/01 14:13:27.970` (printed with TZ=UTC) as epoch seconds."""
-    return datetime.strptime(text.strip(), TIMESTAMP_FORMAT).replace(tzinfo=UTC).timestamp()
 
 
 def loop_command(*, interval_ms: int, out: str, max_s: int) -> str:
@@ -103,10 +95,10 @@ def parse_loop_output(text: str, *, node: str) -> list[dict[str, Any]]:
     lines = text.splitlines(keepends=True)
     if lines and not lines[-1].endswith("\n"):
         lines = lines[:-1]
-    meta = {"node": node, "phase": PHASE_SAMPLE, "status": telemetry.STATUS_OK, "detail": ""}
+    meta = {"node": node, "phase": PHASE_SAMPLE, "status": STATUS_OK, "detail": ""}
     gpus = telemetry.parse_noheader("".join(lines), fields=SAMPLE_FIELDS)
     for gpu in gpus:
-        parse_timestamp(telemetry.text_of(gpu.get("timestamp")))
+        parse_timestamp(text_of(gpu.get("timestamp")))
     return [{**meta, **gpu} for gpu in gpus]
 
 
@@ -114,7 +106,7 @@ def _unavailable(node: str, detail: str) -> dict[str, Any]:
     return {
         "node": node,
         "phase": PHASE_SAMPLE,
-        "status": telemetry.STATUS_UNAVAILABLE,
+        "status": STATUS_UNAVAILABLE,
         "detail": detail,
     }
 

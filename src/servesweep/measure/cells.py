@@ -17,6 +17,7 @@ from servesweep.cluster import clocks, gpusampling, http, telemetry
 from servesweep.config.experiment import Experiment
 from servesweep.config.matrix import CellRepeat, ServerSpec, client_specs, derived_seed
 from servesweep.config.paths import RunPaths
+from servesweep.core import gpufile
 from servesweep.core.errors import (
     CellFailed,
     ClientError,
@@ -35,7 +36,7 @@ from servesweep.measure.client import (
     run_client,
 )
 from servesweep.measure.loadgen import selfcheck, usage
-from servesweep.measure.records import START_KEY, BenchRecord, write_record
+from servesweep.measure.records import EVIDENCE_KEY, START_KEY, BenchRecord, write_record
 from servesweep.serving import evidence
 from servesweep.serving.engines import ROUTER_ROLE
 from servesweep.serving.servers import ServerManager
@@ -147,11 +148,11 @@ def warn_gpu_gaps(rows: list[dict[str, object]], *, paths: RunPaths, cell: str) 
     nvidia-smi not found): a warning in the first cell's log, kept in RunPaths.gpu_gap.
     Every cell's gpu/*.csv keeps its `unavailable` rows. A node the sim's curve covers (its
     samples `simulated`) has its figures: its snapshots' gap (no nvidia-smi) is no warning."""
-    simulated = {str(r["node"]) for r in rows if r.get("status") == telemetry.STATUS_SIMULATED}
+    simulated = {str(r["node"]) for r in rows if r.get("status") == gpufile.STATUS_SIMULATED}
     gaps = {
         (str(r["node"]), str(r["detail"]))
         for r in rows
-        if r.get("status") == telemetry.STATUS_UNAVAILABLE and str(r["node"]) not in simulated
+        if r.get("status") == gpufile.STATUS_UNAVAILABLE and str(r["node"]) not in simulated
     }
     for node, detail in sorted(gaps):
         marker = paths.gpu_gap(node, detail)
@@ -329,13 +330,13 @@ def run_cell(
             {
                 **record.model_dump(),
                 provenance.KEY: provenance.measured_with(exp, cell),
-                evidence.KEY: counts,
+                EVIDENCE_KEY: counts,
                 isolation.CACHE_FLUSHED_KEY: flushed,
                 ENGINE_KEY: engine_label(exp),
                 START_KEY: state.start_phases,
             }
         )
-        _write(gpu_out, lambda: telemetry.write_snapshot(gpu_out, snapshot), written)
+        _write(gpu_out, lambda: gpufile.write_snapshot(gpu_out, snapshot), written)
         _write(raw_out, lambda: write_record(raw_out, record), written)
         # Inside too: a full disk while logging it removes the files and names the cell.
         events.emit(

@@ -17,6 +17,10 @@ from servesweep.core.files import restore_non_finite, strict_json, write_text_at
 # serving.logscan.startup_phases), under this key of the record; results.csv `start_<phase>`.
 START_KEY = "server_start"
 START_PHASES = ("ready_s", "imports_s", "load_weight_s", "cuda_graph_s", "warmup_s")
+# run_cell's per-cell log evidence counts (serving.evidence) under this key of the record;
+# results.csv: one `evidence_<name>` column each.
+EVIDENCE_KEY = "servesweep_evidence"
+EVIDENCE_COLUMN_PREFIX = "evidence_"
 
 
 class BenchRecord(BaseModel):

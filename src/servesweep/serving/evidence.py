@@ -11,10 +11,6 @@ from servesweep.config.guesses import guessed
 from servesweep.config.schema import EvidencePattern
 from servesweep.core.errors import CellFailed
 
-# The raw record's key holding the cell's counts (results.csv: one `evidence_<name>` column).
-KEY = "servesweep_evidence"
-COLUMN_PREFIX = "evidence_"
-
 
 @dataclass(frozen=True)
 class RankLog:
@@ -84,8 +80,3 @@ def enforced(
     """The patterns a cell must meet: a guessed one (`evidence.<name>` in `guesses`) is
     counted and reported, never enforced, until the site confirms it."""
     return {name: p for name, p in patterns.items() if not guessed(guesses, f"evidence.{name}")}
-
-
-def columns(patterns: Mapping[str, EvidencePattern]) -> list[str]:
-    """results.csv columns of the per-cell counts."""
-    return [f"{COLUMN_PREFIX}{name}" for name in patterns]
