@@ -517,6 +517,27 @@ def test_the_image_contract_records_the_difference_to_the_base_and_fails_on_a_br
     assert "breaks runtime.build.contract against its base phase4:base" in text
     assert "package sgl-kernel changed 0.3.20 -> 0.3.21" in text
     assert "3 sglang files differ, the contract says 2" in text
+    # A guessed file count (seed 003's) is recorded, not enforced; a package breach still is.
+    guessed = load_experiment(
+        {**exp.model_dump(mode="json"), "guesses": ["runtime.build.contract.sglang_files_changed"]},
+        {},
+    )
+    three_files = _site_packages(
+        tmp_path / "three",
+        sglang={**files, "srt/a.py": "a2", "srt/b.py": "b2", "srt/c.py": "c2"},
+        dists={**dists, "flashinfer-python": "0.6.1+patched"},
+    )
+    monkeypatch.setenv("FAKE_DOCKER_TREES", json.dumps({**paths, "img:test": str(three_files)}))
+    evidence = build_image(
+        exp=guessed, node="n1", runtime=_runtime(guessed), log=tmp_path / "c.log", owner=OWNER
+    )
+    (note,) = evidence["contract"]["guessed_breaches"]
+    assert note.startswith("3 sglang files differ, the contract says 2")
+    monkeypatch.setenv("FAKE_DOCKER_TREES", json.dumps({**paths, "img:test": str(newer_kernel)}))
+    with pytest.raises(SmokeFailed, match="package sgl-kernel changed 0.3.20 -> 0.3.21"):
+        build_image(
+            exp=guessed, node="n1", runtime=_runtime(guessed), log=tmp_path / "d.log", owner=OWNER
+        )
 
 
 class _UnreachableRuntime(DockerRuntime):

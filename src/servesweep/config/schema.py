@@ -266,9 +266,14 @@ class ImageContract(Strict):
     # The image compared against: default runtime.build.base.image, else the last FROM of
     # runtime.build.dockerfile (read on the node).
     base: str | None = None
-    # Distributions whose version may differ (normalized names, e.g. flashinfer-python);
-    # any other added, removed or changed distribution is a breach (sgl-kernel included).
+    # Distributions the base has whose version may differ (e.g. flashinfer-python: seed 000's
+    # patched wheel 0.6.1 -> 0.6.1+sm120mxfp4); removing one stays a breach.
     packages_may_change: list[str] = Field(default_factory=list)
+    # Distributions the base lacks that the image may add (e.g. mooncake-transfer-engine:
+    # seed 003's Mooncake). Any other added, removed or changed distribution is a breach
+    # (sgl-kernel included). Names compare normalized (PEP 503: `Flashinfer_Python` is
+    # flashinfer-python).
+    packages_may_be_added: list[str] = Field(default_factory=list)
     # Exactly this many files under the sglang package differ (added, removed or changed);
     # null: any number (recorded only).
     sglang_files_changed: int | None = Field(default=None, ge=0)
