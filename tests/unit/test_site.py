@@ -63,7 +63,8 @@ def test_commands_warns_on_guesses_and_unresolved_aliases(
     assert "warning: evidence.p_kv_inflight = " in err[1] and "pd_standard.yaml" in err[1]
     assert "warning: engine.model_path = '/data/models/Kimi-K3' is a guess" in err[6]
     assert "rtx6000d.yaml" in err[6]
-    assert sum("is a guess" in line for line in err) == 11  # runtime.build.base too
+    # runtime.build.base and runtime.build.contract.sglang_files_changed too
+    assert sum("is a guess" in line for line in err) == 12
     aliases = [line for line in err if "no ssh alias resolves" in line]
     assert len(aliases) == 8 and "601:20000 would be used" in aliases[0]
 
