@@ -316,6 +316,10 @@ class RuntimeConfig(Strict):
     env: EnvMap = Field(default_factory=dict)
     build: ImageBuild | None = None
     smoke: list[str] = Field(default_factory=list)  # commands that must exit 0 in the image
+    # build_images runs each MoE runner the run chooses once on a node's GPU: SGLang's
+    # bench_one_batch on dummy weights of the model cut to this many layers (enough to reach an
+    # MoE layer: DeepSeek-style models keep their first layers dense); null: not run.
+    moe_smoke_layers: int | None = Field(default=None, ge=1)
     checks: list[ImageCheck] = Field(default_factory=list)
     # pyxis/apptainer: the image reference imported once into `image` (a path every node sees),
     # under a lock: `enroot import -o <image> <source>` / `apptainer pull <image> <source>`.
