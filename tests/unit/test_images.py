@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import subprocess
 import sys
 import textwrap
 import uuid
@@ -12,11 +14,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from servesweep.cluster import moekernel
 from servesweep.cluster.images import build_image, build_images, version_probe
 from servesweep.cluster.owner import Owner
 from servesweep.cluster.runtime import DockerRuntime
 from servesweep.cluster.transport import LocalTransport
-from servesweep.config.load import load_experiment
+from servesweep.config.load import load_experiment, load_experiment_file
 from servesweep.config.matrix import image_key
 from servesweep.core.errors import DOCTOR_HINT, SmokeFailed, Unreachable
 from servesweep.serving.engines import launch_targets
@@ -462,6 +465,128 @@ def test_the_pr_checks_read_the_symbols_the_prs_add_to_the_installed_sglang(
     assert evidence["checks"][0]["matched"] is False and evidence["checks"][0]["guess"]
 
 
+# A stand-in for SGLang's one-batch benchmark on a GPU without one runner's kernel: the run of
+# FAKE_MISSING_KERNEL fails as a CUDA kernel built without SM120 does; FAKE_DEAD_RANK exits 0
+# without a batch (a TP rank died, the parent does not say); others print rank 0's batch.
+FAKE_BENCH_ONE_BATCH = """import sys
+args = sys.argv[1:]
+backend = args[args.index("--moe-runner-backend") + 1]
+assert args[args.index("--load-format") + 1] == "dummy"
+if backend == __import__("os").environ.get("FAKE_MISSING_KERNEL"):
+    print("Traceback (most recent call last):")
+    print("torch.AcceleratorError: CUDA error: no kernel image is available for execution "
+          "on the device")
+    sys.exit(1)
+if backend == __import__("os").environ.get("FAKE_DEAD_RANK"):
+    sys.exit(0)
+print("Prefill. latency: 0.01000 s, throughput:     12800.00 token/s")
+"""
+
+
+def test_the_smoke_runs_each_chosen_moe_kernel_once_and_a_missing_one_fails_naming_it(
+    tmp_path: Path, docker: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """runtime.moe_smoke_layers: each MoE runner of the matrix runs once through SGLang's
+    bench_one_batch on dummy weights of the model cut to that many layers; a runner whose kernel
+    the GPU lacks fails build_image naming runner and GPU. Without a GPU (nvidia-smi absent,
+    as on CI) nothing runs and the evidence says so."""
+    pkgs = tmp_path / "pkgs"
+    (pkgs / "sglang").mkdir(parents=True)
+    (pkgs / "sglang" / "__init__.py").write_text('__version__ = "0.5.23"\n')
+    (pkgs / "sglang" / "benchmark").mkdir()
+    (pkgs / "sglang" / "benchmark" / "__init__.py").write_text("")
+    (pkgs / "sglang" / "benchmark" / "one_batch.py").write_text(FAKE_BENCH_ONE_BATCH)
+    monkeypatch.setenv("PYTHONPATH", str(pkgs))
+    raw = _exp(moe_smoke_layers=4).model_dump(mode="json")
+    exp = load_experiment(deep_update(raw, {"engine": {"kind": "sglang"}}), {})
+    # no GPU on this machine: said in the evidence, nothing run
+    monkeypatch.setenv(
+        "PATH",
+        os.pathsep.join(
+            p for p in os.environ["PATH"].split(os.pathsep) if not (Path(p) / "nvidia-smi").exists()
+        ),
+    )
+    evidence = build_image(
+        exp=exp, node="n1", runtime=_runtime(exp), log=tmp_path / "a.log", owner=OWNER
+    )
+    kernels = {k["backend"]: k for k in evidence["moe_kernels"]}
+    assert list(kernels) == ["marlin", "flashinfer_mxfp4"]
+    assert all(
+        k["ran"] is False and k["reason"].startswith("no GPU visible") for k in kernels.values()
+    )
+    command = kernels["flashinfer_mxfp4"]["command"]
+    assert " flashinfer_mxfp4 --model-path sim/Kimi-K3 --load-format dummy " in command
+    assert "--json-model-override-args '{\"num_hidden_layers\": 4}' --tp-size 8" in command
+    # an SM120 GPU, the flashinfer_mxfp4 kernel missing for it
+    smi = tmp_path / "gpu-bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text("#!/bin/sh\necho 'NVIDIA RTX PRO 6000 Blackwell Server Edition, 12.0'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{smi.parent}{os.pathsep}{os.environ['PATH']}")
+    evidence = build_image(
+        exp=exp, node="n1", runtime=_runtime(exp), log=tmp_path / "b.log", owner=OWNER
+    )
+    assert [(k["backend"], k["ran"], k["sm"], k["module"]) for k in evidence["moe_kernels"]] == [
+        ("marlin", True, "sm120", "sglang.benchmark.one_batch"),
+        ("flashinfer_mxfp4", True, "sm120", "sglang.benchmark.one_batch"),
+    ]
+    monkeypatch.setenv("FAKE_MISSING_KERNEL", "flashinfer_mxfp4")
+    with pytest.raises(SmokeFailed) as info:
+        build_image(exp=exp, node="n1", runtime=_runtime(exp), log=tmp_path / "c.log", owner=OWNER)
+    assert str(info.value).startswith(
+        "image img:test on node n1: the MoE kernel of runner 'flashinfer_mxfp4' does not run "
+        "(exit 1): MOE KERNEL FAILED: flashinfer_mxfp4 on NVIDIA RTX PRO 6000 Blackwell Server "
+        "Edition (sm120): exit 1; log "
+    )
+    assert "no kernel image is available" in (tmp_path / "c.log").read_text()
+    monkeypatch.setenv("FAKE_MISSING_KERNEL", "")
+    monkeypatch.setenv("FAKE_DEAD_RANK", "marlin")
+    with pytest.raises(SmokeFailed, match="MOE KERNEL FAILED: marlin on .*: exit 0, no prefill"):
+        build_image(exp=exp, node="n1", runtime=_runtime(exp), log=tmp_path / "e.log", owner=OWNER)
+    # the sim has no GPU kernel: its image runs none
+    sim = _exp(moe_smoke_layers=4)
+    assert (
+        build_image(exp=sim, node="n1", runtime=_runtime(sim), log=tmp_path / "d.log", owner=OWNER)[
+            "moe_kernels"
+        ]
+        == []
+    )
+
+
+@pytest.mark.contract
+def test_the_moe_kernel_runs_take_sglangs_own_server_arguments(staged_sglang: Path) -> None:
+    """SGLang 0.5.23's own ServerArgs parser takes the server arguments of every MoE kernel run
+    of both seeds; it leaves only the one-batch benchmark's own (its BenchArgs)."""
+    code = (
+        "import argparse, json, sys\n"
+        "from sglang.srt.server_args import ServerArgs\n"
+        "p = argparse.ArgumentParser()\n"
+        "ServerArgs.add_cli_args(p)\n"
+        "a, rest = p.parse_known_args(sys.argv[1:])\n"
+        "print(json.dumps([a.moe_runner_backend, a.load_format, a.tp_size, a.ep_size, rest]))\n"
+    )
+    seen = []
+    for name in ("moe_prefill_gate.yaml", "pd_standard.yaml"):
+        exp = load_experiment_file(REPO / "config" / "experiments" / name)
+        for run in moekernel.kernel_runs(exp):
+            args = shlex.split(run.command)[4:]  # after `python3 -c PROBE <runner>`
+            out = subprocess.run(
+                [sys.executable, "-c", code, *args],
+                capture_output=True,
+                text=True,
+                env=sglang_env(staged=staged_sglang),
+                check=True,
+            )
+            seen.append(json.loads(out.stdout.splitlines()[-1]))
+    bench = ["--batch-size", "1", "--input-len", "128", "--output-len", "1"]
+    assert seen == [
+        ["marlin", "dummy", 8, 8, bench],
+        ["flashinfer_mxfp4", "dummy", 8, 8, bench],
+        ["flashinfer_mxfp4", "dummy", 4, 4, bench],  # PD prefill: TP4/EP4
+        ["marlin", "dummy", 8, 8, bench],
+    ]
+
+
 def _site_packages(root: Path, *, sglang: dict[str, str], dists: dict[str, str]) -> Path:
     """A stand-in image's packages: the sglang package's files, and dist-info per package."""
     for rel, text in sglang.items():
@@ -517,6 +642,27 @@ def test_the_image_contract_records_the_difference_to_the_base_and_fails_on_a_br
     assert "breaks runtime.build.contract against its base phase4:base" in text
     assert "package sgl-kernel changed 0.3.20 -> 0.3.21" in text
     assert "3 sglang files differ, the contract says 2" in text
+    # A guessed file count (seed 003's) is recorded, not enforced; a package breach still is.
+    guessed = load_experiment(
+        {**exp.model_dump(mode="json"), "guesses": ["runtime.build.contract.sglang_files_changed"]},
+        {},
+    )
+    three_files = _site_packages(
+        tmp_path / "three",
+        sglang={**files, "srt/a.py": "a2", "srt/b.py": "b2", "srt/c.py": "c2"},
+        dists={**dists, "flashinfer-python": "0.6.1+patched"},
+    )
+    monkeypatch.setenv("FAKE_DOCKER_TREES", json.dumps({**paths, "img:test": str(three_files)}))
+    evidence = build_image(
+        exp=guessed, node="n1", runtime=_runtime(guessed), log=tmp_path / "c.log", owner=OWNER
+    )
+    (note,) = evidence["contract"]["guessed_breaches"]
+    assert note.startswith("3 sglang files differ, the contract says 2")
+    monkeypatch.setenv("FAKE_DOCKER_TREES", json.dumps({**paths, "img:test": str(newer_kernel)}))
+    with pytest.raises(SmokeFailed, match="package sgl-kernel changed 0.3.20 -> 0.3.21"):
+        build_image(
+            exp=guessed, node="n1", runtime=_runtime(guessed), log=tmp_path / "d.log", owner=OWNER
+        )
 
 
 class _UnreachableRuntime(DockerRuntime):

@@ -25,6 +25,7 @@ from servesweep.serving.preflight import (
     model_on_node,
     model_present,
     pd_agreement,
+    rdma_problems,
     run_preflight,
 )
 from servesweep.serving.servers import ServerManager
@@ -227,3 +228,110 @@ def test_a_slurm_image_is_read_by_build_images_not_the_nodes_python(tmp_path: Pa
     assert engine_versions(exp=pyxis, manager=m) == {}
     src, dst = raw["runtime"]["mounts"][0].split(":")[:2]
     assert model_on_node(pyxis) == src + pyxis.engine.model_path[len(dst.rstrip("/")) :]
+
+
+def _sysfs(
+    root: Path,
+    *,
+    ports: dict[str, tuple[str, dict[int, tuple[str, str]]]],
+    modules: tuple[str, ...] = (),
+    nvidia: str | None = None,
+    kallsyms: str = "",
+) -> str:
+    """A node's /sys and /proc as the RDMA probe reads them: per port `dev/port` its link
+    layer and GID table {index: (type, gid)}, loaded modules, the NVIDIA driver's version line,
+    /proc/kallsyms."""
+    for name, (link, gids) in ports.items():
+        dev, port = name.split("/")
+        p = root / "sys/class/infiniband" / dev / "ports" / port
+        (p / "gid_attrs/types").mkdir(parents=True)
+        (p / "gids").mkdir()
+        (p / "state").write_text("4: ACTIVE\n")
+        (p / "link_layer").write_text(f"{link}\n")
+        for i, (kind, gid) in gids.items():
+            (p / "gid_attrs/types" / str(i)).write_text(f"{kind}\n")
+            (p / "gids" / str(i)).write_text(f"{gid}\n")
+    for module in modules:
+        (root / "sys/module" / module).mkdir(parents=True)
+    (root / "proc/driver/nvidia").mkdir(parents=True)
+    if nvidia:
+        (root / "proc/driver/nvidia/version").write_text(f"NVRM version: {nvidia}\n")
+    (root / "proc/kallsyms").write_text(kallsyms)
+    return str(root)
+
+
+# What a kernel with DRM shows on any machine, GPU or not: dma-buf core symbols.
+DMA_BUF_CORE = "".join(
+    f"0000000000000000 T {s}\n" for s in ("dma_buf_export", "dma_buf_fd", "dma_buf_get")
+)
+ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
+
+
+def test_gpudirect_is_decided_by_peermem_or_the_nics_dma_buf_not_by_kallsyms(
+    tmp_path: Path,
+) -> None:
+    """A bare `dma_buf` in /proc/kallsyms (this machine's kernel has them, with no GPU and no
+    NIC) is no GPUDirect RDMA: nvidia_peermem loaded, or the NVIDIA open kernel module with a
+    NIC driver that registers dma-buf memory is. Each port says IB or RoCE (its RoCE v2 GID)."""
+    m = _manager(tmp_path)
+
+    def rdma(devices: list[str], root: str = "") -> tuple[list[str], str]:
+        """The problems but memlock (this machine's own), and what was seen."""
+        problems, seen = rdma_problems(m.exp, m, "local", devices, root=root)
+        return [p for p in problems if not p.startswith("memlock")], seen
+
+    assert subprocess.run(["grep", "-q", "dma_buf", "/proc/kallsyms"]).returncode == 0
+    problems, seen = rdma([])  # this machine's own kernel
+    assert any(p.startswith("no GPUDirect RDMA: nvidia_peermem not loaded") for p in problems)
+    assert "GPUDirect none" in seen
+
+    ib = {
+        "mlx5_0/1": ("InfiniBand", {0: ("IB/RoCE v1", "fe80:0000:0000:0000:0000:0000:0000:0001")})
+    }
+    root = _sysfs(
+        tmp_path / "drm-only",
+        ports=ib,
+        nvidia="NVIDIA UNIX x86_64 Kernel Module  570.1",
+        kallsyms=DMA_BUF_CORE,
+    )
+    problems, seen = rdma(["mlx5_0"], root)
+    assert (
+        problems[-1].startswith("no GPUDirect RDMA")
+        and "NIC driver dma-buf registration none" in problems[-1]
+    )
+    assert seen.startswith("mlx5_0/1 4:ACTIVE IB; GPUDirect none")
+
+    root = _sysfs(tmp_path / "peermem", ports=ib, modules=("nvidia_peermem",))
+    problems, seen = rdma(["mlx5_0"], root)
+    assert problems == []
+    assert "GPUDirect nvidia_peermem loaded" in seen
+
+    roce = {
+        "mlx5_1/1": (
+            "Ethernet",
+            {
+                0: ("IB/RoCE v1", "fe80:0000:0000:0000:0000:0000:0000:0002"),
+                1: ("RoCE v2", ZERO_GID),
+                3: ("RoCE v2", "0000:0000:0000:0000:0000:ffff:0a00:0001"),
+            },
+        )
+    }
+    nic = DMA_BUF_CORE + "0000000000000000 t mlx5_ib_reg_user_mr_dmabuf\t[mlx5_ib]\n"
+    open_module = "NVIDIA UNIX Open Kernel Module for x86_64  570.1"
+    root = _sysfs(tmp_path / "dmabuf", ports=roce, nvidia=open_module, kallsyms=nic)
+    problems, seen = rdma(["mlx5_1"], root)
+    assert problems == []
+    assert seen.startswith(
+        "mlx5_1/1 4:ACTIVE RoCE (RoCE v2 GID 3); GPUDirect dma-buf (NVIDIA open kernel module, "
+        "mlx5_ib_reg_user_mr_dmabuf)"
+    )
+    proprietary = "NVIDIA UNIX x86_64 Kernel Module  570.1"  # exports no dma-buf
+    root = _sysfs(tmp_path / "proprietary", ports=roce, nvidia=proprietary, kallsyms=nic)
+    problems, _ = rdma(["mlx5_1"], root)
+    assert any("NVIDIA open kernel module no" in p for p in problems)
+
+    no_ip = {"mlx5_2/1": ("Ethernet", {0: ("IB/RoCE v1", "fe80::3"), 1: ("RoCE v2", ZERO_GID)})}
+    root = _sysfs(tmp_path / "no-ip", ports=no_ip, modules=("nvidia_peermem",))
+    problems, seen = rdma(["mlx5_2"], root)
+    assert problems[0] == "mlx5_2/1 is RoCE with no RoCE v2 GID (no IP address on its interface?)"
+    assert seen.startswith("mlx5_2/1 4:ACTIVE RoCE (RoCE v2 GID none)")

@@ -63,11 +63,13 @@ def test_commands_warns_on_guesses_and_unresolved_aliases(
     assert "warning: evidence.p_kv_inflight = " in err[1] and "pd_standard.yaml" in err[1]
     [model] = [line for line in err if "warning: engine.model_path = " in line]
     assert "'/data/models/Kimi-K3' is a guess" in model and "rtx6000d.yaml" in model
-    # runtime.build.base too; and the NIC settings the seed's cluster needs
-    assert sum("is a guess" in line for line in err) == 14
+    # runtime.build.base and runtime.build.contract.sglang_files_changed too; and the NIC
+    # settings the seed's cluster needs
+    assert sum("is a guess" in line for line in err) == 15
     for nic in ("cluster.socket_ifname = 'bond0'", "runtime.env.NCCL_IB_HCA = 'mlx5_0,"):
         assert any(f"warning: {nic}" in line and "pd_standard.yaml" in line for line in err)
     assert any("warning: runtime.env.MC_GID_INDEX = " in line for line in err)
+    assert any("runtime.build.contract.sglang_files_changed" in line for line in err)
     aliases = [line for line in err if "no ssh alias resolves" in line]
     assert len(aliases) == 8 and "601:20000 would be used" in aliases[0]
 

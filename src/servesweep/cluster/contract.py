@@ -59,18 +59,25 @@ def delta(base: dict[str, Any], built: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def normalized(name: str) -> str:
+    """A distribution name as PEP 503 compares it (the probe's keys are normalized so)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def breaches(contract: ImageContract, diff: dict[str, Any]) -> list[str]:
-    """One phrase per breach of the contract ([] when none)."""
+    """One phrase per breach of the contract ([] when none): a distribution added that
+    `packages_may_be_added` does not name, one changed that `packages_may_change` does not
+    name, any removed; the sglang package moved; another count of changed sglang files."""
     out = []
-    allowed = {re.sub(r"[-_.]+", "-", n).lower() for n in contract.packages_may_change}
+    may_change = {normalized(n) for n in contract.packages_may_change}
+    may_be_added = {normalized(n) for n in contract.packages_may_be_added}
     for name, (was, now) in diff["packages"].items():
-        if name in allowed and was is not None and now is not None:
-            continue
         if was is None:
-            out.append(f"package {name} {now} added")
+            if name not in may_be_added:
+                out.append(f"package {name} {now} added")
         elif now is None:
             out.append(f"package {name} {was} removed")
-        else:
+        elif name not in may_change:
             out.append(f"package {name} changed {was} -> {now}")
     base_root, built_root = diff["sglang_root"]
     if contract.same_sglang_tree and base_root != built_root:

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from servesweep.cluster import argcheck, contract
+from servesweep.cluster import argcheck, contract, moekernel
 from servesweep.cluster.argcheck import LaunchArgs
 from servesweep.cluster.owner import Owner
 from servesweep.cluster.runtime import DockerRuntime, Launch, owner_dir
@@ -29,7 +29,9 @@ from servesweep.core.errors import DOCTOR_HINT, SmokeFailed, Unreachable
 logger = logging.getLogger(__name__)
 
 BUILD_TIMEOUT_S = 7200.0
+CONTRACT_KEY = "runtime.build.contract"
 SMOKE_TIMEOUT_S = 600.0
+MOE_KERNEL_TIMEOUT_S = 1800.0  # a model start on dummy weights, JIT and autotune included
 
 
 def version_probe(exp: Experiment) -> str:
@@ -154,6 +156,14 @@ def build_commands(
             exp=exp, node=node, owner=owner, name=f"smoke-{i}", command=command
         )
         lines.append(f"{runtime.oneshot_line(launch, gpus=True)}  # smoke: exit 0")
+    for i, run in enumerate(moekernel.kernel_runs(exp)):
+        launch = in_image_launch(
+            exp=exp, node=node, owner=owner, name=f"moe-{i}", command=run.command
+        )
+        lines.append(
+            f"{runtime.oneshot_line(launch, gpus=True)}  # moe kernel {run.backend!r}: runs once "
+            f"on the GPU, exit 0 (no GPU: not run, said in the evidence)"
+        )
     launch = in_image_launch(
         exp=exp, node=node, owner=owner, name="packages", command=packages_probe(exp)
     )
@@ -258,6 +268,8 @@ def build_image(
         _check(exp=exp, node=node, runtime=runtime, owner=owner, log=log, check=c)
         for c in exp.runtime.checks
     ]
+    # last: a model start per MoE runner, the dearest of the checks
+    kernels = _moe_kernels(exp=exp, node=node, runtime=runtime, owner=owner, log=log)
     return {
         "node": node,
         "image": runtime.image,
@@ -276,6 +288,7 @@ def build_image(
         "router_help": router,
         "contract": held,
         "smoke": smoke,
+        "moe_kernels": kernels,
         "checks": checks,
         "checked_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
@@ -328,14 +341,53 @@ def _contract(
             exp=exp, node=node, runtime=runtime, owner=owner, image=runtime.image, name="inv"
         ),
     )
-    found = contract.breaches(build.contract, diff)
+    # A guessed file count (runtime.build.contract.sglang_files_changed in `guesses`) is
+    # recorded and warned on, never enforced.
+    guess = guessed(exp.guesses, f"{CONTRACT_KEY}.sglang_files_changed")
+    enforced = build.contract.model_copy(update={"sglang_files_changed": None} if guess else {})
+    found = contract.breaches(enforced, diff)
+    observed = [b for b in contract.breaches(build.contract, diff) if b not in found]
     _append(log, f"[contract against {base}: {len(found)} breaches]", json.dumps(diff, indent=1))
+    for note in observed:
+        _append(log, f"[guess] {CONTRACT_KEY}.sglang_files_changed", note)
+        logger.warning("node %s: %s (the contract's file count is a guess)", node, note)
     if found:
         raise SmokeFailed(
             f"image {runtime.image} on node {node} breaks runtime.build.contract against its "
             f"base {base}: {'; '.join(found[:5])}; log {log}"
         )
-    return {"base": base, "delta": diff}
+    return {"base": base, "delta": diff, "guessed_breaches": observed}
+
+
+def _moe_kernels(
+    *, exp: Experiment, node: str, runtime: DockerRuntime, owner: Owner, log: Path
+) -> list[dict[str, Any]]:
+    """Each MoE runner the run chooses, run once on the node's GPU (cluster.moekernel): its
+    evidence (`ran` false with the reason where no GPU is visible); SmokeFailed naming the
+    runner and the GPU when its kernel fails."""
+    out = []
+    for i, run in enumerate(moekernel.kernel_runs(exp)):
+        returncode, output = _in_image(
+            exp=exp,
+            node=node,
+            runtime=runtime,
+            owner=owner,
+            name=f"moe-{i}",
+            command=run.command,
+            timeout=MOE_KERNEL_TIMEOUT_S,
+        )
+        _append(log, f"[moe kernel {run.backend} rc={returncode}] {run.command}", output)
+        found = moekernel.verdict(output) if returncode == 0 else None
+        if found is None:
+            last = (output.splitlines() or ["(no output)"])[-1][:300]
+            raise SmokeFailed(
+                f"image {runtime.image} on node {node}: the MoE kernel of runner "
+                f"{run.backend!r} does not run (exit {returncode}): {last}; log {log}"
+            )
+        if not found.get("ran"):
+            logger.warning("node %s: MoE runner %s: %s", node, run.backend, found.get("reason"))
+        out.append({**found, "command": run.command})
+    return out
 
 
 def _router_smoke(
@@ -416,11 +468,18 @@ def in_image_launch(*, exp: Experiment, node: str, owner: Owner, name: str, comm
 
 
 def _in_image(
-    *, exp: Experiment, node: str, runtime: DockerRuntime, owner: Owner, name: str, command: str
+    *,
+    exp: Experiment,
+    node: str,
+    runtime: DockerRuntime,
+    owner: Owner,
+    name: str,
+    command: str,
+    timeout: float = SMOKE_TIMEOUT_S,
 ) -> tuple[int, str]:
     """Run `command` in a one-shot container of the image on `node`: (exit code, output)."""
     launch = in_image_launch(exp=exp, node=node, owner=owner, name=name, command=command)
-    result = runtime.run_oneshot(launch, timeout=SMOKE_TIMEOUT_S, gpus=True)
+    result = runtime.run_oneshot(launch, timeout=timeout, gpus=True)
     output = runtime.transport.run(node, f"cat {shlex.quote(launch.log_path)}", timeout=60)
     return result.returncode, output.stdout.strip()
 

@@ -285,4 +285,7 @@ def image_key(exp: Experiment) -> str:
     }
     if exp.runtime.source is not None:  # a pyxis/apptainer import (keys of others unchanged)
         payload["source"] = exp.runtime.source
+    if exp.runtime.moe_smoke_layers is not None:  # the MoE kernel smoke: runners, layers
+        runners = {r.args.moe_runner_backend for s in server_specs(exp) for r in s.roles}
+        payload["moe_smoke"] = [exp.runtime.moe_smoke_layers, sorted(filter(None, runners))]
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]

@@ -282,9 +282,14 @@ class ImageContract(Strict):
     # The image compared against: default runtime.build.base.image, else the last FROM of
     # runtime.build.dockerfile (read on the node).
     base: str | None = None
-    # Distributions whose version may differ (normalized names, e.g. flashinfer-python);
-    # any other added, removed or changed distribution is a breach (sgl-kernel included).
+    # Distributions the base has whose version may differ (e.g. flashinfer-python: seed 000's
+    # patched wheel 0.6.1 -> 0.6.1+sm120mxfp4); removing one stays a breach.
     packages_may_change: list[str] = Field(default_factory=list)
+    # Distributions the base lacks that the image may add (e.g. mooncake-transfer-engine:
+    # seed 003's Mooncake). Any other added, removed or changed distribution is a breach
+    # (sgl-kernel included). Names compare normalized (PEP 503: `Flashinfer_Python` is
+    # flashinfer-python).
+    packages_may_be_added: list[str] = Field(default_factory=list)
     # Exactly this many files under the sglang package differ (added, removed or changed);
     # null: any number (recorded only).
     sglang_files_changed: int | None = Field(default=None, ge=0)
@@ -327,6 +332,10 @@ class RuntimeConfig(Strict):
     env: EnvMap = Field(default_factory=dict)
     build: ImageBuild | None = None
     smoke: list[str] = Field(default_factory=list)  # commands that must exit 0 in the image
+    # build_images runs each MoE runner the run chooses once on a node's GPU: SGLang's
+    # bench_one_batch on dummy weights of the model cut to this many layers (enough to reach an
+    # MoE layer: DeepSeek-style models keep their first layers dense); null: not run.
+    moe_smoke_layers: int | None = Field(default=None, ge=1)
     checks: list[ImageCheck] = Field(default_factory=list)
     # pyxis/apptainer: the image reference imported once into `image` (a path every node sees),
     # under a lock: `enroot import -o <image> <source>` / `apptainer pull <image> <source>`.

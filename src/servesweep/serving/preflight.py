@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import shlex
+from dataclasses import dataclass
 from typing import Any
 
 from servesweep.cluster import gpuidle
@@ -214,50 +215,121 @@ def model_present(*, exp: Experiment, manager: ServerManager) -> dict[str, str]:
     return out
 
 
-_IB_PORTS = (
-    'for p in /sys/class/infiniband/*/ports/*; do [ -e "$p/state" ] || continue; '
-    'd=${p%/ports/*}; echo "${d##*/}/${p##*/} $(cat $p/state | tr -d " ")"; done'
-)
+# One line per IB port (`port <dev>/<port> <state> <link layer> <RoCE v2 GID indices>`), then
+# what decides GPUDirect RDMA: `peermem` (nvidia_peermem, or the older nv_peer_mem, loaded),
+# `nvidia_open` (the NVIDIA open kernel module, the one that exports GPU memory as dma-buf),
+# `nic_dmabuf <symbol>` per NIC driver that registers dma-buf memory regions
+# (mlx5_ib_reg_user_mr_dmabuf, ...). A bare `dma_buf` in /proc/kallsyms decides nothing: every
+# kernel with DRM has it. `$1` is the root the paths are read under ("" on a node).
+RDMA_PROBE = r"""r=$1
+for p in "$r"/sys/class/infiniband/*/ports/*; do
+  [ -e "$p/state" ] || continue
+  d=${p%/ports/*}; g=
+  for t in "$p"/gid_attrs/types/*; do
+    case "$(cat "$t" 2>/dev/null)" in *[Vv]2*) ;; *) continue ;; esac
+    case "$(cat "$p/gids/${t##*/}" 2>/dev/null)" in
+      ""|0000:0000:0000:0000:0000:0000:0000:0000) ;;
+      *) g="$g,${t##*/}" ;;
+    esac
+  done
+  l=$(tr -d ' ' < "$p/link_layer" 2>/dev/null)
+  echo "port ${d##*/}/${p##*/} $(tr -d ' ' < "$p/state") ${l:-unknown} ${g#,}"
+done
+{ [ -d "$r/sys/module/nvidia_peermem" ] || [ -d "$r/sys/module/nv_peer_mem" ]; } && echo peermem
+grep -qs 'Open Kernel Module' "$r/proc/driver/nvidia/version" && echo nvidia_open
+grep -os '[A-Za-z0-9_]*_reg_user_mr_dmabuf' "$r/proc/kallsyms" | sort -u | sed 's/^/nic_dmabuf /'
+exit 0"""
+
+
+@dataclass(frozen=True)
+class IbPort:
+    state: str  # `4:ACTIVE`
+    link_layer: str  # InfiniBand, or Ethernet (RoCE)
+    roce_v2_gids: tuple[str, ...]  # GID indices of type RoCE v2 with an address
+
+    def describe(self) -> str:
+        if self.link_layer == "InfiniBand":
+            return f"{self.state} IB"
+        if self.link_layer == "Ethernet":
+            gids = ",".join(self.roce_v2_gids) or "none"
+            return f"{self.state} RoCE (RoCE v2 GID {gids})"
+        return f"{self.state} link layer {self.link_layer}"
+
+
+@dataclass(frozen=True)
+class RdmaState:
+    ports: dict[str, IbPort]  # `<device>/<port>`
+    peermem: bool
+    nvidia_open: bool
+    nic_dmabuf: tuple[str, ...]
+
+    @property
+    def gpudirect(self) -> str | None:
+        """How GPU memory reaches the NIC: the peermem module, or dma-buf (the NVIDIA open
+        kernel module exports it, the NIC driver registers it); None: neither."""
+        if self.peermem:
+            return "nvidia_peermem loaded"
+        if self.nvidia_open and self.nic_dmabuf:
+            return f"dma-buf (NVIDIA open kernel module, {', '.join(self.nic_dmabuf)})"
+        return None
+
+
+def rdma_state(manager: ServerManager, node: str, *, root: str = "") -> RdmaState:
+    """What `node` shows of its IB ports and GPUDirect RDMA (paths read under `root`)."""
+    command = f"sh -c {shlex.quote(RDMA_PROBE)} rdma {shlex.quote(root)}"
+    res = manager.transport.run(node, command, timeout=PROBE_TIMEOUT_S)
+    ports, flags, dmabuf = {}, set(), []
+    for line in res.stdout.splitlines():
+        word, _, rest = line.partition(" ")
+        if word == "port":
+            name, state, link, *gids = rest.split(" ")
+            ports[name] = IbPort(state, link, tuple(filter(None, ",".join(gids).split(","))))
+        elif word == "nic_dmabuf":
+            dmabuf.append(rest.strip())
+        else:
+            flags.add(word)
+    return RdmaState(ports, "peermem" in flags, "nvidia_open" in flags, tuple(dmabuf))
 
 
 def ib_ports(manager: ServerManager, node: str) -> dict[str, str]:
-    """`<device>/<port>` -> state (`4:ACTIVE`) of every IB port on `node`."""
-    res = manager.transport.run(node, _IB_PORTS, timeout=PROBE_TIMEOUT_S)
-    return dict(line.split(" ", 1) for line in res.stdout.splitlines() if " " in line)
+    """`<device>/<port>` -> its state and link layer (`4:ACTIVE IB`, `4:ACTIVE RoCE (...)`)."""
+    return {k: p.describe() for k, p in rdma_state(manager, node).ports.items()}
 
 
 def rdma_problems(
-    exp: Experiment, manager: ServerManager, node: str, devices: list[str]
+    exp: Experiment, manager: ServerManager, node: str, devices: list[str], *, root: str = ""
 ) -> tuple[list[str], str]:
-    """What a PD node lacks for a KV transfer over `devices`: a port not ACTIVE, no GPUDirect
-    RDMA (nvidia_peermem not loaded and no dma-buf), memlock not unlimited (in the container:
-    runtime.ulimits memlock=-1). A PD pair that is "ready" without them fails on its first
-    transfer. Returns (problems, what was seen)."""
-    ports = ib_ports(manager, node)
+    """What a PD node lacks for a KV transfer over `devices`: a port not ACTIVE, a RoCE port
+    without a RoCE v2 GID, no GPUDirect RDMA (neither nvidia_peermem loaded nor the dma-buf
+    path: the NVIDIA open kernel module and a NIC driver that registers dma-buf memory),
+    memlock not unlimited (in the container: runtime.ulimits memlock=-1). A PD pair that is
+    "ready" without them fails on its first transfer. Returns (problems, what was seen: per
+    port IB or RoCE)."""
+    rdma = rdma_state(manager, node, root=root)
     problems = []
     for dev in devices:
-        states = {k: v for k, v in ports.items() if k.split("/")[0] == dev}
-        if not states or any("ACTIVE" not in v for v in states.values()):
-            problems.append(f"{dev} ports {states or 'none'}")
-
-    def probe(command: str) -> tuple[bool, str]:
-        res = manager.transport.run(node, command, timeout=PROBE_TIMEOUT_S)
-        return res.ok, res.stdout.strip()
-
-    peermem = probe("test -d /sys/module/nvidia_peermem")[0]
-    dmabuf = probe("grep -q dma_buf /proc/kallsyms 2>/dev/null")[0]
-    if not (peermem or dmabuf):
-        problems.append("no GPUDirect RDMA (nvidia_peermem not loaded, no dma-buf)")
-    memlock = probe("ulimit -l")[1] or "?"
+        mine = {k: p for k, p in rdma.ports.items() if k.split("/")[0] == dev}
+        if not mine or any("ACTIVE" not in p.state for p in mine.values()):
+            problems.append(f"{dev} ports {({k: p.state for k, p in mine.items()}) or 'none'}")
+        problems += [
+            f"{k} is RoCE with no RoCE v2 GID (no IP address on its interface?)"
+            for k, p in mine.items()
+            if p.link_layer == "Ethernet" and not p.roce_v2_gids
+        ]
+    if rdma.gpudirect is None:
+        problems.append(
+            "no GPUDirect RDMA: nvidia_peermem not loaded, and no dma-buf path (NVIDIA open "
+            f"kernel module {'yes' if rdma.nvidia_open else 'no'}, NIC driver dma-buf "
+            f"registration {', '.join(rdma.nic_dmabuf) or 'none'})"
+        )
+    memlock = manager.transport.run(node, "ulimit -l", timeout=PROBE_TIMEOUT_S).stdout.strip()
+    memlock = memlock or "?"
     if exp.runtime.containers and "memlock=-1" not in exp.runtime.ulimits:
         problems.append("runtime.ulimits lacks memlock=-1 (the container's memlock)")
     elif not exp.runtime.containers and memlock != "unlimited":
         problems.append(f"memlock {memlock} (not unlimited)")
-    seen = ", ".join(f"{k} {v}" for k, v in ports.items()) or "no IB port"
-    return (
-        problems,
-        f"{seen}; nvidia_peermem {'loaded' if peermem else 'absent'}; memlock {memlock}",
-    )
+    seen = ", ".join(f"{k} {p.describe()}" for k, p in rdma.ports.items()) or "no IB port"
+    return problems, f"{seen}; GPUDirect {rdma.gpudirect or 'none'}; memlock {memlock}"
 
 
 def run_preflight(*, exp: Experiment, manager: ServerManager) -> dict[str, Any]:

@@ -71,6 +71,11 @@ def image_records(builds: Sequence[Path]) -> list[dict[str, Any]]:
                 "launch_commands_parsed": data.get("launch_commands_parsed"),
                 "router_help": data.get("router_help"),
                 "smoke": [{"command": s["command"], "output": s["output"]} for s in data["smoke"]],
+                # per MoE runner: ran on which GPU, or why not (no GPU visible)
+                "moe_kernels": [
+                    {k: m.get(k) for k in ("backend", "ran", "gpu", "sm", "reason")}
+                    for m in data.get("moe_kernels", [])
+                ],
                 "checks": [
                     {k: c.get(k) for k in ("name", "expect", "output", "matched", "guess")}
                     for c in data.get("checks", [])
