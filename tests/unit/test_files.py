@@ -49,6 +49,7 @@ def test_a_planted_shared_folder_or_link_is_refused_never_written_through(tmp_pa
     import os
 
     from servesweep.cluster import slurm
+    from servesweep.core.errors import TransportError
     from servesweep.core.files import open_private, private_dir
 
     monkeypatch.setattr(slurm, "LOCK_DIR", str(tmp_path))
@@ -61,7 +62,7 @@ def test_a_planted_shared_folder_or_link_is_refused_never_written_through(tmp_pa
     (planted / "step.srun.log").symlink_to(target)
     with pytest.raises(OSError, match="not a private folder"):
         private_dir(planted)
-    with pytest.raises(OSError, match="not a private folder"), slurm._head_lock("alloc"):
+    with pytest.raises(TransportError, match="not a private folder"), slurm._head_lock("alloc"):
         pass
     if os.geteuid() == 0:  # as root (CI): a folder of another owner, mode 0700 or not
         planted.chmod(0o700)

@@ -96,8 +96,10 @@ def test_process_rank_is_an_srun_step_with_labels_and_a_quoted_log() -> None:
     assert "--gres=gpu:8" in words
     inner = words[-1]
     assert words[-3:-1] == ["/bin/sh", "-c"]
-    assert "exec env SERVESWEEP_LABEL_RUN=run1 SERVESWEEP_LABEL_FINGERPRINT=fp python3 -m" in inner
+    assert "{ env SERVESWEEP_LABEL_RUN=run1 SERVESWEEP_LABEL_FINGERPRINT=fp python3 -m" in inner
     assert "'/m x'" in inner and "> /tmp/servesweep-u-abc/run1/s/node1.log 2>&1" in inner
+    # the log is also followed to the step's stdout: the head keeps a copy (allocation lost)
+    assert "tail -n +1 -F --pid=$pid /tmp/servesweep-u-abc/run1/s/node1.log" in inner
 
 
 def test_pyxis_rank_line_is_exact() -> None:

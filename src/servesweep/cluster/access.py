@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from servesweep.cluster.runtime import DockerRuntime, ProcessRuntime, Runtime
@@ -68,14 +68,25 @@ def open_cluster(exp: Experiment, *, for_commands: bool = False) -> Cluster:
     return Cluster(transport, runtime, local=local, containers=exp.runtime.containers)
 
 
-def release(exp: Experiment) -> list[str]:
+def release(exp: Experiment, *, down: bool = False, services: Iterable[str] = ()) -> list[str]:
     """Give back what the run holds on its cluster beyond its servers (its Slurm allocations;
-    nothing for local and SSH clusters): onsuccess/onerror and `servesweep down`."""
+    nothing for local and SSH clusters): onsuccess/onerror and `servesweep down` (`down`:
+    whatever steps are left, and `services`, from `service_holdings`)."""
     if exp.cluster.transport != "slurm":
         return []
     from servesweep.cluster.slurm import release_allocations
 
-    return release_allocations(exp)
+    return release_allocations(exp, down=down, services=services)
+
+
+def service_holdings(exp: Experiment, fingerprints: Iterable[str]) -> list[str]:
+    """What holds the services of `fingerprints` on the cluster beyond their processes (the
+    Slurm allocations they run in, under any RUN_ID; nothing for local and SSH clusters)."""
+    if exp.cluster.transport != "slurm":
+        return []
+    from servesweep.cluster.slurm import service_allocations
+
+    return service_allocations(exp, fingerprints)
 
 
 def holdings(exp: Experiment) -> list[str]:

@@ -75,6 +75,11 @@ class Runtime(Protocol):
         """The process's whole log so far."""
         ...
 
+    def ended(self, node: str, handle: str) -> str:
+        """What the cluster says of a process that is not running ("": nothing more than
+        that it exited; Slurm: its allocation's state and reason)."""
+        ...
+
     def stop(self, node: str, handle: str) -> None:
         """Stop and remove; succeeds if it is already gone."""
         ...
@@ -217,6 +222,9 @@ class ProcessRuntime:
         cmd = f"ps -o stat= -p {int(handle)}"
         res = self.transport.run(node, cmd, timeout=COMMAND_TIMEOUT_S)
         return res.ok and bool(res.stdout.strip()) and not res.stdout.strip().startswith("Z")
+
+    def ended(self, node: str, handle: str) -> str:
+        return ""
 
     def logs(self, node: str, handle: str, log_path: str) -> str:
         res = self.transport.run(node, f"cat {shlex.quote(log_path)}", timeout=COMMAND_TIMEOUT_S)
@@ -483,6 +491,9 @@ class DockerRuntime:
         if not res.ok and _NO_SUCH not in res.stderr.lower():
             res.check(f"docker inspect {handle[:12]}")
         return res.ok and res.stdout.strip() == "true"
+
+    def ended(self, node: str, handle: str) -> str:
+        return ""
 
     def logs(self, node: str, handle: str, log_path: str) -> str:
         """The container's stdout and stderr as one stream (`docker logs`); '' if it is gone."""

@@ -22,12 +22,13 @@ import re
 import select
 import shlex
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from servesweep.cluster.owner import current_owner
+from servesweep.cluster.owner import SERVICE_LABEL, current_owner
 from servesweep.cluster.runtime import (
     COMMAND_TIMEOUT_S,
     ENV_LABEL_PREFIX,
@@ -57,7 +58,8 @@ STEP_WAIT_S = 60.0  # a started rank's step must show in squeue within this
 STOP_GRACE_S = 30.0
 QUERY_TIMEOUT_S = 60.0
 _HANDLE = re.compile(r"(?P<job>[0-9]+)\.(?P<step>[0-9]+)(:(?P<pid>[0-9]+))?")
-LOCK_DIR = "/tmp"
+LOCK_DIR: str | None = None  # where the head's private folder is made; None: $TMPDIR or /tmp
+SERVICE_MARK = "-service"  # the end of a service's step name (`servesweep up`)
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,12 @@ class Allocation:
     nodes: tuple[str, ...]
     job_id: str = ""
     state: str = ""
+
+
+def step_name(launch: Launch) -> str:
+    """A rank's step name: its launch name, SERVICE_MARK appended for a service of `servesweep
+    up` (a run under another RUN_ID finds the service's allocation by it)."""
+    return f"{launch.name}{SERVICE_MARK}" if SERVICE_LABEL in launch.labels else launch.name
 
 
 def allocation_name(*, owner_tag: str, run_id: str, nodes: Iterable[str]) -> str:
@@ -139,14 +147,23 @@ def _user() -> str:
 
 
 def head_dir() -> Path:
-    """This user's folder on the head (srun logs, locks): private_dir checks it is ours."""
-    return Path(LOCK_DIR) / f"servesweep-slurm-{os.getuid()}"
+    """This user's folder on the head (srun logs, locks): `private_head` checks it is ours."""
+    return Path(LOCK_DIR or tempfile.gettempdir()) / f"servesweep-slurm-{os.getuid()}"
+
+
+def private_head() -> Path:
+    """head_dir, made or found private (core.files.private_dir): a folder another user
+    planted there (0777, links or locks inside) is refused in one line naming it."""
+    try:
+        return private_dir(head_dir())
+    except OSError as exc:
+        raise TransportError(f"the head's Slurm folder {exc}") from None
 
 
 @contextlib.contextmanager
 def _head_lock(name: str) -> Iterator[None]:
     """An exclusive lock on the head (one per user), e.g. around making an allocation."""
-    path = private_dir(head_dir()) / f"{name}.lock"
+    path = private_head() / f"{name}.lock"
     with open_private(path, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
@@ -216,12 +233,22 @@ class SlurmTransport:
         return [self.name_of(nodes) for nodes in self.pools]
 
     def find(self, node: str) -> str | None:
-        """The job id of the running allocation holding `node` (None: there is none)."""
+        """The job id of the running allocation holding `node` (None: there is none): the
+        run's own, else one of this owner's that holds a service on `node` (a run reusing a
+        service of `servesweep up` under another RUN_ID works in the service's allocation:
+        one of its own could not be granted beside it)."""
         name = self.name_of(self.pool_of(node))
         if name in self._jobs:
             return self._jobs[name]
         for alloc in squeue_jobs(name):
             if alloc.name == name and alloc.state == "RUNNING":
+                self._jobs[name] = alloc.job_id
+                return alloc.job_id
+        for alloc in squeue_jobs(f"{ALLOC_PREFIX}{self.owner.tag}-"):
+            if alloc.state != "RUNNING" or node not in alloc.nodes:
+                continue
+            if any(n.endswith(SERVICE_MARK) for n in squeue_steps(alloc.job_id).values()):
+                logger.info("slurm: node %s: in allocation %s, a service's", node, alloc.name)
                 self._jobs[name] = alloc.job_id
                 return alloc.job_id
         return None
@@ -362,24 +389,43 @@ class SlurmTransport:
         self._held.clear()
 
 
-def release_allocations(exp: Experiment, *, results_root: str | Path = "results") -> list[str]:
+def release_allocations(
+    exp: Experiment,
+    *,
+    results_root: str | Path = "results",
+    down: bool = False,
+    services: Iterable[str] = (),
+) -> list[str]:
     """scancel every allocation of this owner and run that holds no server or client step
-    any more (a service of `servesweep up` keeps its allocation); returns the names released."""
+    any more (a service of `servesweep up` keeps its allocation); returns the names released.
+
+    `down` (`servesweep down`: the run's servers and this config's services are stopped):
+    every allocation of the run that holds no service step, whatever else it still holds (a
+    SIGKILLed run's client or sampling step), and each of `services` (job ids of allocations
+    that held this config's services, `service_allocations`, under any RUN_ID) that holds no
+    service step any more."""
     transport = SlurmTransport(exp, results_root=results_root)
     released, kept = [], []
     names = set(transport.allocation_names())
-    prefix = f"{ALLOC_PREFIX}{transport.owner.tag}-{exp.run_id}-"
+    prefix = f"{ALLOC_PREFIX}{transport.owner.tag}-"
+    services = set(services)
     for alloc in squeue_jobs(prefix):
-        if alloc.name not in names:
+        if alloc.name not in names and alloc.job_id not in services:
             continue
-        held = [n for n in squeue_steps(alloc.job_id).values() if n.startswith(ALLOC_PREFIX)]
+        steps = squeue_steps(alloc.job_id).values()
+        keep = SERVICE_MARK if down or alloc.name not in names else ""
+        held = [n for n in steps if n.startswith(ALLOC_PREFIX) and n.endswith(keep)]
         if alloc.state == "RUNNING" and held:
             logger.info("slurm: allocation %s stays: it holds step %s", alloc.name, held[0])
             kept.append(alloc.name)
             continue
         _run(["scancel", alloc.job_id], timeout=QUERY_TIMEOUT_S)
+        logger.info("slurm: released allocation %s (job %s)", alloc.name, alloc.job_id)
         released.append(alloc.name)
-    remove_head_files(prefix, names=sorted(names), kept=kept)
+    # this run's files only (another run's service allocation may stay beside it)
+    remove_head_files(
+        f"{prefix}{exp.run_id}-", names=sorted(names), kept=[k for k in kept if k in names]
+    )
     return released
 
 
@@ -396,6 +442,23 @@ def remove_head_files(prefix: str, *, names: list[str], kept: list[str]) -> None
     for path in folder.iterdir():
         if path.name in gone or (not kept and log.fullmatch(path.name)):
             path.unlink(missing_ok=True)
+
+
+def service_allocations(
+    exp: Experiment, fingerprints: Iterable[str], *, results_root: str | Path = "results"
+) -> list[str]:
+    """Job ids of this owner's allocations (any RUN_ID) holding a service step of one of
+    `fingerprints` (`servesweep down` releases them once the services are stopped)."""
+    owner = current_owner(results_root)
+    marks = [f"-{fp}-" for fp in fingerprints]
+    return [
+        alloc.job_id
+        for alloc in squeue_jobs(f"{ALLOC_PREFIX}{owner.tag}-")
+        if any(
+            n.endswith(SERVICE_MARK) and any(m in n for m in marks)
+            for n in squeue_steps(alloc.job_id).values()
+        )
+    ]
 
 
 def allocation_lines(exp: Experiment, *, results_root: str | Path = "results") -> list[str]:
@@ -452,6 +515,29 @@ def planned_allocations(exp: Experiment, *, results_root: str | Path = "results"
 # ------------------------------------------------------------------ runtime
 
 
+def job_state(job: str) -> str:
+    """An allocation's state and reason as Slurm tells them: `scontrol show job` (kept for
+    MinJobAge after the end; a COMPLETING job is waited for up to STOP_GRACE_S, to tell
+    CANCELLED, TIMEOUT or NODE_FAIL), else `sacct` (slurmdbd)."""
+    deadline = time.monotonic() + STOP_GRACE_S
+    while True:
+        res = _run(["scontrol", "show", "job", "-o", job], timeout=QUERY_TIMEOUT_S)
+        fields = dict(f.split("=", 1) for f in res.stdout.split() if "=" in f) if res.ok else {}
+        if fields.get("JobState") != "COMPLETING" or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    if "JobState" not in fields:
+        try:
+            res = _run(["sacct", "-n", "-X", "-P", "-j", job, "-o", "State,Reason"], timeout=60)
+        except TransportError:  # no sacct on this machine
+            res = CommandResult("head", "sacct", 1, "", "")
+        state, _, reason = res.stdout.strip().partition("|") if res.ok else ("", "", "")
+        fields = {"JobState": state, "Reason": reason} if state else {}
+    if not fields:
+        return "unknown to Slurm now (not in squeue, scontrol or sacct)"
+    return f"{fields['JobState']}, reason {fields.get('Reason') or 'None'}"
+
+
 def _parse(handle: str) -> tuple[str, str, int | None]:
     match = _HANDLE.fullmatch(handle)
     if match is None:
@@ -487,7 +573,6 @@ class SlurmRuntime:
         self.transport = transport
         self.runtime = runtime
         self.image = image or runtime.image or ""
-        self.head_log_dir = head_dir()
 
     # ---------------------------------------------------------- command lines
     def _container_flags(self, launch: Launch) -> list[str]:
@@ -508,9 +593,11 @@ class SlurmRuntime:
         gpus = self.transport.exp.cluster.gpus_per_node if gpus is None else gpus
         return [f"--gres=gpu:{gpus}"] if gpus and launch.accelerators else ["--gres=none"]
 
-    def _inner(self, launch: Launch) -> str:
+    def _inner(self, launch: Launch, *, copy: bool = False) -> str:
         """The process inside the step: env (labels, variables), then argv (apptainer's exec
-        around it), its output into the log on the node."""
+        around it), its output into the log on the node. `copy` (a server rank): the log is
+        also followed to the step's stdout (`tail --pid`), so that the head-side srun keeps a
+        copy that outlives the allocation (scancel, time limit, node down)."""
         argv = list(launch.argv)
         if self.runtime.kind == "apptainer":
             binds = [*self.runtime.mounts]
@@ -521,15 +608,19 @@ class SlurmRuntime:
             argv = ["apptainer", "exec", "--nv", *bind, self.image, *argv]
         assigns = env_assigns({**self.runtime.env, **launch.env, **label_env(launch.labels)})
         log = shlex.quote(launch.log_path)
+        prep = f"{read_secret_line(launch)}{node_dir_prep(launch.log_path)}"
+        if not copy:
+            return f"{prep} && exec env {assigns} {shlex.join(argv)} > {log} 2>&1 < /dev/null"
         return (
-            f"{read_secret_line(launch)}{node_dir_prep(launch.log_path)} && "
-            f"exec env {assigns} {shlex.join(argv)} > {log} 2>&1 < /dev/null"
+            f"{prep} && : > {log} && {{ env {assigns} {shlex.join(argv)} > {log} 2>&1 "
+            f"< /dev/null & pid=$!; tail -n +1 -F --pid=$pid {log} 2>/dev/null; wait $pid; }}"
         )
 
-    def _step_line(self, launch: Launch, job: str, *, gpus: bool) -> str:
+    def _step_line(self, launch: Launch, job: str, *, gpus: bool, copy: bool = False) -> str:
         extra = [*(self._gres(launch) if gpus else ["--gres=none"]), *self._container_flags(launch)]
-        argv = step_argv(job, launch.node, name=launch.name, extra=extra)
-        return f"{shlex.join(argv)} /bin/sh -c {shlex.quote(self._inner(launch))}"
+        argv = step_argv(job, launch.node, name=step_name(launch), extra=extra)
+        inner = self._inner(launch, copy=copy)
+        return f"{shlex.join(argv)} /bin/sh -c {shlex.quote(inner)}"
 
     def _job_ref(self, node: str) -> str:
         """The allocation's job id, or (nothing reached yet) the squeue line that finds it."""
@@ -537,7 +628,7 @@ class SlurmRuntime:
         return f'"$(squeue -h -u {shlex.quote(_user())} -n {shlex.quote(name)} -o %i)"'
 
     def command_line(self, launch: Launch) -> str:
-        line = self._step_line(launch, "JOB", gpus=True)
+        line = self._step_line(launch, "JOB", gpus=True, copy=True)
         return line.replace("--jobid=JOB", f"--jobid={self._job_ref(launch.node)}", 1)
 
     def oneshot_line(self, launch: Launch, *, gpus: bool = False) -> str:
@@ -601,8 +692,8 @@ class SlurmRuntime:
     # ---------------------------------------------------------- lifecycle
     def start(self, launch: Launch) -> str:
         job = self.transport.allocate(launch.node)
-        line = self._step_line(launch, job, gpus=True)
-        head_log = private_dir(self.head_log_dir) / f"{launch.name}.srun.log"
+        line = self._step_line(launch, job, gpus=True, copy=True)
+        head_log = private_head() / f"{launch.name}.srun.log"
         with open_private(head_log, "w") as out:
             proc = subprocess.Popen(
                 ["/bin/sh", "-c", f"exec {line}"],
@@ -619,8 +710,9 @@ class SlurmRuntime:
         deadline = time.monotonic() + STEP_WAIT_S
         while time.monotonic() < deadline:
             for step, name in squeue_steps(job).items():
-                if name == launch.name:
+                if name == step_name(launch):
                     handle = f"{step}:{proc.pid}"
+                    os.replace(head_log, self._head_copy(step))  # found by its handle
                     logger.info("node %s: started step %s (%s)", launch.node, handle, launch.name)
                     return handle
             if proc.poll() is not None:
@@ -635,16 +727,40 @@ class SlurmRuntime:
         )
 
     def is_running(self, node: str, handle: str) -> bool:
+        """Its head-side srun alive, its allocation RUNNING (a cancelled or timed-out one
+        lists its steps a while longer, completing) and its step listed."""
         job, step, pid = _parse(handle)
         if pid is not None and not _head_srun_alive(pid, job):
             return False
-        return step in squeue_steps(job)
+        state = _run(["squeue", "-h", "-j", job, "-o", "%T"], timeout=QUERY_TIMEOUT_S)
+        return state.ok and state.stdout.strip() == "RUNNING" and step in squeue_steps(job)
+
+    def _head_copy(self, step: str) -> Path:
+        """The head-side srun's output of a rank's step: Slurm's own lines and a copy of the
+        rank's log (`_inner`'s copy)."""
+        return private_head() / f"{step}.srun.log"
 
     def logs(self, node: str, handle: str, log_path: str) -> str:
+        """The log on the node, read in the allocation; once that is gone (or the file with
+        it), the head's copy."""
         res = self.transport.run_existing(
             node, f"cat {shlex.quote(log_path)}", timeout=COMMAND_TIMEOUT_S
         )
-        return res.stdout if res is not None else ""
+        if res is not None and res.ok:
+            return res.stdout
+        copy = self._head_copy(_parse(handle)[1])
+        return copy.read_text(errors="replace") if copy.is_file() else ""
+
+    def ended(self, node: str, handle: str) -> str:
+        """What Slurm says of a rank that is not running: its allocation's state and reason,
+        and the last line slurmstepd or srun wrote of its step (e.g. `*** STEP 12.0 ON node4
+        CANCELLED AT ... DUE TO TIME LIMIT ***`)."""
+        job, step, _ = _parse(handle)
+        copy = self._head_copy(step)
+        text = copy.read_text(errors="replace") if copy.is_file() else ""
+        told = [ln.strip() for ln in text.splitlines() if re.match(r"(slurmstepd|srun)\S*: ", ln)]
+        told = [ln for ln in told if "***" in ln] or told  # `*** STEP ... DUE TO TIME LIMIT ***`
+        return f"Slurm: job {job} {job_state(job)}" + (f"; {told[-1][:200]}" if told else "")
 
     def stop(self, node: str, handle: str) -> None:
         job, step, pid = _parse(handle)
@@ -700,7 +816,7 @@ class SlurmRuntime:
             )
         except subprocess.TimeoutExpired:
             for step, name in squeue_steps(job).items():
-                if name == launch.name:
+                if name == step_name(launch):
                     _run(["scancel", step], timeout=QUERY_TIMEOUT_S)
             raise TransportError(
                 f"step {launch.name} timed out after {timeout:.0f}s on node {launch.node}"

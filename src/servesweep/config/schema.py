@@ -186,6 +186,11 @@ class ClusterConfig(Strict):
         return self
 
     def _check_gpu_ids(self) -> None:
+        if self.gpu_ids and self.transport == "slurm":
+            raise ValueError(
+                "gpu_ids: not with transport slurm (Slurm binds each step's GPUs, "
+                "slurm.gpus_per_node asks for them); remove cluster.gpu_ids"
+            )
         unknown = sorted(set(self.gpu_ids) - set(self.nodes))
         if unknown:
             raise ValueError(f"gpu_ids: given for nodes not in cluster.nodes: {unknown}")

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from servesweep.cluster import http
-from servesweep.cluster.access import Cluster, connected, release
+from servesweep.cluster.access import Cluster, connected, release, service_holdings
 from servesweep.cluster.owner import (
     KIND_LABEL,
     OWNER_LABEL,
@@ -362,8 +362,10 @@ class ServerManager:
                 )
             else:
                 cause = "exited"
-            if rank in exited and findings:
-                cause = f"exited; {cause}"
+            if rank in exited:
+                told = self.runtime.ended(rank.node, rank.handle)
+                exit_ = f"exited ({told})" if told else "exited"
+                cause = f"{exit_}; {cause}" if findings else exit_
             raise error(f"{where}: {cause}; log {log}")
 
     def _keep_failed_log(self, server_id: str, rank: RankState, text: str) -> Path:
@@ -390,6 +392,7 @@ class ServerManager:
         """After a cell: every process running, no fatal pattern, the entry point healthy."""
         self._check_ranks(state, starting=False)
         if http.status(f"{state.base_url}/health", timeout=30.0) != 200:
+            self._check_ranks(state, starting=False)  # a rank that died meanwhile is the cause
             head = state.ranks[0]
             raise ServerDied(
                 f"server {state.server_id} (fp {state.fingerprint}) at {state.base_url} is "
@@ -591,9 +594,11 @@ def shutdown(exp: Experiment, paths: RunPaths, *, reason: str, services: bool = 
     `services` also the services of this config (`servesweep down`). Returns how many server
     sets and stray processes were stopped."""
     stopped = 0
+    # the allocations this config's services run in (Slurm), under whatever RUN_ID started them
+    held = service_holdings(exp, [s.fingerprint for s in server_specs(exp)]) if services else []
     for pool in node_pools(exp):
         with connect(narrow(exp, pool), paths, pool=pool.index) as manager:
             stopped += manager.stop_all(reason=reason, services=services)
             manager.remove_node_dirs()
-    release(exp)  # the run's Slurm allocations (a service's stays)
+    release(exp, down=services, services=held)  # the run's Slurm allocations (a service's stays)
     return stopped
