@@ -255,7 +255,9 @@ def planning_rows(data: dict[str, Any]) -> list[list[Any]]:
                 r["ratio_cpu"],
                 r.get("ratio_wall_vs_shaped"),
                 r.get("ratio_cpu_vs_shaped"),
-                f"{met(r['goal_met'])} (<= {data['goal_ratio']}x)" if gated else "reported",
+                f"{met(r['goal_met'])} (<= {data['goal_ratio']}x)"
+                if gated or goal_size is None
+                else "reported",
             ]
         )
     return rows
@@ -266,7 +268,7 @@ def planning_context(data: dict[str, Any], before: dict[str, Any] | None) -> dic
         "where": where(data),
         "p": data["params"],
         "goal": data["goal_ratio"],
-        "goal_size": num(data.get("goal_size")),
+        "goal_size": data.get("goal_size"),
         "table": table(PLANNING_HEADER, planning_rows(data)),
         "profile": None,
         "h200": None,
