@@ -443,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
             "workflow": str(snakefile),
         },
         "goal_ratio": GOAL_RATIO,
+        "goal_size": GOAL_SIZE,
         "rows": rows,
         "profile": profile,
         "ablations": ablations,

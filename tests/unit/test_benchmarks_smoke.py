@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -81,11 +83,7 @@ def test_client_smoke_exits_0_and_measures_the_wrapped_client(tmp_path: Path, co
 def test_performance_doc_is_rendered_from_the_committed_results() -> None:
     """docs/performance.md is what make_performance_doc renders from benchmarks/results/ (a
     result file changed without the doc, or the doc edited by hand, fails here)."""
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import make_performance_doc as doc
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    doc = _doc_module()
     assert doc.render(BENCHMARKS / "results") == (REPO / "docs" / "performance.md").read_text()
 
 
@@ -129,3 +127,61 @@ def test_the_idle_phase_after_the_load_holds_no_load_sample() -> None:
     assert after["gpu_power_peak_w"] < 130  # no 406 W tail sample
     assert after["gpu_power_mean_w"] == pytest.approx(idle["gpu_power_mean_w"], rel=0.05)
     assert all(c.ok for c in check.checks(figures))
+
+
+def _doc_module():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import make_performance_doc as doc
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return doc
+
+
+def test_performance_doc_speaks_of_the_code_and_types_no_figure() -> None:
+    """The text lives in the template and names no stop or issue; every measured figure comes
+    from the JSON, so the template holds none (a number with a unit: s, x, %, ms, us)."""
+    doc = _doc_module()
+    text = doc.TEMPLATE.read_text()
+    rendered = (REPO / "docs" / "performance.md").read_text()
+    for source in (text, rendered):
+        assert not re.search(r"\b(stop|issue)s? \d+", source, flags=re.I), re.search(
+            r".{40}\b(stop|issue)s? \d+.{40}", source, flags=re.I | re.S
+        )
+    typed = re.findall(r"\b\d+(?:\.\d+)?\s?(?:s|x|%|ms|us)\b", text)
+    assert typed == [], typed
+
+
+def test_test_suite_under_load_is_filled_from_ci_json(tmp_path: Path) -> None:
+    doc = _doc_module()
+    results = tmp_path / "results"
+    shutil.copytree(BENCHMARKS / "results", results)
+    (results / "ci.json").unlink(missing_ok=True)
+    assert "## Test suite under load" not in doc.render(results)
+    runs = [
+        {
+            "started": "2026-12-07 21:00 UTC",
+            "wall_s": 812.4,
+            "load": "stress-ng --cpu 2",
+            "passed": 1125,
+            "failed": 0,
+            "command": "python3 -m pytest -q",
+        },
+        {
+            "started": "2026-12-07 21:20 UTC",
+            "wall_s": 798.0,
+            "load": 4.2,
+            "passed": 1124,
+            "failed": 1,
+            "command": "python3 -m pytest -q",
+        },
+    ]
+    (results / "ci.json").write_text(json.dumps({"runs": runs, "ci_wall_s": 871.0}))
+    text = doc.render(results)
+    section = text.split("## Test suite under load", 1)[1]
+    assert (
+        "| 2026-12-07 21:00 UTC | `python3 -m pytest -q` | stress-ng --cpu 2 | 812 | 1,125 | 0 |"
+        in (section)
+    )
+    assert "| 2026-12-07 21:20 UTC | `python3 -m pytest -q` | 4.20 | 798 | 1,124 | 1 |" in section
+    assert "CI wall time: 871 s." in section

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +78,18 @@ class RunPaths:
 
     def raw(self, cell: CellRepeat) -> Path:
         return self._cell("raw", cell)
+
+    def raw_files(self) -> set[str]:
+        """Every raw record in the run folder (raw/<server>/<client>/<file>, raw/.superseded/
+        left out), as str(self.raw(cell)) gives them: one listing instead of a stat per cell."""
+        found: set[str] = set()
+        for server in _entries(self.root / "raw"):
+            if server.name.startswith(".") or not server.is_dir():
+                continue
+            for client in _entries(Path(server.path)):
+                if client.is_dir():
+                    found.update(e.path for e in _entries(Path(client.path)) if e.is_file())
+        return found
 
     def bench_log(self, cell: CellRepeat) -> Path:
         return self._cell("bench", cell)
@@ -262,3 +275,12 @@ class RunPaths:
         digest = hashlib.sha256(detail.encode()).hexdigest()[:12]
         node = safe_segment(node, what="node")
         return self.logs / "gpu_unavailable" / f"{node}~{digest}.log"
+
+
+def _entries(folder: Path) -> list[os.DirEntry[str]]:
+    """The entries of `folder` ([] where there is none)."""
+    try:
+        with os.scandir(folder) as it:
+            return list(it)
+    except (FileNotFoundError, NotADirectoryError):
+        return []

@@ -54,11 +54,15 @@ def changed_without_metadata(
 ) -> dict[str, str]:
     """cell key -> marker path of each cell whose raw record Snakemake has no metadata of and
     that was measured with another configuration; the marker (the differences) is written
-    newer than the record. Reads only those records (none while .snakemake/ is intact)."""
+    newer than the record. Reads only those records (none while .snakemake/ is intact); the
+    raw folder is listed once, so a fresh run's planning makes no call per cell."""
     found: dict[str, str] = {}
+    present = paths.raw_files()
+    if not present:
+        return found
     for cell in cells:
         raw = paths.raw(cell)
-        if not raw.exists() or metadata_path(str(raw), metadata_dir).exists():
+        if str(raw) not in present or metadata_path(str(raw), metadata_dir).exists():
             continue
         try:
             recorded = provenance.recorded(raw)

@@ -14,7 +14,7 @@ import atexit
 import dataclasses
 import statistics
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -64,12 +64,15 @@ CHANGED_CODE = "changed code"  # only the client: its kind, version, tokenizer
 REASONS = (MISSING, CHANGED_MEASUREMENT, CHANGED_CODE)
 
 
-def rerun_reason(exp: Experiment, paths: RunPaths, cell: CellRepeat) -> str | None:
+def rerun_reason(
+    exp: Experiment, paths: RunPaths, cell: CellRepeat, *, present: Set[str] | None = None
+) -> str | None:
     """Why `cell` runs (one of REASONS), None when its record stands: the params test
     Snakemake makes, on the record's own copy of them. An unreadable record is left to
-    collect_results (Snakemake does not read it either)."""
+    collect_results (Snakemake does not read it either). `present`: the run's raw files
+    (RunPaths.raw_files), where known, instead of a stat."""
     raw = paths.raw(cell)
-    if not raw.exists():
+    if (str(raw) not in present) if present is not None else not raw.exists():
         return MISSING
     try:
         recorded = provenance.recorded(raw)
@@ -375,7 +378,8 @@ def _make_plan(
     history = read_history(results_dir)
     pools = pool_plan(exp=exp, paths=paths, results_dir=results_dir, history=history)
     cells = list(cells) if cells is not None else pooled_cells(exp, pools)
-    why = {c.key: rerun_reason(exp, paths, c) for c in cells}
+    present = paths.raw_files()
+    why = {c.key: rerun_reason(exp, paths, c, present=present) for c in cells}
     reasons = {k: r for k, r in why.items() if r is not None}
     missing = [c for c in cells if c.key in reasons]
     builds = sum(not p.exists() for p in paths.builds(exp)) if missing else 0
