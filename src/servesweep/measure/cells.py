@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
@@ -9,7 +10,7 @@ import math
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -258,72 +259,28 @@ def run_cell(
         logs = rank_logs(manager, state, {p.role for p in exp.evidence.values()})
         marks = evidence.count(exp.evidence, logs)
         client_started = time.monotonic()
-        nodes = exp.cluster.nodes
-        read = gpu_nodes(exp)  # a GPU that roles share is read once (cluster.gpu_ids)
-        before = telemetry.take_snapshot(
-            transport=manager.transport, nodes=read, phase="before", timeout=SNAPSHOT_TIMEOUT_S
-        )
-        # Each node's clock against this host's: the window below is in this host's clock.
-        clock = clocks.clock_rows(transport=manager.transport, nodes=nodes)
-        clocks.warn_offsets(clock, interval_s=exp.telemetry.gpu_interval_ms / 1000, cell=cell.key)
-        sampler = gpu_sampler(exp=exp, manager=manager, state=state, cell=cell)
-        sampler.start()
-        try:
+        with gpu_window(exp=exp, manager=manager, state=state, cell=cell) as window:
             client_ran = True
-            record = run_client(
-                exp=exp,
-                manager=manager,
-                state=state,
-                workload=cell.workload,
-                tag=cell.key,
-                bench_log=bench_log,
+            record = _client_record(
+                exp=exp, manager=manager, state=state, cell=cell, bench_log=bench_log
             )
-            client_end = time.time()
-        except (ClientError, TransportError) as exc:
-            cause = _server_cause(manager, state)
-            if cause is None:
-                raise
-            raise cause from exc
-        finally:
-            samples = sampler.stop()
-        # The client's clock stops at its last response (its `duration`); the window ends when
-        # it wrote its record (bench_serving exits ~1.8 s later), else when it returned here.
-        written_at = ((record.model_extra or {}).get(CLOCK_KEY) or {}).get("record_written_at")
-        # `date -r` on the client's node gives its clock: back to this host's by its offset
-        # (a clock not read has none: then the end is when the client returned here).
-        offset = next((r.get("clock_offset_s") for r in clock if r["node"] == nodes[0]), None)
-        end = written_at - offset if written_at and offset is not None else client_end
-        window = gpusampling.window_rows(end - (record.duration or 0.0), end)
-        after = telemetry.take_snapshot(
-            transport=manager.transport, nodes=read, phase="after", timeout=SNAPSHOT_TIMEOUT_S
-        )
+            window.client_returned(record)
         client_seconds = time.monotonic() - client_started
         manager.check_alive(state)
-        validation.check_record(
-            record,
-            cell.workload,
-            cell=cell.key,
-            logs=[str(bench_log), *server_logs(manager, state)],
-            node=nodes[0],
-            min_retokenized_ratio=exp.validation.min_retokenized_ratio,
+        counts = _validate(
+            exp=exp,
+            manager=manager,
+            state=state,
+            cell=cell,
+            record=record,
+            bench_log=bench_log,
+            logs=logs,
+            marks=marks,
         )
-        _check_client(exp=exp, record=record, cell=cell.key, bench_log=bench_log)
-        counts = evidence.cell_counts(
-            exp.evidence, before=marks, after=evidence.count(exp.evidence, logs)
-        )
-        required = evidence.enforced(exp.evidence, exp.guesses)
-        observed = {k: p for k, p in exp.evidence.items() if k not in required}
-        for short in evidence.shortfalls(observed, counts):
-            logger.warning("cell %s: guessed evidence, observed only: %s", cell.key, short)
-        evidence.check(required, counts, cell=cell.key, logs=logs)
-        _check_requests(exp=exp, manager=manager, record=record, cell=cell.key, state=state)
-        # In time order, the after rows last: a file cut at any line loses some of them, so a
-        # cut file is `incomplete` (its before and after rows do not pair up), never `ok`. A
-        # node that is a slice of its host keeps only its own GPUs' rows (cluster.gpu_ids), a
-        # GPU that two nodes share is kept under the first one only.
+        # A node that is a slice of its host keeps only its own GPUs' rows (cluster.gpu_ids),
+        # a GPU that two nodes share is kept under the first one only.
         snapshot = telemetry.visible_rows(
-            before + clock + window + samples + after,
-            {node: exp.cluster.telemetry_gpus(node) for node in nodes},
+            window.rows(), {node: exp.cluster.telemetry_gpus(node) for node in exp.cluster.nodes}
         )
         warn_gpu_gaps(snapshot, paths=manager.paths, cell=cell.key)
         record = BenchRecord.model_validate(
@@ -370,6 +327,126 @@ def run_cell(
         if failure is not None and failure is not exc:
             raise failure from exc
         raise
+
+
+class GpuWindow:
+    """A cell's GPU rows around its client: the before snapshot and every node's clock (taken
+    on entering gpu_window), the loop samples while the client runs, then the measured window
+    (from the client's record) and the after snapshot."""
+
+    def __init__(self, before: list[dict[str, Any]], clock: list[dict[str, Any]]) -> None:
+        self.before, self.clock = before, clock
+        self.samples: list[dict[str, Any]] = []
+        self.window: list[dict[str, Any]] = []
+        self.after: list[dict[str, Any]] = []
+        self.record: BenchRecord | None = None
+        self.returned_at = 0.0
+
+    def client_returned(self, record: BenchRecord) -> None:
+        """The client's record, and when it returned here (this host's clock)."""
+        self.record, self.returned_at = record, time.time()
+
+    def rows(self) -> list[dict[str, Any]]:
+        """In time order, the after rows last: a file cut at any line loses some of them, so
+        a cut file is `incomplete` (its before and after rows do not pair up), never `ok`."""
+        return self.before + self.clock + self.window + self.samples + self.after
+
+
+@contextlib.contextmanager
+def gpu_window(
+    *, exp: Experiment, manager: ServerManager, state: ServerState, cell: CellRepeat
+) -> Iterator[GpuWindow]:
+    """Snapshot the GPUs and read each node's clock, sample while the body runs the client;
+    after a body that gave the client's record (GpuWindow.client_returned), place its measured
+    window and snapshot the GPUs again. A GPU that roles share is read once (cluster.gpu_ids)."""
+    read = gpu_nodes(exp)
+    before = telemetry.take_snapshot(
+        transport=manager.transport, nodes=read, phase="before", timeout=SNAPSHOT_TIMEOUT_S
+    )
+    # Each node's clock against this host's: the window below is in this host's clock.
+    clock = clocks.clock_rows(transport=manager.transport, nodes=exp.cluster.nodes)
+    clocks.warn_offsets(clock, interval_s=exp.telemetry.gpu_interval_ms / 1000, cell=cell.key)
+    window = GpuWindow(before, clock)
+    sampler = gpu_sampler(exp=exp, manager=manager, state=state, cell=cell)
+    sampler.start()
+    try:
+        yield window
+    finally:
+        window.samples = sampler.stop()
+    record = window.record
+    if record is None:
+        raise RuntimeError("gpu_window: its body gave no client record (client_returned)")
+    # The client's clock stops at its last response (its `duration`); the window ends when
+    # it wrote its record (bench_serving exits ~1.8 s later), else when it returned here.
+    written_at = ((record.model_extra or {}).get(CLOCK_KEY) or {}).get("record_written_at")
+    # `date -r` on the client's node gives its clock: back to this host's by its offset
+    # (a clock not read has none: then the end is when the client returned here).
+    client_node = exp.cluster.nodes[0]
+    offset = next((r.get("clock_offset_s") for r in clock if r["node"] == client_node), None)
+    end = written_at - offset if written_at and offset is not None else window.returned_at
+    window.window = gpusampling.window_rows(end - (record.duration or 0.0), end)
+    window.after = telemetry.take_snapshot(
+        transport=manager.transport, nodes=read, phase="after", timeout=SNAPSHOT_TIMEOUT_S
+    )
+
+
+def _client_record(
+    *,
+    exp: Experiment,
+    manager: ServerManager,
+    state: ServerState,
+    cell: CellRepeat,
+    bench_log: Path,
+) -> BenchRecord:
+    """The cell's client run; a failed client is blamed on its server when that died."""
+    try:
+        return run_client(
+            exp=exp,
+            manager=manager,
+            state=state,
+            workload=cell.workload,
+            tag=cell.key,
+            bench_log=bench_log,
+        )
+    except (ClientError, TransportError) as exc:
+        cause = _server_cause(manager, state)
+        if cause is None:
+            raise
+        raise cause from exc
+
+
+def _validate(
+    *,
+    exp: Experiment,
+    manager: ServerManager,
+    state: ServerState,
+    cell: CellRepeat,
+    record: BenchRecord,
+    bench_log: Path,
+    logs: list[evidence.RankLog],
+    marks: dict[str, int],
+) -> dict[str, int]:
+    """The record's checks (validation, the client's saturation, the log evidence since
+    `marks`, the server's request count); returns the cell's evidence counts."""
+    validation.check_record(
+        record,
+        cell.workload,
+        cell=cell.key,
+        logs=[str(bench_log), *server_logs(manager, state)],
+        node=exp.cluster.nodes[0],
+        min_retokenized_ratio=exp.validation.min_retokenized_ratio,
+    )
+    _check_client(exp=exp, record=record, cell=cell.key, bench_log=bench_log)
+    counts = evidence.cell_counts(
+        exp.evidence, before=marks, after=evidence.count(exp.evidence, logs)
+    )
+    required = evidence.enforced(exp.evidence, exp.guesses)
+    observed = {k: p for k, p in exp.evidence.items() if k not in required}
+    for short in evidence.shortfalls(observed, counts):
+        logger.warning("cell %s: guessed evidence, observed only: %s", cell.key, short)
+    evidence.check(required, counts, cell=cell.key, logs=logs)
+    _check_requests(exp=exp, manager=manager, record=record, cell=cell.key, state=state)
+    return counts
 
 
 def _check_client(*, exp: Experiment, record: BenchRecord, cell: str, bench_log: Path) -> None:

@@ -195,7 +195,6 @@ class ServerManager:
             owner=self.owner.label,
             run_id=self.exp.run_id,
         )
-        state_file = self._state_file(state)
         self.transport.check_reachable(self.exp.cluster.nodes)
         check_foreign(self.runtime, self.exp, spec, owner=self.owner)
         check_nodes_free(self.runtime, self.exp, spec, owner=self.owner, pool=self.pool)
@@ -220,37 +219,7 @@ class ServerManager:
                 router=ROUTER_ROLE if spec.router else None,
             )
             for wave, roles in enumerate(waves, 1):
-                wave_started = time.time()
-                for cmd, launch in launches:
-                    if cmd.role not in roles:
-                        continue
-                    handle = self.runtime.start(launch)
-                    state.ranks.append(
-                        RankState(
-                            cmd.role,
-                            cmd.node,
-                            cmd.rank,
-                            handle,
-                            launch.log_path,
-                            rank_url(self.exp, spec, cmd),
-                            self.runtime.identity(cmd.node, handle),
-                        )
-                    )
-                    write_json_atomic(state_file, state.to_dict())
-                ready_at = self._wait_ready(state, spec, roles)
-                if PD_ROLES[-1] in roles:  # both engines up, before the router and any request
-                    agreed = check_pd_agreement(state)
-                    self.events.emit("pd-agreement", fp=spec.fingerprint, **agreed)
-                for role in roles:
-                    if role != SINGLE_ROLE:
-                        self.events.emit(
-                            "role-ready",
-                            fp=spec.fingerprint,
-                            server=spec.id,
-                            role=role,
-                            wave=wave,
-                            seconds=f"{ready_at[role] - wave_started:.2f}",
-                        )
+                self._start_wave(state, spec, launches, wave=wave, roles=roles)
         except BaseException as exc:
             self.events.emit(
                 "start-failed",
@@ -260,6 +229,57 @@ class ServerManager:
             )
             self.stop(state, reason="start failed")
             raise
+        self._record_ready(state, spec)
+        return state
+
+    def _start_wave(
+        self,
+        state: ServerState,
+        spec: ServerSpec,
+        launches: list[tuple[RankCommand, Launch]],
+        *,
+        wave: int,
+        roles: tuple[str, ...],
+    ) -> None:
+        """Launch every rank of `roles`, each recorded in the state file as it starts; wait
+        until they are ready (a PD set's engines: check that they agree); a `role-ready` event
+        each, with its seconds from the wave's launch."""
+        state_file = self._state_file(state)
+        wave_started = time.time()
+        for cmd, launch in launches:
+            if cmd.role not in roles:
+                continue
+            handle = self.runtime.start(launch)
+            state.ranks.append(
+                RankState(
+                    cmd.role,
+                    cmd.node,
+                    cmd.rank,
+                    handle,
+                    launch.log_path,
+                    rank_url(self.exp, spec, cmd),
+                    self.runtime.identity(cmd.node, handle),
+                )
+            )
+            write_json_atomic(state_file, state.to_dict())
+        ready_at = self._wait_ready(state, spec, roles)
+        if PD_ROLES[-1] in roles:  # both engines up, before the router and any request
+            agreed = check_pd_agreement(state)
+            self.events.emit("pd-agreement", fp=spec.fingerprint, **agreed)
+        for role in roles:
+            if role != SINGLE_ROLE:
+                self.events.emit(
+                    "role-ready",
+                    fp=spec.fingerprint,
+                    server=spec.id,
+                    role=role,
+                    wave=wave,
+                    seconds=f"{ready_at[role] - wave_started:.2f}",
+                )
+
+    def _record_ready(self, state: ServerState, spec: ServerSpec) -> None:
+        """The set is up: where its start went (rank 0's log), the state and server.json, the
+        engine's own /server_info (its key masked), and the `ready` event."""
         state.ready_at = time.time()
         total = state.ready_at - state.started_at
         head = state.ranks[0]
@@ -267,12 +287,13 @@ class ServerManager:
             self.runtime.logs(head.node, head.handle, head.log_path), total
         )
         state.start_phases = {"ready_s": round(total, 2), **phases}
-        write_json_atomic(state_file, state.to_dict())
+        write_json_atomic(self._state_file(state), state.to_dict())
         if state.service:
             self._note_use(spec.fingerprint)
+        service = self.paths.service(spec.id)
         write_json_atomic(service / "server.json", state.to_dict())
         key = self.api_key(state)
-        info = http.get_json(f"{state.ranks[0].url}/server_info", key=key)
+        info = http.get_json(f"{head.url}/server_info", key=key)
         if info is not None:  # SGLang reports its api_key (and launch command): masked
             write_text_atomic(service / "server_info.json", scrub(json.dumps(info, indent=2), key))
         self.events.emit(
@@ -282,7 +303,6 @@ class ServerManager:
             seconds=f"{total:.2f}",
             **{name: f"{value:.1f}" for name, value in phases.items()},
         )
-        return state
 
     def _wait_ready(
         self, state: ServerState, spec: ServerSpec, roles: tuple[str, ...]
