@@ -14,7 +14,7 @@ from servesweep.config.load import load_experiment
 from servesweep.config.matrix import server_specs
 from servesweep.config.paths import RunPaths
 from servesweep.core.errors import DryFireFailed
-from servesweep.core.events import read_events
+from servesweep.core.events import EventLog, read_events
 from servesweep.serving.servers import ServerManager
 from tests.helpers import DEFAULT_CONFIG, deep_update, free_port
 
@@ -96,3 +96,33 @@ def test_a_dead_kv_transfer_is_caught_by_the_dry_fire_before_the_real_start(
         assert m.current() is None  # nothing left running or recorded
     finally:
         m.stop_all(reason="test teardown")
+
+
+def test_the_plan_counts_a_dry_fire_per_start_when_it_is_on(tmp_path: Path) -> None:
+    from servesweep.workflow.plan import (
+        ROUTER_START_S,
+        SGLANG_DRY_FIRE_S,
+        History,
+        read_history,
+        start_estimate,
+        start_s,
+    )
+
+    raw = yaml.safe_load((ROOT / "config/experiments/pd_standard.yaml").read_text())
+    site = ROOT / "config/site"
+    exp = load_experiment(raw, {}, site_dir=site)
+    spec = server_specs(exp)[0]
+    none = History(ready_s={}, cell_s={})
+    # prefill and decode on disjoint nodes: one wave of engines, then the router
+    assert (
+        start_estimate(exp, spec, none) == start_s(exp, spec) + SGLANG_DRY_FIRE_S + ROUTER_START_S
+    )
+    off = load_experiment(deep_update(raw, {"preflight": {"dry_fire": False}}), {}, site_dir=site)
+    assert start_estimate(off, server_specs(off)[0], none) == start_s(exp, spec)
+    # history: a measured dry fire replaces the guess
+    log = EventLog(tmp_path / "earlier-run" / "orchestrator.log")
+    log.emit("dry-fire-done", fp=spec.fingerprint, seconds="40.00")
+    log.emit("ready", fp=spec.fingerprint, server=spec.id, seconds="300.00")
+    assert start_estimate(exp, spec, read_history(tmp_path)) == 340.0
+    sim = load_experiment(_pd_raw(), {})
+    assert start_estimate(sim, server_specs(sim)[0], none) == 2 * start_s(sim, server_specs(sim)[0])
