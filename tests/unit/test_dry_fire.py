@@ -126,3 +126,28 @@ def test_the_plan_counts_a_dry_fire_per_start_when_it_is_on(tmp_path: Path) -> N
     assert start_estimate(exp, spec, read_history(tmp_path)) == 340.0
     sim = load_experiment(_pd_raw(), {})
     assert start_estimate(sim, server_specs(sim)[0], none) == 2 * start_s(sim, server_specs(sim)[0])
+
+
+def test_the_dry_fire_requires_each_enforced_evidence_pattern_once(tmp_path: Path) -> None:
+    never = {"d_never": {"pattern": "no such line", "role": "decode"}}
+    m = _manager(tmp_path, _pd_raw(evidence=never))
+    spec = server_specs(m.exp)[0]
+    try:
+        with pytest.raises(DryFireFailed, match="no d_never evidence .* role decode node d605 log"):
+            m.ensure(spec)
+        assert "start" not in [e for e, _ in _events(m)]
+    finally:
+        m.stop_all(reason="test teardown")
+    # a guessed pattern is counted, never enforced: the dry fire passes
+    m = _manager(tmp_path / "g", _pd_raw(evidence=never, guesses=["evidence.d_never"]))
+    try:
+        m.ensure(server_specs(m.exp)[0])
+        names = [e for e, _ in _events(m)]
+        assert "dry-fire-done" in names and "dry-fire-role-ready" in names
+        assert [f["role"] for e, f in _events(m) if e == "role-ready"] == [
+            "prefill",
+            "decode",
+            "router",
+        ]
+    finally:
+        m.stop_all(reason="test teardown")

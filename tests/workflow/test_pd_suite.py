@@ -270,6 +270,7 @@ def test_a_cell_without_its_required_evidence_is_invalid(tmp_path: Path) -> None
         tmp_path,
         "wf-pd-noevidence",
         evidence={"d_never": {"pattern": "no such line", "role": "decode"}},
+        preflight={"dry_fire": False},  # else the dry fire finds the line missing first
     )
     raw = "results/wf-pd-noevidence/raw/pd/case~64-8-c1/r1.jsonl"
     proc = run_snakemake(tmp_path, "--cores", "1", raw, "--configfile", str(cfg))

@@ -245,9 +245,12 @@ class ServerManager:
         )
         return state
 
-    def _run_waves(self, spec: ServerSpec, state: ServerState, state_file: Path) -> None:
+    def _run_waves(
+        self, spec: ServerSpec, state: ServerState, state_file: Path, *, events: str = ""
+    ) -> None:
         """Launch `spec` wave by wave (config.experiment.start_waves), each ready before the
-        next; the PD agreement once both engines are up. Raises as the first failure does."""
+        next; the PD agreement once both engines are up. Raises as the first failure does.
+        `events`: a prefix of its event names (the dry fire's `dry-fire-`)."""
         key = new_api_key()
         self._keys[spec.id] = key
         launches = self.launches(spec, key)
@@ -279,11 +282,11 @@ class ServerManager:
             ready_at = self._wait_ready(state, spec, roles)
             if PD_ROLES[-1] in roles:  # both engines up, before the router and any request
                 agreed = check_pd_agreement(state)
-                self.events.emit("pd-agreement", fp=spec.fingerprint, **agreed)
+                self.events.emit(f"{events}pd-agreement", fp=spec.fingerprint, **agreed)
             for role in roles:
                 if role != SINGLE_ROLE:
                     self.events.emit(
-                        "role-ready",
+                        f"{events}role-ready",
                         fp=spec.fingerprint,
                         server=spec.id,
                         role=role,
@@ -312,7 +315,7 @@ class ServerManager:
             run_id=self.exp.run_id,
         )
         try:
-            self._run_waves(dry, state, state_file)
+            self._run_waves(dry, state, state_file, events="dry-fire-")
             fire_one(self.exp, state, key=self._keys.get(spec.id), read=self._read_log)
         except (ServerStartError, ServerDied) as exc:
             self.events.emit(
