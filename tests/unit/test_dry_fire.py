@@ -151,3 +151,12 @@ def test_the_dry_fire_requires_each_enforced_evidence_pattern_once(tmp_path: Pat
         ]
     finally:
         m.stop_all(reason="test teardown")
+
+
+def test_a_router_without_workers_fails_the_dry_fire_naming_the_router(tmp_path: Path) -> None:
+    m = _manager(tmp_path, _pd_raw(engine={"sim": {"faults": {"router_no_workers_after": 0}}}))
+    try:
+        with pytest.raises(DryFireFailed, match=r"failed \(HTTP 503\); role router node d605 log"):
+            m.ensure(server_specs(m.exp)[0])
+    finally:
+        m.stop_all(reason="test teardown")

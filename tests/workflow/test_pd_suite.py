@@ -360,6 +360,7 @@ def test_a_router_without_workers_stops_the_run_and_its_log_says_why(tmp_path: P
         "wf-pd-no-workers",
         engine={"sim": {"faults": {"router_no_workers_after": 0}}},
         workload={"num_requests": 4},
+        preflight={"dry_fire": False},  # the dry fire would meet the 503 first (its own test)
     )
     proc = run_snakemake(tmp_path, "--cores", "1", "all", "--configfile", str(cfg))
     out = proc.stdout + proc.stderr
