@@ -197,3 +197,37 @@ def test_sim_takes_the_bound_and_models_a_shorter_capture() -> None:
     assert ns.cuda_graph_max_bs_decode == 16
     assert decode_graph_share(None) == 1.0 and decode_graph_share(512) == 1.0
     assert decode_graph_share(16) == pytest.approx(16 / 256)
+
+
+def test_down_purge_caches_removes_this_configs_folder_on_every_node(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from servesweep.cluster.owner import current_owner
+    from servesweep.config.paths import RunPaths
+    from servesweep.serving.launches import node_cache_dir
+    from servesweep.workflow.cli import purge_caches
+
+    raw = yaml.safe_load((ROOT / "config/config.yaml").read_text())
+    raw["runtime"] = {"compile_cache": {"base": str(tmp_path / "cache")}}
+    exp = load_experiment(raw, {})
+    paths = RunPaths(tmp_path / "results" / exp.run_id)
+    folder = Path(str(node_cache_dir(exp, current_owner(paths.root.parent))))
+    (folder / "triton").mkdir(parents=True)
+    (tmp_path / "cache" / "another-image").mkdir()
+    purge_caches(exp, paths)
+    assert f"node local: compile cache {folder}: purged" in capsys.readouterr().out
+    assert not folder.exists() and (tmp_path / "cache" / "another-image").exists()
+
+
+def test_the_manifest_records_the_cache_folder(tmp_path: Path) -> None:
+    from servesweep.config.paths import RunPaths
+    from servesweep.workflow.manifest import build_manifest
+    from servesweep.workflow.plan import pool_plan
+
+    exp = load_experiment_file(ROOT / "config/config.yaml", {})
+    paths = RunPaths(tmp_path / exp.run_id)
+    pools = pool_plan(exp=exp, paths=paths, results_dir=tmp_path)
+    manifest = build_manifest(exp=exp, server_info=[], repo=ROOT, pools=pools, owner_tag="t")
+    cache = manifest["compile_cache"]
+    assert cache["enabled"] and cache["dir"].startswith("/tmp/servesweep-t/compile-cache/sglang_")
+    assert set(cache["env"]) == set(COMPILE_CACHE_ENV)
