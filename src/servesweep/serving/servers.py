@@ -290,8 +290,8 @@ class ServerManager:
                         fp=spec.fingerprint,
                         server=spec.id,
                         role=role,
-                        wave=wave,
                         seconds=f"{ready_at[role] - wave_started:.2f}",
+                        wave=wave,
                     )
 
     def dry_fire(self, spec: ServerSpec, state_file: Path) -> float:
