@@ -32,17 +32,21 @@ BROKE = (
 )
 
 
-def dry_spec(spec: ServerSpec) -> ServerSpec:
-    """`spec` with `--load-format dummy` and `--json-model-override-args` keeping one layer per
-    pipeline stage (the largest pp_size of its roles), under its own fingerprint (its
-    processes' labels and names never match the real set's)."""
-    layers = max(role.args.pp_size for role in spec.roles)
-    extra = [
+def dry_flags(layers: int) -> list[str]:
+    """The launch flags a dry fire adds: random weights, `layers` hidden layers."""
+    return [
         "--load-format",
         "dummy",
         "--json-model-override-args",
         json.dumps({"num_hidden_layers": layers}),
     ]
+
+
+def dry_spec(spec: ServerSpec) -> ServerSpec:
+    """`spec` with `--load-format dummy` and `--json-model-override-args` keeping one layer per
+    pipeline stage (the largest pp_size of its roles), under its own fingerprint (its
+    processes' labels and names never match the real set's)."""
+    extra = dry_flags(max(role.args.pp_size for role in spec.roles))
     roles = tuple(
         dataclasses.replace(
             role, args=role.args.model_copy(update={"extra_args": [*role.args.extra_args, *extra]})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,7 +18,7 @@ from servesweep.cluster.owner import current_owner
 from servesweep.cluster.runtime import Labelled, purge_cache_line
 from servesweep.cluster.secrets import Secret
 from servesweep.cluster.transport import node_address
-from servesweep.config.experiment import Experiment
+from servesweep.config.experiment import Experiment, dry_fire_enabled
 from servesweep.config.guesses import guess_values
 from servesweep.config.load import load_experiment_file
 from servesweep.config.matrix import cell_repeats, server_specs
@@ -28,6 +29,7 @@ from servesweep.core.files import write_json_atomic
 from servesweep.measure.cells import run_warmup
 from servesweep.measure.client import client_files, client_launch
 from servesweep.measure.locks import lock_holder
+from servesweep.serving.dryfire import dry_flags
 from servesweep.serving.engines import base_url, check_experiment, keyed, launch_targets
 from servesweep.serving.launches import node_cache_dir, resolve_ports
 from servesweep.serving.neighbours import describe_server
@@ -266,6 +268,13 @@ def cmd_commands(args: argparse.Namespace) -> None:
         )
     for spec in specs.values():
         print(manager.commands_script(spec).removeprefix("#!/bin/sh\n"), end="")
+    if dry_fire_enabled(exp):
+        layers = max(r.args.pp_size for spec in specs.values() for r in spec.roles)
+        print(
+            "# dry fire (preflight.dry_fire) before each start: the same commands with "
+            f"{shlex.join(dry_flags(layers))}, one request through the entry, then torn down "
+            "(service/<server>/dry-fire-commands.sh)"
+        )
     print(
         f"# client on node {exp.cluster.nodes[0]}, per cell-repeat (each server config alike; "
         "a keyed server's API key goes to its stdin)"
