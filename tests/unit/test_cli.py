@@ -21,7 +21,16 @@ def test_commands_prints_every_docker_and_launch_command(
     lines = capsys.readouterr().out.splitlines()
     commands = [line for line in lines if "docker run -d" in line]
     assert len(commands) == 4 * 4  # 4 server configs x 4 nodes, one command per line
-    assert all(c.startswith("sudo -S -p '' docker run -d") for c in commands)
+    # the compile-cache folder made private first, then mounted
+    assert all("} && sudo -S -p '' docker run -d" in c for c in commands)
+    assert all(c.startswith("{ { mkdir -m 0700 /tmp/servesweep-") for c in commands)
+    assert all("compile-cache/image_kimi3-sglang-mxfp4_phase5-" in c for c in commands)
+    # multi-node: a dry fire before each start (preflight.dry_fire)
+    assert any(
+        ln.startswith("# dry fire")
+        and """--json-model-override-args '{"num_hidden_layers": 1}'""" in ln
+        for ln in lines
+    )
     # The image build (every node at once), its smoke commands and content checks
     image = lines[: lines.index(next(ln for ln in lines if ln.startswith("# server ")))]
     assert image[0].startswith("# image: build_images, on every node at once")

@@ -287,6 +287,7 @@ def test_a_cell_without_its_required_evidence_is_invalid(tmp_path: Path) -> None
         tmp_path,
         "wf-pd-noevidence",
         evidence={"d_never": {"pattern": "no such line", "role": "decode"}},
+        preflight={"dry_fire": False},  # else the dry fire finds the line missing first
     )
     raw = "results/wf-pd-noevidence/raw/pd/case~64-8-c1/r1.jsonl"
     proc = run_snakemake(tmp_path, "--cores", "1", raw, "--configfile", str(cfg))
@@ -376,6 +377,7 @@ def test_a_router_without_workers_stops_the_run_and_its_log_says_why(tmp_path: P
         "wf-pd-no-workers",
         engine={"sim": {"faults": {"router_no_workers_after": 0}}},
         workload={"num_requests": 4},
+        preflight={"dry_fire": False},  # the dry fire would meet the 503 first (its own test)
     )
     proc = run_snakemake(tmp_path, "--cores", "1", "all", "--configfile", str(cfg))
     out = proc.stdout + proc.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -47,6 +48,9 @@ class Launch:
     # (NAME, value): an environment variable the process gets through the command's stdin,
     # never through argv, a file or a label (the service's API key, docs/access.md).
     secret_env: tuple[str, Secret] | None = None
+    # The node's compile-cache folder (compile_cache_dir): made private before the start,
+    # mounted at the same path into a container; its variables are in `env`.
+    cache_dir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,72 @@ def owner_dir(tag: str) -> str:
     return f"{ONESHOT_DIR}-{safe_segment(tag, what='owner tag')}"
 
 
+# Where SGLang's JIT compilers keep their output (each under the compile-cache folder):
+# Triton's kernels, TorchInductor's (torch.compile), FlashInfer's JIT modules (the library
+# appends .cache/flashinfer), DeepGEMM's kernels (SGLang overwrites DG_JIT_CACHE_DIR with
+# SGLANG_DG_CACHE_DIR on import, so both are set) and the CUDA driver's PTX JIT cache.
+COMPILE_CACHE_ENV = {
+    "TRITON_CACHE_DIR": "triton",
+    "TORCHINDUCTOR_CACHE_DIR": "inductor",
+    "FLASHINFER_WORKSPACE_BASE": "flashinfer",
+    "SGLANG_DG_CACHE_DIR": "deep_gemm",
+    "DG_JIT_CACHE_DIR": "deep_gemm",
+    "CUDA_CACHE_PATH": "cuda",
+}
+COMPILE_CACHE = "compile-cache"
+
+
+def compile_cache_key(runtime: RuntimeConfig, engine_version: str) -> str:
+    """The cache folder's name: the image's (docker, pyxis, apptainer) or, for the process
+    runtime, the SGLang version's, as one path segment plus a hash of the whole name (two
+    images never share a folder, whatever their names fold to)."""
+    name = f"image:{runtime.image}" if runtime.imaged else f"sglang:{engine_version}"
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._-")[:80]
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return safe_segment(f"{readable}-{digest}", what="compile cache key")
+
+
+def compile_cache_dir(runtime: RuntimeConfig, *, engine_version: str, owner_tag: str) -> str | None:
+    """The node folder of this image's (or SGLang version's) compile caches; None when
+    `runtime.compile_cache.enabled` is off."""
+    cache = runtime.compile_cache
+    if not cache.enabled:
+        return None
+    base = cache.base or f"{owner_dir(owner_tag)}/{COMPILE_CACHE}"
+    return f"{base}/{compile_cache_key(runtime, engine_version)}"
+
+
+def compile_cache_env(path: str) -> dict[str, str]:
+    """The variables that point SGLang's JIT compilers into the cache folder `path`."""
+    return {name: f"{path}/{sub}" for name, sub in COMPILE_CACHE_ENV.items()}
+
+
+def cache_dir_prep(path: str) -> str:
+    """Shell: make the compile-cache folder `path` and its parent (the base) private: each a
+    real folder (no symlink) of the calling user, mode 0700; else fail naming it."""
+    base = os.path.dirname(path)
+    checks = " && ".join(
+        f"[ -d {d} ] && [ ! -L {d} ] && [ -O {d} ] && chmod 0700 {d}"
+        for d in (shlex.quote(base), shlex.quote(path))
+    )
+    return (
+        f"{{ {node_dir_prep(path)} && mkdir -p -m 0700 {shlex.quote(path)}; if {checks}; "
+        f'then :; else echo "servesweep: compile cache {path} on $(hostname) is no private '
+        f"folder of $(id -un) (a symlink or another user's): remove it\" >&2; false; fi; }}"
+    )
+
+
+def purge_cache_line(path: str) -> str:
+    """Shell: remove the compile-cache folder `path` if it is a real folder of the calling
+    user (another user's, or a link, is left alone and named). Prints `purged` or `absent`."""
+    d = shlex.quote(path)
+    return (
+        f"if [ ! -e {d} ] && [ ! -L {d} ]; then echo absent; "
+        f"elif [ -d {d} ] && [ ! -L {d} ] && [ -O {d} ]; then rm -rf {d} && echo purged; "
+        f'else echo "servesweep: {path} on $(hostname) is not ours: left alone" >&2; false; fi'
+    )
+
+
 def private_root(path: str) -> str | None:
     """The owner directory `path` lies in (None: a path elsewhere, e.g. under results/)."""
     prefix = f"{ONESHOT_DIR}-"
@@ -199,7 +269,7 @@ class ProcessRuntime:
         argv = " ".join(shlex.quote(a) for a in launch.argv)
         log = shlex.quote(launch.log_path)
         return (
-            f"{read_secret_line(launch)}{node_dir_prep(launch.log_path)} && "
+            f"{read_secret_line(launch)}{node_dir_prep(launch.log_path)} && {_cache_prep(launch)}"
             f"env {assigns} setsid {argv} > {log} 2>&1 < /dev/null & echo $!"
         )
 
@@ -325,6 +395,11 @@ class ProcessRuntime:
         return found
 
 
+def _cache_prep(launch: Launch) -> str:
+    """Shell: `cache_dir_prep && ` for a launch with a compile-cache folder ("" without)."""
+    return "" if launch.cache_dir is None else f"{cache_dir_prep(launch.cache_dir)} && "
+
+
 def _candidates(labels: dict[str, str]) -> str:
     """Shell: the /proc/PID directories worth checking with `_has_all`: those whose environment
     holds the longest wanted label (the most telling), found by one grep over every environment
@@ -419,7 +494,8 @@ class DockerRuntime:
         )
 
     def command_line(self, launch: Launch) -> str:
-        return f"{self._prefix()} {shlex.join(self._run_args(launch, detach=True, gpus=True))}"
+        run = shlex.join(self._run_args(launch, detach=True, gpus=True))
+        return f"{_cache_prep(launch)}{self._prefix()} {run}"
 
     def docker_prefix(self) -> str:
         """How docker is called on the nodes (`docker`, or sudo's form of it)."""
@@ -443,7 +519,10 @@ class DockerRuntime:
         if launch.secret_env is not None:
             args += ["--env-file", "/dev/stdin"]  # NAME=value after sudo's line (_stdin)
         root = None if detach else private_root(launch.log_path)
-        for mount in [*rt.mounts, *([] if root is None else [f"{root}:{root}"])]:
+        own = [] if root is None else [f"{root}:{root}"]
+        if launch.cache_dir is not None:
+            own.append(f"{launch.cache_dir}:{launch.cache_dir}")
+        for mount in [*rt.mounts, *own]:
             args += ["-v", mount]
         for key, value in launch.labels.items():
             args += ["--label", f"{LABEL_PREFIX}{key}={value}"]

@@ -35,7 +35,9 @@ from servesweep.cluster.runtime import (
     CommandResult,
     Labelled,
     Launch,
+    _cache_prep,
     _has_all,
+    cache_dir_prep,
     env_assigns,
     env_value,
     label_env,
@@ -583,6 +585,8 @@ class SlurmRuntime:
         root = private_root(launch.log_path)
         if root is not None:
             mounts.append(f"{root}:{root}")
+        if launch.cache_dir is not None:
+            mounts.append(f"{launch.cache_dir}:{launch.cache_dir}")
         flags = [f"--container-image={self.image}"]
         if mounts:
             flags.append(f"--container-mounts={','.join(mounts)}")
@@ -604,15 +608,19 @@ class SlurmRuntime:
             root = private_root(launch.log_path)
             if root is not None:
                 binds.append(f"{root}:{root}")
+            if launch.cache_dir is not None:
+                binds.append(f"{launch.cache_dir}:{launch.cache_dir}")
             bind = ["--bind", ",".join(binds)] if binds else []
             argv = ["apptainer", "exec", "--nv", *bind, self.image, *argv]
         assigns = env_assigns({**self.runtime.env, **launch.env, **label_env(launch.labels)})
         log = shlex.quote(launch.log_path)
-        prep = f"{read_secret_line(launch)}{node_dir_prep(launch.log_path)}"
+        # pyxis mounts the cache before this shell runs (in the container): start() makes it
+        cache = "" if self.runtime.kind == "pyxis" else _cache_prep(launch)
+        prep = f"{read_secret_line(launch)}{node_dir_prep(launch.log_path)} && {cache}"
         if not copy:
-            return f"{prep} && exec env {assigns} {shlex.join(argv)} > {log} 2>&1 < /dev/null"
+            return f"{prep}exec env {assigns} {shlex.join(argv)} > {log} 2>&1 < /dev/null"
         return (
-            f"{prep} && : > {log} && {{ env {assigns} {shlex.join(argv)} > {log} 2>&1 "
+            f"{prep}: > {log} && {{ env {assigns} {shlex.join(argv)} > {log} 2>&1 "
             f"< /dev/null & pid=$!; tail -n +1 -F --pid=$pid {log} 2>/dev/null; wait $pid; }}"
         )
 
@@ -692,6 +700,14 @@ class SlurmRuntime:
     # ---------------------------------------------------------- lifecycle
     def start(self, launch: Launch) -> str:
         job = self.transport.allocate(launch.node)
+        if launch.cache_dir is not None and self.runtime.kind == "pyxis":
+            # the container's mount source must exist (and be private) before the step
+            res = self.transport.run(launch.node, cache_dir_prep(launch.cache_dir), timeout=60)
+            if not res.ok:
+                raise ServerStartError(
+                    f"could not prepare the compile cache on node {launch.node}: "
+                    f"{res.stderr.strip()}"
+                )
         line = self._step_line(launch, job, gpus=True, copy=True)
         head_log = private_head() / f"{launch.name}.srun.log"
         with open_private(head_log, "w") as out:

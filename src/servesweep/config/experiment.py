@@ -472,3 +472,11 @@ def gpu_shared_by(cluster: ClusterConfig, roles: Sequence[tuple[str, Sequence[st
         if len(held) > 1:
             found += held
     return "+".join(name for name, _ in roles if name in found)
+
+
+def dry_fire_enabled(exp: Experiment) -> bool:
+    """Whether a dummy-weight dry fire precedes each real start (`preflight.dry_fire`; unset:
+    for PD and multi-node server sets, whose rendezvous, transfer and routing fail late)."""
+    if exp.preflight.dry_fire is not None:
+        return exp.preflight.dry_fire
+    return bool(exp.roles) or any(len(layout.nodes) > 1 for layout in role_layouts(exp))

@@ -110,7 +110,8 @@ def probe_priority(server: ServerSpec, *, repeats: int, clients: int) -> int:
 # supervised, not what it measures, so they stay out of fingerprints and cell params. Changing
 # one of them (a port, an address, a timeout) reruns nothing.
 REACH_ENGINE_FIELDS = frozenset({"port", "dist_init_port", "ready_timeout_s"})
-REACH_RUNTIME_FIELDS = frozenset({"sudo"})
+# The compile cache speeds a start up; the kernels it holds are the ones the engine compiles.
+REACH_RUNTIME_FIELDS = frozenset({"sudo", "compile_cache"})
 REACH_SERVER_ARG_FIELDS = frozenset({"disaggregation_bootstrap_port"})
 REACH_ROUTER_FIELDS = frozenset({"port"})
 REACH_WORKLOAD_FIELDS = frozenset({"request_timeout_s"})
@@ -121,6 +122,18 @@ def derived_seed(base: int, name: str) -> int:
     stable across runs, machines and Python versions (a hash, not `hash()`)."""
     digest = hashlib.sha256(f"{base}:{name}".encode()).hexdigest()
     return int(digest[:8], 16) % (2**31 - 1)
+
+
+# Launch arguments given only when set: a config without them keeps the fingerprints it had
+# before they existed.
+WHEN_SET_SERVER_ARG_FIELDS = frozenset({"cuda_graph_max_bs"})
+
+
+def _fingerprinted(args: ServerArgs) -> dict[str, Any]:
+    """A role's arguments as its fingerprint sees them."""
+    exclude = set(REACH_SERVER_ARG_FIELDS)
+    exclude |= {f for f in WHEN_SET_SERVER_ARG_FIELDS if getattr(args, f) is None}
+    return args.model_dump(exclude=exclude)
 
 
 def fingerprint(exp: Experiment, roles: tuple[RoleSpec, ...]) -> str:
@@ -140,12 +153,7 @@ def fingerprint(exp: Experiment, roles: tuple[RoleSpec, ...]) -> str:
             **({"gpu_ids": exp.cluster.gpu_ids} if exp.cluster.gpu_ids else {}),
         },
         "roles": [
-            {
-                "name": r.name,
-                "nodes": r.nodes,
-                "args": r.args.model_dump(exclude=set(REACH_SERVER_ARG_FIELDS)),
-            }
-            for r in roles
+            {"name": r.name, "nodes": r.nodes, "args": _fingerprinted(r.args)} for r in roles
         ],
         "router": exp.router.model_dump(exclude=set(REACH_ROUTER_FIELDS)) if exp.router else None,
     }
@@ -189,6 +197,21 @@ def canonical_axes(axes: Mapping[str, Any], model: type[BaseModel]) -> dict[str,
     return {k: axes[k] for k in sorted(axes, key=order.index)}
 
 
+def served_concurrency(exp: Experiment) -> int:
+    """The largest number of requests in flight a server config is sent: its cells' (every
+    client config or case runs on every server config) and the warm-up's (one at a time)."""
+    return max([1, *(c.workload.concurrency for c in client_specs(exp))])
+
+
+def resolved_args(exp: Experiment, args: ServerArgs) -> ServerArgs:
+    """`args` with `cuda_graph_max_bs: auto` resolved (served_concurrency): the launch line
+    and the fingerprint carry the number, so two matrices that serve the same largest
+    concurrency share their servers."""
+    if args.cuda_graph_max_bs != "auto":
+        return args
+    return args.model_copy(update={"cuda_graph_max_bs": served_concurrency(exp)})
+
+
 def server_specs(exp: Experiment) -> list[ServerSpec]:
     """Every server config in matrix order; earlier configs get higher priority."""
     combos = combinations(exp.matrix.server)
@@ -201,7 +224,9 @@ def server_specs(exp: Experiment) -> list[ServerSpec]:
                 nodes=layout.nodes,
                 port=layout.port,
                 dist_init_port=layout.dist_init_port,
-                args=ServerArgs.model_validate({**layout.base.model_dump(), **axes}),
+                args=resolved_args(
+                    exp, ServerArgs.model_validate({**layout.base.model_dump(), **axes})
+                ),
             )
             for layout in layouts
         )

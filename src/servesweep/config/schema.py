@@ -320,6 +320,24 @@ class ImageBuild(Strict):
         return self
 
 
+class CompileCacheConfig(Strict):
+    """A per-node folder for the JIT caches of SGLang's kernels (Triton, TorchInductor,
+    FlashInfer, DeepGEMM, CUDA's PTX cache) that outlives a container: one subfolder per image
+    (per SGLang version for the process runtime), mounted into every server container, private
+    to its owner (0700). `servesweep down --purge-caches` removes this config's subfolder."""
+
+    enabled: bool = True
+    # An absolute folder on every node; None: `/tmp/servesweep-<owner>/compile-cache`.
+    base: str | None = Field(default=None, pattern=r"^/[A-Za-z0-9._+-]+(/[A-Za-z0-9._+-]+)*$")
+
+    @field_validator("base")
+    @classmethod
+    def _no_dots(cls, value: str | None) -> str | None:
+        if value is not None and any(part in (".", "..") for part in value.split("/")):
+            raise ValueError(f"{value!r}: no '.' or '..' segments")
+        return value
+
+
 class RuntimeConfig(Strict):
     """How a server process lives on a node: a local process group or a docker container; on
     Slurm (cluster.transport slurm) a step running a process, a pyxis container
@@ -346,6 +364,7 @@ class RuntimeConfig(Strict):
     # under a lock: `enroot import -o <image> <source>` / `apptainer pull <image> <source>`.
     # None: `image` is used as it is.
     source: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@#+-]*$")
+    compile_cache: CompileCacheConfig = CompileCacheConfig()
 
     @property
     def containers(self) -> bool:
@@ -394,6 +413,10 @@ class PreflightConfig(Strict):
 
     # A GPU with a compute process, or more memory in use than this, is busy (one-line error).
     gpu_idle_max_memory_mib: float = Field(default=1024, ge=0)
+    # Before the real start, the same topology with dummy weights and one layer per pipeline
+    # stage answers one request (through the router for PD): proves rendezvous, KV transfer
+    # and routing in about a warm start's time. None: on for multi-node and PD configs.
+    dry_fire: bool | None = None
 
 
 class SimFaults(Strict):
@@ -416,6 +439,9 @@ class SimFaults(Strict):
     # (a KV transfer that hands decode the wrong cache).
     corrupt_runners: list[str] = Field(default_factory=list)
     corrupt_transfer: bool = False
+    # A dead KV transfer on every PD prefill server: each request's KV never reaches decode
+    # (decode logs SGLang's "Failed to get kvcache from prefill instance" and aborts it).
+    fail_transfer: bool = False
 
 
 class SimConfig(Strict):
@@ -467,6 +493,10 @@ class ServerArgs(Strict):
     disaggregation_ib_device: str | None = None
     disaggregation_bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
     speculative_algorithm: str | None = None
+    # `--cuda-graph-max-bs-decode` (`--cuda-graph-max-bs` before SGLang 0.5.14): the largest
+    # decode batch captured as a CUDA graph. "auto": the largest concurrency this server config
+    # serves (its cells and warm-up; config.matrix resolves it); None: SGLang's default.
+    cuda_graph_max_bs: Annotated[int, Field(ge=1)] | Literal["auto"] | None = None
     extra_args: list[str] = Field(default_factory=list)
     env: EnvMap = Field(default_factory=dict)
 

@@ -28,6 +28,11 @@ class ServerStartError(ServesweepError):
     """A server did not start or did not become ready."""
 
 
+class DryFireFailed(ServerStartError):
+    """The dry fire (dummy weights, the same topology, one request) failed: the real start
+    would have too, after its full cost."""
+
+
 class ServerDied(ServesweepError):
     """A running server stopped answering or logged a fatal pattern."""
 

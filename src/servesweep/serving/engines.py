@@ -35,6 +35,9 @@ MOE_RUNNERS_0_5_23 = (
     + "flashinfer_megamoe lora_cutedsl lora_triton lora_marlin megamoe intel_xpu".split()
 )
 MARLIN_SINCE = (0, 5, 12)
+# `--cuda-graph-max-bs` became an alias of `--cuda-graph-max-bs-decode` in 0.5.14 and an
+# argparse error (ambiguous) in 0.5.20 (SGLANG.md section 1).
+GRAPH_BS_DECODE_SINCE = (0, 5, 14)
 AFTER_0_5_17 = (0, 5, 18)
 
 
@@ -55,6 +58,13 @@ def moe_runners(version: str) -> list[str]:
     if parsed >= MARLIN_SINCE:
         return MOE_RUNNERS_0_5_17
     return MOE_RUNNERS_0_5_9
+
+
+def cuda_graph_flag(version: str) -> str:
+    """The flag that bounds the captured decode batch sizes in SGLang `version`."""
+    if parse_version(version) >= GRAPH_BS_DECODE_SINCE:
+        return "--cuda-graph-max-bs-decode"
+    return "--cuda-graph-max-bs"
 
 
 def check_supported(exp: Experiment, spec: ServerSpec) -> None:
@@ -196,6 +206,8 @@ def _server_flags(exp: Experiment, role: RoleSpec, rank: int) -> list[str]:
         "--disaggregation-ib-device": args.disaggregation_ib_device,
         "--disaggregation-bootstrap-port": args.disaggregation_bootstrap_port,
         "--speculative-algorithm": args.speculative_algorithm,
+        # "auto" resolved (config.matrix); the flag's name follows the pinned version
+        cuda_graph_flag(exp.engine.version): args.cuda_graph_max_bs,
     }
     for flag, value in optional.items():
         if value is not None:
@@ -222,6 +234,8 @@ def _sim_flags(exp: Experiment, spec: ServerSpec, node: str) -> list[str]:
         flags.append("--sim-fail-start")
     if corrupts(faults, spec, node):
         flags.append("--sim-corrupt")
+    if faults.fail_transfer and any(r.name == "prefill" and node in r.nodes for r in spec.roles):
+        flags.append("--sim-fail-transfer")
     if faults.crash_after is not None:
         flags += ["--sim-crash-after", str(faults.crash_after)]
         if faults.crash_kind != "scheduler":

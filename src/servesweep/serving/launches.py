@@ -16,7 +16,13 @@ from servesweep.cluster.owner import (
     SERVICE_LABEL,
     Owner,
 )
-from servesweep.cluster.runtime import Launch, Runtime, owner_dir
+from servesweep.cluster.runtime import (
+    Launch,
+    Runtime,
+    compile_cache_dir,
+    compile_cache_env,
+    owner_dir,
+)
 from servesweep.cluster.secrets import Secret
 from servesweep.config.experiment import Experiment
 from servesweep.config.matrix import ServerSpec
@@ -54,6 +60,11 @@ def run_node_dir(exp: Experiment, owner: Owner) -> str:
     return f"{owner_dir(owner.tag)}/{exp.run_id}"
 
 
+def node_cache_dir(exp: Experiment, owner: Owner) -> str | None:
+    """The compile-cache folder of this config's image on every node (None: turned off)."""
+    return compile_cache_dir(exp.runtime, engine_version=exp.engine.version, owner_tag=owner.tag)
+
+
 def rank_launches(
     exp: Experiment,
     spec: ServerSpec,
@@ -68,7 +79,10 @@ def rank_launches(
     `key` in API_KEY_ENV through stdin). `log_path(role, node)`: where it writes its log."""
     out = []
     ports = listening_ports(exp, spec)
+    cache = node_cache_dir(exp, owner)
     for cmd in rank_commands(exp, spec):
+        engine = cmd.role != ROUTER_ROLE
+        cached = cache if engine else None
         launch = Launch(
             name=(
                 f"servesweep-{owner.tag}-{exp.run_id}-{spec.fingerprint}-"
@@ -77,7 +91,9 @@ def rank_launches(
             node=cmd.node,
             argv=cmd.argv,
             log_path=log_path(cmd.role, cmd.node),
-            env=cmd.env,
+            # a server's own variables win over the cache's
+            env={**(compile_cache_env(cached) if cached else {}), **cmd.env},
+            cache_dir=cached,
             labels=labels
             | {
                 "server": spec.id,
@@ -86,7 +102,7 @@ def rank_launches(
                 "node": cmd.node,
                 PORTS_LABEL: ",".join(str(p) for n, p in ports if n == cmd.node),
             },
-            accelerators=cmd.role != ROUTER_ROLE,
+            accelerators=engine,
             secret_env=(API_KEY_ENV, key or Secret("")) if cmd.keyed else None,
         )
         out.append((cmd, launch))

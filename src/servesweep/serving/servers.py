@@ -26,15 +26,16 @@ from servesweep.cluster.owner import (
 from servesweep.cluster.pools import narrow, node_pools
 from servesweep.cluster.runtime import Labelled, Launch
 from servesweep.cluster.secrets import Secret, new_api_key, scrub
-from servesweep.config.experiment import Experiment, start_waves
+from servesweep.config.experiment import Experiment, dry_fire_enabled, start_waves
 from servesweep.config.matrix import ServerSpec, server_specs
 from servesweep.config.paths import RunPaths
 from servesweep.config.schema import PD_ROLES, SINGLE_ROLE
-from servesweep.core.errors import ServerDied, ServerStartError, TransportError
+from servesweep.core.errors import DryFireFailed, ServerDied, ServerStartError, TransportError
 from servesweep.core.events import EventLog
 from servesweep.core.files import failed_name, write_json_atomic, write_text_atomic
 from servesweep.serving import logscan
 from servesweep.serving.agreement import check_pd_agreement
+from servesweep.serving.dryfire import dry_spec, fire_one, first_line
 from servesweep.serving.engines import API_KEY_ENV, ROUTER_ROLE, RankCommand, base_url
 from servesweep.serving.launches import (
     commands_script,
@@ -198,6 +199,8 @@ class ServerManager:
         self.transport.check_reachable(self.exp.cluster.nodes)
         check_foreign(self.runtime, self.exp, spec, owner=self.owner)
         check_nodes_free(self.runtime, self.exp, spec, owner=self.owner, pool=self.pool)
+        if dry_fire_enabled(self.exp):
+            self.dry_fire(spec, self._state_file(state))
         state.started_at = time.time()  # the start proper: `ready seconds` counts from here
         self.events.emit(
             "start",
@@ -207,19 +210,8 @@ class ServerManager:
             pool=self.pool,
             owner=self.owner.label,
         )
-        key = new_api_key()
-        self._keys[spec.id] = key
         try:
-            launches = self.launches(spec, key)
-            if not any(launch.secret_env for _, launch in launches):
-                self._keys[spec.id] = None
-            waves = start_waves(
-                self.exp.cluster,
-                [(role.name, role.nodes) for role in spec.roles],
-                router=ROUTER_ROLE if spec.router else None,
-            )
-            for wave, roles in enumerate(waves, 1):
-                self._start_wave(state, spec, launches, wave=wave, roles=roles)
+            self._run_waves(spec, state, self._state_file(state))
         except BaseException as exc:
             self.events.emit(
                 "start-failed",
@@ -231,51 +223,6 @@ class ServerManager:
             raise
         self._record_ready(state, spec)
         return state
-
-    def _start_wave(
-        self,
-        state: ServerState,
-        spec: ServerSpec,
-        launches: list[tuple[RankCommand, Launch]],
-        *,
-        wave: int,
-        roles: tuple[str, ...],
-    ) -> None:
-        """Launch every rank of `roles`, each recorded in the state file as it starts; wait
-        until they are ready (a PD set's engines: check that they agree); a `role-ready` event
-        each, with its seconds from the wave's launch."""
-        state_file = self._state_file(state)
-        wave_started = time.time()
-        for cmd, launch in launches:
-            if cmd.role not in roles:
-                continue
-            handle = self.runtime.start(launch)
-            state.ranks.append(
-                RankState(
-                    cmd.role,
-                    cmd.node,
-                    cmd.rank,
-                    handle,
-                    launch.log_path,
-                    rank_url(self.exp, spec, cmd),
-                    self.runtime.identity(cmd.node, handle),
-                )
-            )
-            write_json_atomic(state_file, state.to_dict())
-        ready_at = self._wait_ready(state, spec, roles)
-        if PD_ROLES[-1] in roles:  # both engines up, before the router and any request
-            agreed = check_pd_agreement(state)
-            self.events.emit("pd-agreement", fp=spec.fingerprint, **agreed)
-        for role in roles:
-            if role != SINGLE_ROLE:
-                self.events.emit(
-                    "role-ready",
-                    fp=spec.fingerprint,
-                    server=spec.id,
-                    role=role,
-                    wave=wave,
-                    seconds=f"{ready_at[role] - wave_started:.2f}",
-                )
 
     def _record_ready(self, state: ServerState, spec: ServerSpec) -> None:
         """The set is up: where its start went (rank 0's log), the state and server.json, the
@@ -303,6 +250,92 @@ class ServerManager:
             seconds=f"{total:.2f}",
             **{name: f"{value:.1f}" for name, value in phases.items()},
         )
+
+    def _run_waves(
+        self, spec: ServerSpec, state: ServerState, state_file: Path, *, events: str = ""
+    ) -> None:
+        """Launch `spec` wave by wave (config.experiment.start_waves), each ready before the
+        next; the PD agreement once both engines are up. Raises as the first failure does.
+        `events`: a prefix of its event names (the dry fire's `dry-fire-`)."""
+        key = new_api_key()
+        self._keys[spec.id] = key
+        launches = self.launches(spec, key)
+        if not any(launch.secret_env for _, launch in launches):
+            self._keys[spec.id] = None
+        waves = start_waves(
+            self.exp.cluster,
+            [(role.name, role.nodes) for role in spec.roles],
+            router=ROUTER_ROLE if spec.router else None,
+        )
+        for wave, roles in enumerate(waves, 1):
+            wave_started = time.time()
+            for cmd, launch in launches:
+                if cmd.role not in roles:
+                    continue
+                handle = self.runtime.start(launch)
+                state.ranks.append(
+                    RankState(
+                        cmd.role,
+                        cmd.node,
+                        cmd.rank,
+                        handle,
+                        launch.log_path,
+                        rank_url(self.exp, spec, cmd),
+                        self.runtime.identity(cmd.node, handle),
+                    )
+                )
+                write_json_atomic(state_file, state.to_dict())
+            ready_at = self._wait_ready(state, spec, roles)
+            if PD_ROLES[-1] in roles:  # both engines up, before the router and any request
+                agreed = check_pd_agreement(state)
+                self.events.emit(f"{events}pd-agreement", fp=spec.fingerprint, **agreed)
+            for role in roles:
+                if role != SINGLE_ROLE:
+                    self.events.emit(
+                        f"{events}role-ready",
+                        fp=spec.fingerprint,
+                        server=spec.id,
+                        role=role,
+                        seconds=f"{ready_at[role] - wave_started:.2f}",
+                        wave=wave,
+                    )
+
+    def dry_fire(self, spec: ServerSpec, state_file: Path) -> float:
+        """Start `spec`'s topology with dummy weights and one layer per pipeline stage
+        (serving.dryfire.dry_spec), send it one request (through the router for PD), require the
+        PD agreement and the enforced log evidence, and tear it down; DryFireFailed naming role,
+        node and log otherwise. Returns its seconds."""
+        dry = dry_spec(spec)
+        started = time.time()
+        self.events.emit("dry-fire", fp=spec.fingerprint, server=spec.id)
+        write_text_atomic(
+            self.paths.service(spec.id) / "dry-fire-commands.sh",
+            commands_script(dry, self.launches(dry), self.runtime),
+        )
+        state = ServerState(
+            fingerprint=dry.fingerprint,
+            server_id=spec.id,
+            base_url=base_url(self.exp, dry),
+            service=False,
+            owner=self.owner.label,
+            run_id=self.exp.run_id,
+        )
+        try:
+            self._run_waves(dry, state, state_file, events="dry-fire-")
+            fire_one(self.exp, state, key=self._keys.get(spec.id), read=self._read_log)
+        except (ServerStartError, ServerDied) as exc:
+            self.events.emit(
+                "dry-fire-failed", fp=spec.fingerprint, server=spec.id, error=first_line(exc)
+            )
+            raise DryFireFailed(f"dry fire of server {spec.id}: {first_line(exc)}") from None
+        finally:
+            self.stop(state, reason="dry fire")
+        seconds = time.time() - started
+        self.events.emit("dry-fire-done", fp=spec.fingerprint, seconds=f"{seconds:.2f}")
+        return seconds
+
+    def _read_log(self, rank: RankState) -> str:
+        return self.runtime.logs(rank.node, rank.handle, rank.log_path)
 
     def _wait_ready(
         self, state: ServerState, spec: ServerSpec, roles: tuple[str, ...]

@@ -70,6 +70,28 @@ def _index_list(value: str) -> list[int]:
     return items
 
 
+# SGLang's `--load-format` choices the sim accepts (it loads no weights either way).
+LOAD_FORMATS = ("auto", "pt", "safetensors", "npcache", "dummy")
+
+
+class _Removed(argparse.Action):
+    """A flag the mirrored SGLang release no longer takes: exit 2 naming its successor."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+        parser.error(f"{option_string}: removed in SGLang 0.5.20; use --cuda-graph-max-bs-decode")
+
+
+def _json_object(value: str) -> str:
+    """`--json-model-override-args`: a JSON object, as SGLang's json.loads of it needs."""
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {value!r}")
+    return value
+
+
 def _nonnegative_float(value: str) -> float:
     f = float(value)
     if not f >= 0:
@@ -122,6 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--skip-server-warmup", action="store_true")
     add("--watchdog-timeout", type=float, default=300.0)
     add("--speculative-algorithm", type=str, default=None)
+    # SGLang 0.5.14+; 0.5.20+ refuses the old `--cuda-graph-max-bs` (ambiguous), which
+    # argparse would otherwise take as this flag's abbreviation
+    add("--cuda-graph-max-bs-decode", type=int, default=None)
+    add("--cuda-graph-max-bs", action=_Removed, help=argparse.SUPPRESS)
+    add("--load-format", type=str, choices=LOAD_FORMATS, default="auto")
+    add("--json-model-override-args", type=_json_object, default="{}")
     sim = p.add_argument_group("simulator (not SGLang)")
     sim.add_argument(
         "--sim-time-scale",
@@ -149,6 +177,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="answer requests that ask for logprobs with wrong tokens at full speed (a broken "
         "kernel, or on a PD decode server a KV transfer that hands it the wrong cache)",
+    )
+    sim.add_argument(
+        "--sim-fail-transfer",
+        action="store_true",
+        help="a dead KV transfer on a PD prefill server: no request's KV reaches decode",
     )
     sim.add_argument(
         "--sim-reuse-port",
@@ -311,6 +344,8 @@ def parse_args(
         parser.error("--chunked-prefill-size must be positive or -1")
     if ns.sim_crash_after is not None and ns.sim_crash_after < 0:
         parser.error("--sim-crash-after must be >= 0")
+    if ns.cuda_graph_max_bs_decode is not None and ns.cuda_graph_max_bs_decode < 1:
+        parser.error("--cuda-graph-max-bs-decode must be >= 1")
     if ns.sim_startup_s < 0:
         parser.error("--sim-startup-s must be >= 0")
     return ns

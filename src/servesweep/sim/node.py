@@ -99,6 +99,19 @@ def startup_noise(ns: argparse.Namespace) -> None:
             )
 
 
+# SGLang's largest captured decode batch without --cuda-graph-max-bs (0.5.17 on an H100).
+DEFAULT_CUDA_GRAPH_MAX_BS = 256
+
+
+def decode_graph_share(max_bs: int | None) -> float:
+    """A model, not a measurement: the decode graphs' capture time in proportion to the
+    largest batch captured (`--cuda-graph-max-bs-decode` against SGLang's default); prefill graphs
+    are bounded by the chunk size, not by it."""
+    if max_bs is None:
+        return 1.0
+    return min(1.0, max_bs / DEFAULT_CUDA_GRAPH_MAX_BS)
+
+
 async def _load(ns: argparse.Namespace, *, model: CostModel, capacity: int) -> None:
     """Log SGLang's startup milestones over --sim-startup-s simulated seconds."""
     scale, total = ns.sim_time_scale, ns.sim_startup_s
@@ -132,12 +145,13 @@ async def _load(ns: argparse.Namespace, *, model: CostModel, capacity: int) -> N
         f"V size: {kv_gb:.2f} GB"
     )
     logger.info("Capture cuda graph begin. This can take up to several minutes.")
-    await asyncio.sleep(0.3 * total * scale)
-    graphs = 0.3 * total * scale
-    logger.info(f"Capture cuda graph end. Time elapsed: {graphs:.2f} s.")
+    full = 0.3 * total * scale
     # SGLang 0.5.17's summary line (real logs: tests/fixtures/real/logs/): a prefill role
     # captures prefill graphs only, a decode role decode graphs only, a whole server both.
-    prefill = {"prefill": graphs, "decode": 0.0}.get(ns.disaggregation_mode, 0.8 * graphs)
+    prefill = {"prefill": full, "decode": 0.0}.get(ns.disaggregation_mode, 0.8 * full)
+    graphs = prefill + (full - prefill) * decode_graph_share(ns.cuda_graph_max_bs_decode)
+    await asyncio.sleep(graphs)
+    logger.info(f"Capture cuda graph end. Time elapsed: {graphs:.2f} s.")
     logger.info(
         f"Engine startup timings (s): load_weight={0.6 * total * scale:.2f}, "
         f"kv_cache_allocation={0.1 * total * scale:.2f}, scheduler_e2e={total * scale:.2f}, "
@@ -234,7 +248,8 @@ async def _start_pd(
             http_port=http_port,
             transfer_backend=ns.disaggregation_transfer_backend,
             ib_device=ns.disaggregation_ib_device,
-        )
+        ),
+        fail=ns.sim_fail_transfer,
     )
     ctx.sender = KVSender(
         model=profile.transfer,

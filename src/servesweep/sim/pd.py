@@ -320,8 +320,9 @@ class PrefillBootstrap:
     """The bootstrap HTTP server of a prefill server's rank 0 (`--disaggregation-bootstrap-
     port`): parallel info for decode servers and their per-room registration."""
 
-    def __init__(self, *, info: dict[str, Any]) -> None:
+    def __init__(self, *, info: dict[str, Any], fail: bool = False) -> None:
         self.info = info
+        self.fail = fail  # --sim-fail-transfer: the KV sent never arrives
         self.rooms: dict[int, Room] = {}
         self._runner: web.AppRunner | None = None
 
@@ -384,6 +385,9 @@ class PrefillBootstrap:
             outcome = await state.result
         finally:
             self.drop(room_id)
+        if self.fail:
+            logger.error(f"KV transfer of room {room_id} to {peer} failed (--sim-fail-transfer)")
+            outcome = {"status": "failed", "reason": "the transfer engine lost the KV cache"}
         return web.json_response(outcome)
 
 

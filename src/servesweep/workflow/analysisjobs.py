@@ -270,6 +270,7 @@ def write_manifest(
     out: PathLike,
 ) -> None:
     """Rule write_manifest: resolved config, fingerprints, versions, image evidence."""
+    from servesweep.cluster.owner import current_owner
     from servesweep.workflow.jobconfig import experiment
     from servesweep.workflow.manifest import build_manifest
     from servesweep.workflow.superseded import superseded_files
@@ -282,6 +283,7 @@ def write_manifest(
         repo=Path(repo),
         pools=planned_pools(exp, paths),
         superseded=superseded_files(paths),
+        owner_tag=current_owner(paths.root.parent).tag,
     )
     write_json_atomic(out, manifest)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,10 +16,10 @@ from servesweep.cluster.access import holdings, open_cluster, release
 from servesweep.cluster.images import build_commands
 from servesweep.cluster.images import build_images as build_all
 from servesweep.cluster.owner import current_owner
-from servesweep.cluster.runtime import Labelled
+from servesweep.cluster.runtime import Labelled, purge_cache_line
 from servesweep.cluster.secrets import Secret
 from servesweep.cluster.transport import node_address
-from servesweep.config.experiment import Experiment
+from servesweep.config.experiment import Experiment, dry_fire_enabled
 from servesweep.config.guesses import guess_values
 from servesweep.config.load import load_experiment_file
 from servesweep.config.matrix import cell_repeats, server_specs
@@ -30,8 +31,9 @@ from servesweep.core.terminal import visible, visible_lines
 from servesweep.measure.cells import run_warmup
 from servesweep.measure.client import client_files, client_launch
 from servesweep.measure.locks import lock_holder
+from servesweep.serving.dryfire import dry_flags
 from servesweep.serving.engines import base_url, check_experiment, keyed, launch_targets
-from servesweep.serving.launches import resolve_ports
+from servesweep.serving.launches import node_cache_dir, resolve_ports
 from servesweep.serving.neighbours import describe_server
 from servesweep.serving.preflight import run_preflight
 from servesweep.serving.servers import ServerManager, connect, shutdown
@@ -83,6 +85,11 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also stop a service a run is measuring on, and remove other owners' servers in "
         "the way of this config (named, logged)",
+    )
+    sub.choices["down"].add_argument(
+        "--purge-caches",
+        action="store_true",
+        help="also remove this config's compile-cache folder on every node (yours only)",
     )
     text = "judge bench_serving records and server logs: ok, warning, invalid or fatal per line"
     check = sub.add_parser("check", help=text, description=text)
@@ -263,6 +270,13 @@ def cmd_commands(args: argparse.Namespace) -> None:
         )
     for spec in specs.values():
         print(manager.commands_script(spec).removeprefix("#!/bin/sh\n"), end="")
+    if dry_fire_enabled(exp):
+        layers = max(r.args.pp_size for spec in specs.values() for r in spec.roles)
+        print(
+            "# dry fire (preflight.dry_fire) before each start: the same commands with "
+            f"{shlex.join(dry_flags(layers))}, one request through the entry, then torn down "
+            "(service/<server>/dry-fire-commands.sh)"
+        )
     print(
         f"# client on node {exp.cluster.nodes[0]}, per cell-repeat (each server config alike; "
         "a keyed server's API key goes to its stdin)"
@@ -499,6 +513,21 @@ def cmd_down(args: argparse.Namespace) -> None:
         with connect(exp, paths) as manager:
             for other in manager.remove_foreign(server_specs(exp)):
                 print(f"removed {describe_server(other)}")
+    if args.purge_caches:
+        purge_caches(exp, paths)
+
+
+def purge_caches(exp: Experiment, paths: RunPaths) -> None:
+    """Remove this config's compile-cache folder on every node, where it is ours."""
+    folder = node_cache_dir(exp, current_owner(paths.root.parent))
+    if folder is None:
+        print("runtime.compile_cache is off: no cache folder to purge")
+        return
+    with connect(exp, paths) as manager:
+        for node in exp.cluster.nodes:
+            res = manager.transport.run(node, purge_cache_line(folder), timeout=600)
+            said = res.stdout.strip() or res.stderr.strip() or f"exit {res.returncode}"
+            print(f"node {node}: compile cache {folder}: {said.splitlines()[-1]}")
 
 
 def cmd_check(args: argparse.Namespace) -> int:

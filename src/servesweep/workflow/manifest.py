@@ -14,6 +14,7 @@ from typing import Any
 
 from servesweep import __version__
 from servesweep.cluster.pools import PoolPlan, pooled_specs
+from servesweep.cluster.runtime import COMPILE_CACHE_ENV, compile_cache_dir
 from servesweep.config.experiment import Experiment
 from servesweep.config.guesses import ENGINE_VERSION, guess_values, guessed
 
@@ -97,6 +98,7 @@ def build_manifest(
     pools: PoolPlan,
     builds: Sequence[Path] = (),
     superseded: Sequence[str] = (),
+    owner_tag: str = "",
 ) -> dict[str, Any]:
     """Everything needed to know what ran: config, servers (each in its pool), versions,
     engine reports, images.
@@ -142,6 +144,16 @@ def build_manifest(
             "image": exp.runtime.image,
         },
         "images": image_records(builds),
+        # The per-node folder the servers' JIT caches outlive their containers in.
+        "compile_cache": {
+            "enabled": exp.runtime.compile_cache.enabled,
+            "dir": compile_cache_dir(
+                exp.runtime, engine_version=exp.engine.version, owner_tag=owner_tag
+            )
+            if owner_tag
+            else None,
+            "env": sorted(COMPILE_CACHE_ENV) if exp.runtime.compile_cache.enabled else [],
+        },
         "pools": pools.to_dict()["pools"],
         "servers": servers,
         "superseded": list(superseded),

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from servesweep.cluster.pools import PoolPlan, assign, node_pools, pooled_cells, read_previous
-from servesweep.config.experiment import Experiment, start_waves
+from servesweep.config.experiment import Experiment, dry_fire_enabled, start_waves
 from servesweep.config.matrix import (
     CellRepeat,
     ServerSpec,
@@ -39,6 +39,10 @@ K = TypeVar("K")
 
 # A real SGLang start of a large MoE model across nodes (seed 000: "about ten minutes").
 SGLANG_START_S = 600.0
+# A dry fire (preflight.dry_fire) per start wave: a GUESS, not measured on the cluster. Dummy
+# weights and one layer per pipeline stage leave about a warm start's imports, rendezvous and
+# graph capture: the one-GPU rehearsal's warm starts took 55.9-71.0 s (2026-12-07).
+SGLANG_DRY_FIRE_S = 65.0
 # sglang-router's mini load balancer, from launch to /health 200 (16.7 s on the one-GPU PD
 # rehearsal, docs/rehearsal/pd-2026-12-07).
 ROUTER_START_S = 17.0
@@ -93,6 +97,7 @@ class History:
     cell_s: dict[tuple[str, str], float]
     warmup_s: dict[str, float] = field(default_factory=dict)
     measured_s: dict[tuple[str, str], float] = field(default_factory=dict)
+    dry_fire_s: dict[str, float] = field(default_factory=dict)
 
 
 def read_history(results_dir: Path) -> History:
@@ -101,10 +106,13 @@ def read_history(results_dir: Path) -> History:
     warmup: dict[str, list[float]] = defaultdict(list)
     cells: dict[tuple[str, str], list[float]] = defaultdict(list)
     measured: dict[tuple[str, str], list[float]] = defaultdict(list)
+    dry: dict[str, list[float]] = defaultdict(list)
     for log in sorted(results_dir.glob("*/orchestrator.log")):
         for _, event, f in read_events(log):
             if event == "ready" and "seconds" in f:
                 ready[f["fp"]].append(float(f["seconds"]))
+            elif event == "dry-fire-done" and "seconds" in f:
+                dry[f["fp"]].append(float(f["seconds"]))
             elif event == "warmup" and "seconds" in f:
                 warmup[f["fp"]].append(float(f["seconds"]))
             elif event == "cell-done" and "seconds" in f:
@@ -121,6 +129,7 @@ def read_history(results_dir: Path) -> History:
         cell_s=medians(cells),
         warmup_s=medians(warmup),
         measured_s=medians(measured),
+        dry_fire_s=medians(dry),
     )
 
 
@@ -164,6 +173,24 @@ def start_s(exp: Experiment, spec: ServerSpec) -> float:
     return len(waves) * SGLANG_START_S + (ROUTER_START_S if spec.router else 0.0)
 
 
+def dry_fire_s(exp: Experiment, spec: ServerSpec) -> float:
+    """Estimated seconds of a start's dry fire without history (0 when preflight.dry_fire is
+    off): a sim's is its startup again; a real one SGLANG_DRY_FIRE_S per start wave."""
+    if not dry_fire_enabled(exp):
+        return 0.0
+    waves = start_waves(exp.cluster, [(r.name, r.nodes) for r in spec.roles], router=None)
+    if exp.engine.kind == "sim":
+        return len(waves) * exp.engine.sim.startup_s * exp.engine.sim.time_scale + 1.0
+    return len(waves) * SGLANG_DRY_FIRE_S + (ROUTER_START_S if spec.router else 0.0)
+
+
+def start_estimate(exp: Experiment, spec: ServerSpec, history: History) -> float:
+    """Seconds a start holds its GPUs: its dry fire, then launch to ready (history first)."""
+    fp = spec.fingerprint
+    dry = history.dry_fire_s.get(fp, dry_fire_s(exp, spec)) if dry_fire_enabled(exp) else 0.0
+    return dry + history.ready_s.get(fp, start_s(exp, spec))
+
+
 def config_estimates(exp: Experiment, history: History) -> dict[str, float]:
     """Seconds of every server config: one start and all its cells (history, else the cost
     model), the balance of the pool assignment."""
@@ -172,7 +199,7 @@ def config_estimates(exp: Experiment, history: History) -> dict[str, float]:
     for cell in cell_repeats(exp):
         fp, sid = cell.server.fingerprint, cell.server.id
         if sid not in out:
-            out[sid] = history.ready_s.get(fp, start_s(exp, cell.server))
+            out[sid] = start_estimate(exp, cell.server, history)
         key = (fp, cell.client.id)
         if key in history.cell_s:
             out[sid] += history.cell_s[key] + JOB_OVERHEAD_S
@@ -418,9 +445,9 @@ def _make_plan(
             if not paths.probe(cell.server.id).exists():
                 first[fp] = cell
     held: dict[int, float] = defaultdict(float)
-    for fp, cell in first.items():
-        held[cell.server.pool] += history.ready_s.get(fp, start_s(exp, cell.server))
-    starts_s = sum(history.ready_s.get(fp, start_s(exp, c.server)) for fp, c in first.items())
+    for cell in first.values():
+        held[cell.server.pool] += start_estimate(exp, cell.server, history)
+    starts_s = sum(start_estimate(exp, c.server, history) for c in first.values())
     warmups_s = 0.0
     if exp.warmup_after_start:
         shape = client_specs(exp)[0].workload.model_copy(
