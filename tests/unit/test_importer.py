@@ -18,6 +18,7 @@ from servesweep.analysis.results import (
     HYGIENE_COLUMNS,
     METRICS,
     SIM_COLUMNS,
+    START_COLUMNS,
 )
 from servesweep.workflow.cli import main
 from tests.helpers import REPO
@@ -80,6 +81,7 @@ def test_real_records_import_with_a_record_field_axis(tmp_path, capsys):
         *GPU_COLUMNS,
         *FIGURE_COLUMNS,
         *HYGIENE_COLUMNS,
+        *START_COLUMNS,
         *SIM_COLUMNS,
     ]
     assert set(df["engine_kind"]) == {"sglang"}

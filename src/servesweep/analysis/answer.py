@@ -262,9 +262,9 @@ def print_answer(
     files = [
         ("results.csv", str(results_csv)),
         ("summary.json", str(summary_json)),
-        ("report", str(report_html)),
         *((Path(p).name, str(p)) for p in cases),
         ("console", str(Path(summary_json).parent / "console.log")),
+        ("report", str(report_html)),  # last: the page to open
     ]
     if not Path(summary_json).exists() or not Path(results_csv).exists():
         text = f"servesweep: no summary yet; `{refresh}` writes " + ", ".join(p for _, p in files)

@@ -1,10 +1,63 @@
-"""One exception type per failure kind; messages name the cell, node and log file."""
+"""One exception type per failure kind; each carries the cell, node and log it concerns."""
+
+from __future__ import annotations
 
 import signal
 
 
 class ServesweepError(Exception):
-    """Base class of every error this package raises on purpose."""
+    """Base class of every error this package raises on purpose: `what` went wrong and, where
+    known, where: the `cell`, the `node`, the `log` that holds it (as it reads in the line:
+    `log P`, `bench log P`, `logs: P, Q`). str() composes the one line, each part only when
+    given: `cell C: what; node N; log P` (a `what` that names its node already gets no second).
+    """
+
+    def __init__(
+        self,
+        what: str = "",
+        *,
+        cell: str | None = None,
+        node: str | None = None,
+        log: str | None = None,
+    ) -> None:
+        super().__init__(what)
+        self.what, self.cell, self.node, self.log = what, cell, node, log
+
+    def __str__(self) -> str:
+        parts = [f"cell {self.cell}: {self.what}" if self.cell else self.what]
+        if self.node and f"node {self.node}" not in self.what:
+            parts.append(f"node {self.node}")
+        if self.log:
+            parts.append(self.log)
+        return "; ".join(parts)
+
+    def __reduce__(self):  # pickled across a process pool with its fields
+        return (_rebuilt, (type(self), self.what, self.cell, self.node, self.log))
+
+    def with_context(self, **fields: str | None) -> ServesweepError:
+        """A copy of this error (same type) with `fields` (what, cell, node, log) where it has
+        none yet; `what` and `log` given replace (a log path moved to its kept copy)."""
+        cell, node = fields.get("cell"), fields.get("node")
+        return _rebuilt(
+            type(self),
+            fields.get("what") or self.what,
+            self.cell or cell,
+            self.node or node,
+            fields.get("log") or self.log,
+        )
+
+
+def _rebuilt(
+    kind: type[ServesweepError], what: str, cell: str | None, node: str | None, log: str | None
+) -> ServesweepError:
+    """An error of `kind` from its fields (a subclass with an __init__ of its own gets what
+    alone, then its fields)."""
+    try:
+        return kind(what, cell=cell, node=node, log=log)
+    except TypeError:
+        exc = kind(what)
+        exc.cell, exc.node, exc.log = cell, node, log
+        return exc
 
 
 class ConfigError(ServesweepError):

@@ -224,9 +224,10 @@ def check_prerequisites(*, exp: Experiment, paths: RunPaths, cell: str) -> None:
     missing = [str(p) for p in paths.prerequisites(exp) if not p.exists()]
     if missing:
         raise PreflightFailed(
-            f"cell {cell}: evidence missing: {', '.join(missing)}; run `snakemake --cores 1 "
+            f"evidence missing: {', '.join(missing)}; run `snakemake --cores 1 "
             f"{paths.preflight}` with this run's --configfile and env (checks images, then "
-            f"preflight), or the `all` target"
+            f"preflight), or the `all` target",
+            cell=cell,
         )
 
 
@@ -471,10 +472,10 @@ def _check_client(*, exp: Experiment, record: BenchRecord, cell: str, bench_log:
             f"whole-process CPU {figures[usage.CPU_PCT_COLUMN]:.0f}% of a core, limit "
             f"{limits.cpu_pct:g}"
         )
-    text = f"cell {cell}: client saturated ({why}); bench log {bench_log}"
+    error = ClientError(f"client saturated ({why})", cell=cell, log=f"bench log {bench_log}")
     if limits.invalid:
-        raise ClientError(text)
-    logger.warning("%s", text)
+        raise error
+    logger.warning("%s", error)
 
 
 def _check_requests(
@@ -494,16 +495,17 @@ def _check_requests(
         counted=count.get("server"), difference=extra,
     )  # fmt: skip
     node = state.ranks[0].node if state.ranks else "?"
-    text = (
-        f"cell {cell}: server {state.server_id} on node {node} counted {count.get('server')} "
+    error = CellFailed(
+        f"server {state.server_id} on node {node} counted {count.get('server')} "
         f"request(s) during "
         f"the client's run, the client sent {count.get('client')} (difference {extra:+d}, "
         f"from {', '.join(count.get('sources') or [])}): someone else's requests are in the "
-        f"measurement"
+        f"measurement",
+        cell=cell,
     )
     if exp.validation.foreign_requests_invalid:
-        raise CellFailed(text)
-    logger.warning("%s", text)
+        raise error
+    logger.warning("%s", error)
 
 
 def _write(path: Path, write: Callable[[], None], written: list[Path]) -> None:
@@ -539,21 +541,20 @@ def _keep_attempt_log(bench_log: Path) -> Path | None:
 def _naming_cell(
     exc: BaseException, *, cell: str, node: str, bench_log: Path, log: tuple[str, Path]
 ) -> BaseException | None:
-    """`exc` with a message that starts with the cell and names `log` (what, path): the log
-    that holds this attempt, in place of `bench_log`, which a rerun writes again; None leaves
-    a non-error exception as is.
+    """`exc` with its cell and its log (`log`: what, path) as fields where it has none: the
+    log that holds this attempt, in place of `bench_log`, which a rerun writes again; None
+    leaves a non-error exception as is.
 
     OSError (disk full, permissions) counts as an error of the workflow host; Ctrl-C names the
     cell it interrupted."""
     named_log = f"{log[0]} {log[1]}"
     if isinstance(exc, ServesweepError):
-        text = str(exc)
-        named = text.replace(str(bench_log), str(log[1])) if log[0] == "bench log" else text
-        if f"cell {cell}" in text and ".log" in text and named == text:
-            return exc
-        prefix = "" if f"cell {cell}" in text else f"cell {cell}: "
-        suffix = "" if ".log" in named else f"; {named_log}"
-        return type(exc)(f"{prefix}{named}{suffix}")
+        # its fields: the cell where it has none, `log` where it names none; a bench log it
+        # names is this attempt's kept copy
+        moved = (str(bench_log), str(log[1])) if log[0] == "bench log" else None
+        what = exc.what.replace(*moved) if moved else exc.what
+        named = exc.log.replace(*moved) if exc.log and moved else exc.log
+        return exc.with_context(what=what, cell=cell, log=named or named_log)
     if isinstance(exc, OSError):
         return OSError(
             exc.errno, f"cell {cell}: {exc.strerror or exc} on the workflow host; {named_log}"

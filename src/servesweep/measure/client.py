@@ -106,15 +106,16 @@ def run_client(
         if not result.ok:
             _check_interrupted(result.returncode, node=node)
             raise ClientError(
-                f"cell {tag}: client exited {result.returncode} on node {node}"
-                f"{_client_cause(bench_log) or _full_disk(manager, node, node_out)}; "
-                f"bench log {bench_log}"
+                f"client exited {result.returncode} on node {node}"
+                f"{_client_cause(bench_log) or _full_disk(manager, node, node_out)}",
+                cell=tag,
+                log=f"bench log {bench_log}",
             )
         written_at = record_written_at(manager, node=node, path=node_out)
         if not direct:
             manager.transport.get(node, node_out, local_out, private=True)
         if not local_out.exists() or local_out.stat().st_size == 0:
-            raise ClientError(f"cell {tag}: client wrote no record; bench log {bench_log}")
+            raise ClientError("client wrote no record", cell=tag, log=f"bench log {bench_log}")
         record = read_record(local_out)
     finally:
         local_out.unlink(missing_ok=True)  # it holds the key (SGLang's server_info): read, gone

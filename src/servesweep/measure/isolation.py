@@ -174,9 +174,10 @@ def wait_idle(
             return load
         if time.monotonic() >= deadline:
             raise ServerBusy(
-                f"cell {cell}: server {server} on node {node} still reports {load.running} "
+                f"server {server} on node {node} still reports {load.running} "
                 f"running and {load.queued} queued request(s) after {wait_s:.0f}s before the "
-                f"client starts ({', '.join(load.sources)}); another client is using it"
+                f"client starts ({', '.join(load.sources)}); another client is using it",
+                cell=cell,
             )
         time.sleep(POLL_S)
 
@@ -200,7 +201,8 @@ def flush_cache(
                 break
             if time.monotonic() >= deadline:
                 raise ServerBusy(
-                    f"cell {cell}: server {server} did not flush its radix cache at {url} within "
-                    f"{wait_s:.0f}s (last status {status}); the cell would reuse cached prefixes"
+                    f"server {server} did not flush its radix cache at {url} within "
+                    f"{wait_s:.0f}s (last status {status}); the cell would reuse cached prefixes",
+                    cell=cell,
                 )
             time.sleep(POLL_S)

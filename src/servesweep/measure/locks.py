@@ -84,8 +84,9 @@ def cell_lock(path: Path, *, cell: str) -> Iterator[None]:
             fh.seek(0)
             other = fh.read().strip() or "another job"
             raise CellFailed(
-                f"cell {cell}: another live job is measuring it ({other}); two runs of one "
-                f"RUN_ID at once (after `snakemake --unlock`?) would measure it twice"
+                f"another live job is measuring it ({other}); two runs of one RUN_ID at once "
+                f"(after `snakemake --unlock`?) would measure it twice",
+                cell=cell,
             ) from None
         fh.seek(0)
         fh.truncate()

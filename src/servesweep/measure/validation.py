@@ -467,6 +467,6 @@ def check_record(
     more = f" (+{len(problems) - MAX_SHOWN} more)" if len(problems) > MAX_SHOWN else ""
     where = ", ".join(logs) if logs else "none"
     client = f"; client on node {node}" if node else ""
-    message = f"cell {cell}: invalid record: {shown}{more}{client}; logs: {where}"
-    log.error("%s", message)
-    raise CellFailed(message)
+    error = CellFailed(f"invalid record: {shown}{more}{client}", cell=cell, log=f"logs: {where}")
+    log.error("%s", error)
+    raise error

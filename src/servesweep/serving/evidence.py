@@ -69,8 +69,9 @@ def check(
         roles = {p.role for name, p in patterns.items() if counts[name] < p.min_per_cell}
         where = ", ".join(log.path for log in logs if log.role in roles) or "none"
         raise CellFailed(
-            f"cell {cell}: invalid: log evidence below its minimum: {'; '.join(short)}; "
-            f"logs: {where}"
+            f"invalid: log evidence below its minimum: {'; '.join(short)}",
+            cell=cell,
+            log=f"logs: {where}",
         )
 
 

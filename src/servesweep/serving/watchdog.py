@@ -85,7 +85,7 @@ class Watchdog:
         poll_s: float = POLL_S,
     ) -> None:
         self.health_url, self.metric_urls = health_url, metric_urls
-        self.where = f"cell {cell}: server {server} on node {node}"
+        self.cell, self.where = cell, f"server {server} on node {node}"
         self.window_s, self.poll_s, self.abort = window_s, poll_s, abort
         self.reason: str | None = None
         self._stop = threading.Event()
@@ -138,4 +138,4 @@ class Watchdog:
     def check(self) -> None:
         """ServerStalled if the watchdog fired."""
         if self.reason is not None:
-            raise ServerStalled(self.reason)
+            raise ServerStalled(self.reason, cell=self.cell)
