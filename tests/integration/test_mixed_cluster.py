@@ -63,7 +63,9 @@ def test_a_local_node_runs_here_and_the_other_over_ssh(tmp_path: Path, nodes_dir
 def test_a_run_on_a_mixed_cluster(tmp_path: Path, nodes_dir: Path, docker_node: str) -> None:
     run_id = f"it-mixed-{uuid.uuid4().hex[:6]}"  # its own: leftovers are its own
     cfg = experiment_file(tmp_path, _config(nodes_dir, run_id))
-    proc = run_snakemake(tmp_path, "--cores", "1", "all", "--configfile", str(cfg))
+    # up to results.csv: the cell and its servers' logs are what this checks, not the analysis
+    table = f"results/{run_id}/results.csv"
+    proc = run_snakemake(tmp_path, "--cores", "1", table, "--configfile", str(cfg))
     assert proc.returncode == 0, proc.stderr[-4000:]
     run_dir = tmp_path / "results" / run_id
     [raw] = list(run_dir.glob("raw/*/*/r1.jsonl"))

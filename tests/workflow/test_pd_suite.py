@@ -37,6 +37,10 @@ def pd_config(directory: Path, run_id: str, **changes: object) -> Path:
         },
         "router": {"port": free_port()},
         "engine": {"sim": {"time_scale": 0.02, "startup_s": 20}},
+        # The concurrency-8 cases one wave of 8 requests instead of the seed's 40 (most of a
+        # run's streamed tokens): what these tests read is a case's shape, its rows and
+        # evidence, not its count (test_pd_cluster keeps the seed's 40).
+        "cases": {name: {"num_requests": 8} for name in ("16k-1-c8", "16k-512-c8")},
     }
     path = directory / "pd.yaml"
     path.write_text(yaml.safe_dump(deep_update(deep_update(raw, ports), changes), sort_keys=False))
