@@ -11,6 +11,7 @@ rule run_cell:
     output:
         raw=PATHS.cell_pattern("raw"),
         gpu=PATHS.cell_pattern("gpu"),
+        metrics=PATHS.cell_pattern("metrics"),
     log:
         # The job's log first: a cell whose server fails to start has no bench log.
         job=PATHS.cell_pattern("job"),

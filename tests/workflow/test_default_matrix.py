@@ -331,3 +331,23 @@ def test_the_readme_rerun_refreshes_the_answer_and_a_cell_alone_prints_none_stal
     assert stale.startswith("servesweep: no answer printed:") and forced in stale, stale
     snakefile = REPO / "Snakefile"
     assert f"`snakemake --cores 1 -s {snakefile} -d {tmp_path} all --configfile {cfg}`" in stale
+
+
+def test_every_cell_has_its_servers_metrics_series_and_figures(run_dir: Path) -> None:
+    """Every rank's /metrics during each cell (telemetry.metrics_interval_s), and the load
+    figures over the client's window in results.csv; no PD stages, no TTFT breakdown."""
+    from servesweep.measure import servermetrics
+
+    series = sorted(run_dir.glob("metrics/*/*/r*.jsonl.gz"))
+    assert len(series) == 24
+    lines = servermetrics.read_lines(series[0])
+    header = lines[0]["header"]
+    assert header["window"][0] < header["window"][1]
+    assert [t["role"] for t in header["targets"]] == ["server"]
+    assert "full" in lines[1] and len(lines) > 3
+    df = pd.read_csv(run_dir / "results.csv")
+    assert (df["server_scrapes"] >= 2).all()
+    assert (df["server_running_reqs_peak"] >= 1).all(), "requests ran in every window"
+    assert (df["server_kv_usage_peak"] > 0).all()
+    assert (df["server_running_reqs_peak"] <= df["concurrency"]).all()
+    assert df["ttft_transfer_ms"].isna().all()

@@ -27,7 +27,7 @@ from servesweep.core.errors import (
     TransportError,
 )
 from servesweep.core.files import keep_failed_copy
-from servesweep.measure import isolation, provenance, validation
+from servesweep.measure import isolation, provenance, servermetrics, validation
 from servesweep.measure.client import (
     CLOCK_KEY,
     REQUESTS_KEY,
@@ -142,6 +142,16 @@ def gpu_sampler(
     )
 
 
+def metrics_recorder(*, exp: Experiment, state: ServerState) -> servermetrics.MetricsRecorder:
+    """The cell's /metrics recorder: every rank with an HTTP endpoint (the router's too), every
+    `telemetry.metrics_interval_s` (the sim's: x its time scale, as its GPU curve)."""
+    interval = exp.telemetry.metrics_interval_s
+    if interval and exp.engine.kind == "sim":
+        interval = max(servermetrics.SIM_MIN_INTERVAL_S, interval * exp.engine.sim.time_scale)
+    targets = [(r.role, r.url) for r in state.ranks if r.url]
+    return servermetrics.MetricsRecorder(targets=targets, interval_s=interval)
+
+
 def warn_gpu_gaps(rows: list[dict[str, object]], *, paths: RunPaths, cell: str) -> None:
     """Say once per run, node and reason that a node's GPU figures are unavailable (e.g.
     nvidia-smi not found): a warning in the first cell's log, kept in RunPaths.gpu_gap.
@@ -236,9 +246,10 @@ def run_cell(
     raw: Path,
     gpu: Path,
     bench_log: Path,
+    metrics: Path | None = None,
 ) -> None:
-    """Run one cell-repeat end to end, writing its raw record, GPU snapshot and bench log;
-    files appear only if everything passed.
+    """Run one cell-repeat end to end, writing its raw record, GPU snapshot, /metrics series
+    and bench log; files appear only if everything passed.
 
     Every error names the cell; a failed client is blamed on its server when that died; files
     this call wrote are removed again if a later step fails (nothing looks finished)."""
@@ -266,6 +277,8 @@ def run_cell(
         clock = clocks.clock_rows(transport=manager.transport, nodes=nodes)
         clocks.warn_offsets(clock, interval_s=exp.telemetry.gpu_interval_ms / 1000, cell=cell.key)
         sampler = gpu_sampler(exp=exp, manager=manager, state=state, cell=cell)
+        recorder = metrics_recorder(exp=exp, state=state)
+        recorder.start()
         sampler.start()
         try:
             client_ran = True
@@ -285,6 +298,7 @@ def run_cell(
             raise cause from exc
         finally:
             samples = sampler.stop()
+            scrapes = recorder.stop()
         # The client's clock stops at its last response (its `duration`); the window ends when
         # it wrote its record (bench_serving exits ~1.8 s later), else when it returned here.
         written_at = ((record.model_extra or {}).get(CLOCK_KEY) or {}).get("record_written_at")
@@ -292,6 +306,12 @@ def run_cell(
         offsets = {r["node"]: r["clock_offset_s"] for r in clock if "clock_offset_s" in r}
         end = written_at - offsets.get(nodes[0], 0.0) if written_at else client_end
         window = gpusampling.window_rows(end - (record.duration or 0.0), end)
+        series_header = recorder.header((end - (record.duration or 0.0), end))
+        # A non-streamed request's TTFT is its whole latency: no breakdown error stated.
+        ttft = record.mean_ttft_ms if cell.workload.stream else None
+        server_figures = servermetrics.derive(
+            [{"header": series_header}, *scrapes], client_ttft_ms=ttft
+        )
         after = telemetry.take_snapshot(
             transport=manager.transport, nodes=read, phase="after", timeout=SNAPSHOT_TIMEOUT_S
         )
@@ -332,8 +352,15 @@ def run_cell(
                 isolation.CACHE_FLUSHED_KEY: flushed,
                 ENGINE_KEY: engine_label(exp),
                 START_KEY: state.start_phases,
+                servermetrics.KEY: server_figures,
             }
         )
+        if metrics is not None:
+            _write(
+                metrics,
+                lambda: servermetrics.write_series(metrics, series_header, scrapes),
+                written,
+            )
         _write(gpu_out, lambda: telemetry.write_snapshot(gpu_out, snapshot), written)
         _write(raw_out, lambda: write_record(raw_out, record), written)
         # Inside too: a full disk while logging it removes the files and names the cell.
