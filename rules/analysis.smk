@@ -132,6 +132,10 @@ rule plot_results:
             report(p, caption="../report/energy.rst", category="Energy and goodput")
             for p in ENERGY_PLOTS
         ],
+        ttft=[
+            report(p, caption="../report/ttft_breakdown.rst", category="Server side")
+            for p in TTFT_PLOTS
+        ],
     log:
         f"{LOGS}/plot_results.log",
     params:

@@ -252,6 +252,8 @@ METRIC_VS_PLOTS = (
     {m: f"{RUN_DIR}/plots/{m}_vs_{PLOT_X}.png" for m in PLOT_METRICS} if PLOT_X else {}
 )
 ENERGY_PLOTS = [f"{RUN_DIR}/plots/energy_goodput_vs_{PLOT_X}.png"] if PLOT_X else []
+# PD: where each case's time to first token went (the server's /metrics, docs/outputs.md).
+TTFT_PLOTS = [f"{RUN_DIR}/plots/ttft_breakdown.png"] if EXP.roles else []
 KEY_PLOTS = key_plots(deltas=DELTA_PLOTS, metric_vs=METRIC_VS_PLOTS, x=PLOT_X)
 
 

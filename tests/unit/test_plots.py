@@ -477,3 +477,28 @@ def test_energy_page_titles_lie_inside_the_figure_and_do_not_overlap(saturated):
     for i, (text, box) in enumerate(boxes):
         for other, obox in boxes[i + 1 :]:
             assert not box.overlaps(obox), (text, other)
+
+
+def test_ttft_breakdown_stacks_the_parts_per_cell_beside_the_clients_ttft():
+    """PD: one stacked bar per (server, case), its segments the mean parts over repeats."""
+    rows = [
+        {"server_id": "pd", "client_id": case, "repeat": r, "ttft_mean_ms": 100.0 * k,
+         "ttft_bootstrap_ms": 5.0, "ttft_queue_ms": 0.0, "ttft_prefill_ms": 40.0 * k + r,
+         "ttft_transfer_ms": 30.0, "ttft_first_decode_ms": 2.0}
+        for k, case in enumerate(["case~a", "case~b"], start=1)
+        for r in (0, 2)
+    ]  # fmt: skip
+    fig = plots.plot_ttft_breakdown(pd.DataFrame(rows))
+    ax = fig.axes[0]
+    bars = ax.patches
+    assert len(bars) == 2 * 5  # two cells, five parts
+    prefill = bars[4:6]  # bootstrap, queue, then prefill: two bars each
+    assert sorted(b.get_width() for b in prefill) == [41.0, 81.0]  # means over the repeats
+    ends = sorted(b.get_x() + b.get_width() for b in bars[-2:])
+    assert ends == [78.0, 118.0]
+    assert "client's mean TTFT" in [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_ttft_breakdown_without_stages_says_so():
+    fig = plots.plot_ttft_breakdown(pd.DataFrame([{"server_id": "s", "client_id": "c"}]))
+    assert "no TTFT breakdown" in " ".join(t.get_text() for t in fig.axes[0].texts)

@@ -18,6 +18,7 @@ from matplotlib.patches import Patch
 from servesweep.analysis import labels, stats
 from servesweep.analysis.summary import SUMMARY_METRICS
 from servesweep.core.files import atomic_open
+from servesweep.measure import servermetrics
 
 # Figures are built on matplotlib.figure.Figure directly (no pyplot state, no GUI backend);
 # PNGs are rendered by the Agg canvas that savefig picks for the format.
@@ -475,6 +476,36 @@ def plot_energy_goodput(
     return fig
 
 
+def plot_ttft_breakdown(results: pd.DataFrame) -> Figure:
+    """PD: a stacked bar per cell (server, case) of where its mean time to first token went
+    (servermetrics.TTFT_SUMMED, means over repeats), the client's mean TTFT a black tick."""
+    parts = [f"ttft_{p}_ms" for p in servermetrics.TTFT_SUMMED]
+    keys = [k for k in ("server_id", "client_id") if k in results.columns]
+    have = [c for c in (*parts, "ttft_mean_ms") if c in results.columns]
+    data = results.groupby(keys, sort=False)[have].mean().reset_index() if keys else results
+    rows = data.dropna(subset=[c for c in parts if c in data.columns], how="all")
+    fig = Figure(figsize=(9.0, 1.6 + 0.45 * max(1, len(rows))), layout="constrained")
+    ax = fig.subplots()
+    title = "Where the time to first token went (server /metrics, mean per cell)"
+    fig.suptitle(title + _sim_title(labels.engine_of(results)), fontsize=11)
+    if rows.empty or not set(parts) <= set(rows.columns):
+        _message(ax, "no TTFT breakdown: the servers exported no per-stage latencies")
+        return fig
+    names = [" / ".join(str(r[k]) for k in keys) for _, r in rows.iterrows()]
+    left = np.zeros(len(rows))
+    for part in parts:
+        width = rows[part].fillna(0.0).to_numpy(float)
+        ax.barh(names, width, left=left, label=part.removeprefix("ttft_").removesuffix("_ms"))
+        left += width
+    if "ttft_mean_ms" in rows.columns:
+        ax.scatter(rows["ttft_mean_ms"], names, marker="|", s=300, color="black",
+                   label="client's mean TTFT", zorder=3)  # fmt: skip
+    ax.invert_yaxis()
+    ax.set_xlabel("ms")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
+
+
 # A character's width as a share of the font size (DejaVu Sans, capitals included, rounded
 # up): how many characters a line of a title may hold.
 CHAR_EM = 0.65
@@ -512,6 +543,7 @@ def write_run_plots(
     hue: str | None,
     col: str | None,
     energy: str | Path | None = None,
+    ttft: str | Path | None = None,
 ) -> None:
     """Every figure of a run in one process (seaborn is imported once): a delta plot per
     metric in `deltas` and, against client axis `x`, a metric-vs plot per metric in `metric_vs`
@@ -525,3 +557,5 @@ def write_run_plots(
     if energy is not None:
         assert x is not None, "the energy page needs a client axis"
         save_figure(plot_energy_goodput(results, x=x, hue=hue, col=col), energy)
+    if ttft is not None:
+        save_figure(plot_ttft_breakdown(results), ttft)

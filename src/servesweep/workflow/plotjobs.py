@@ -22,9 +22,11 @@ def plot_results(
     metric_vs: Mapping[str, PathLike],
     x: str | None,
     energy: Sequence[PathLike] = (),
+    ttft: Sequence[PathLike] = (),
 ) -> None:
     """Rule plot_results: every figure of the run in one job (metric -> file); `energy`: the
-    energy and goodput page's file, if the run has a client axis."""
+    energy and goodput page's file, if the run has a client axis; `ttft`: a PD run's TTFT
+    breakdown file."""
     exp, _ = experiment(config)
     hue, col = plots.series_axes(list(exp.matrix.server), exp.baseline)
     col = exp.plots.facet or col
@@ -37,6 +39,7 @@ def plot_results(
         hue=hue,
         col=col,
         energy=energy[0] if energy else None,
+        ttft=ttft[0] if ttft else None,
     )
 
 
