@@ -190,6 +190,7 @@ AGGREGATED_RAW = (
     [str(PATHS.raw(cell)) for cell in AGGREGATED] if NARROWED else RAW_FILES
 )
 AGGREGATED_GPU = [str(PATHS.gpu(cell)) for cell in AGGREGATED]
+AGGREGATED_METRICS = [str(PATHS.metrics(cell)) for cell in AGGREGATED]
 BUILDS = [str(p) for p in PATHS.builds(EXP)]
 BUILD_LOGS = [str(p) for p in PATHS.build_logs(EXP)]
 # Image checks and preflight run before any cell. Once a run has cells they are no input of a
@@ -254,6 +255,7 @@ METRIC_VS_PLOTS = (
 ENERGY_PLOTS = [f"{RUN_DIR}/plots/energy_goodput_vs_{PLOT_X}.png"] if PLOT_X else []
 # PD: where each case's time to first token went (the server's /metrics, docs/outputs.md).
 TTFT_PLOTS = [f"{RUN_DIR}/plots/ttft_breakdown.png"] if EXP.roles else []
+SERVER_SERIES_PLOT = f"{RUN_DIR}/plots/server_series.png"
 KEY_PLOTS = key_plots(deltas=DELTA_PLOTS, metric_vs=METRIC_VS_PLOTS, x=PLOT_X)
 
 

@@ -502,3 +502,30 @@ def test_ttft_breakdown_stacks_the_parts_per_cell_beside_the_clients_ttft():
 def test_ttft_breakdown_without_stages_says_so():
     fig = plots.plot_ttft_breakdown(pd.DataFrame([{"server_id": "s", "client_id": "c"}]))
     assert "no TTFT breakdown" in " ".join(t.get_text() for t in fig.axes[0].texts)
+
+
+def test_server_series_has_a_panel_per_cell_over_its_window(tmp_path):
+    """One panel per cell (its first repeat), running/queued and KV usage inside the window."""
+    from servesweep.measure import servermetrics
+
+    def scrape(t, n, running):
+        body = {
+            'sglang:num_running_reqs{m="x"}': str(running),
+            'sglang:token_usage{m="x"}': "0.5",
+            'sglang:num_queue_reqs{m="x"}': "2",
+        }
+        return {"t": t, "n": n, "url": "u", "role": "server", "full": body}
+
+    paths = []
+    for cell in ("c~1", "c~2"):
+        for repeat in (1, 2):
+            path = tmp_path / "metrics" / "s" / cell / f"r{repeat}.jsonl.gz"
+            lines = [scrape(100.0 + i, i, i) for i in range(6)]
+            servermetrics.write_series(path, {"window": [101.0, 104.0]}, lines)
+            paths.append(path)
+    fig = plots.plot_server_series(paths, results=pd.DataFrame())
+    panels = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in panels] == ["s / c~1", "s / c~2"]
+    running = panels[0].get_lines()[0]
+    assert list(running.get_xdata()) == [0.0, 1.0, 2.0, 3.0]  # seconds into the window
+    assert list(running.get_ydata()) == [1.0, 2.0, 3.0, 4.0]

@@ -58,7 +58,7 @@ def test_every_cell_repeat_has_its_files(run_dir: Path) -> None:
     assert len(samples) and set(samples["status"]) == {"simulated"}, "the sim's power curve"
     for name in ("results.csv", "summary.json", "manifest.json"):
         assert (run_dir / name).stat().st_size > 0
-    assert len(list(run_dir.glob("plots/*.png"))) == 9
+    assert len(list(run_dir.glob("plots/*.png"))) == 10  # server_series.png: the /metrics
     assert (run_dir / "plots" / "energy_goodput_vs_concurrency.png").stat().st_size > 0
 
 
@@ -260,6 +260,7 @@ def test_every_declared_log_is_written(run_dir: Path) -> None:
         "scan_logs.log",
         "summarize.log",
         "plot_results.log",
+        "plot_server_series.log",
         "write_manifest.log",
         "write_landing_page.log",
         "write_report.log",
@@ -352,3 +353,5 @@ def test_every_cell_has_its_servers_metrics_series_and_figures(run_dir: Path) ->
     assert held.max() >= 1 and (held <= df["concurrency"]).all()
     assert (df["server_kv_usage_peak"] >= 0).all() and df["server_kv_usage_peak"].max() > 0
     assert df["ttft_transfer_ms"].isna().all()
+    assert (run_dir / "plots" / "server_series.png").stat().st_size > 0  # a panel per cell
+    assert "server_series" in (run_dir / "report.html").read_text()

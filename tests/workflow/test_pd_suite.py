@@ -479,3 +479,4 @@ def test_each_case_has_its_ttft_breakdown_from_both_roles_metrics(pd_run: Path) 
     assert errors.between(-50, 5).all(), errors.tolist()
     assert df.loc[~streamed, "ttft_breakdown_error_pct"].isna().all(), "TTFT = whole latency"
     assert (pd_run / "plots" / "ttft_breakdown.png").stat().st_size > 0  # the stacked bars
+    assert (pd_run / "plots" / "server_series.png").stat().st_size > 0

@@ -506,6 +506,54 @@ def plot_ttft_breakdown(results: pd.DataFrame) -> Figure:
     return fig
 
 
+SERIES_PANELS_MAX = 48
+
+
+def plot_server_series(paths: Sequence[Path], *, results: pd.DataFrame) -> Figure:
+    """A panel per cell (its first repeat's series file, at most SERIES_PANELS_MAX): running
+    and queued requests, and KV usage on a second axis, over the client's measured window."""
+    first: dict[Path, Path] = {}
+    for path in paths:  # metrics/<server>/<client>/r<k>.jsonl.gz
+        first.setdefault(path.parent, path)
+    shown = list(first.values())[:SERIES_PANELS_MAX]
+    ncols = min(4, max(1, len(shown)))
+    nrows = max(1, -(-len(shown) // ncols))
+    width = max(7.0, 3.6 * ncols)
+    fig = Figure(figsize=(width, 2.4 * nrows + 1.2), layout="constrained")
+    grid = fig.subplots(nrows, ncols, squeeze=False)
+    more = f" (the first {len(shown)} of {len(first)} cells)" if len(first) > len(shown) else ""
+    title = "The servers over each cell's measured window (/metrics)" + more
+    title += _sim_title(labels.engine_of(results))
+    fig.suptitle(_fit(title, width_in=width - 0.3, fontsize=11), fontsize=11)
+    for ax in grid.flat[len(shown) :]:
+        ax.set_axis_off()
+    for ax, path in zip(grid.flat, shown, strict=False):
+        window, series = servermetrics.window_series(path)
+        cell = f"{path.parent.parent.name} / {path.parent.name}"
+        ax.set_title(_fit(cell, width_in=width / ncols - 1.0, fontsize=8), fontsize=8)
+        if window is None or not any(series.values()):
+            _message(ax, "no /metrics reads in the window")
+            continue
+        for name, style in (("running_reqs", "-"), ("queue_reqs", "--")):
+            points = series[name]
+            ax.plot([t - window[0] for t, _ in points], [v for _, v in points], style,
+                    label=name.removesuffix("_reqs"))  # fmt: skip
+        ax.set_xlabel("s into the window", fontsize=8)
+        ax.set_ylabel("requests", fontsize=8)
+        kv = ax.twinx()
+        points = series["kv_usage"]
+        kv.plot([t - window[0] for t, _ in points], [100 * v for _, v in points], ":",
+                color="tab:red", label="KV usage")  # fmt: skip
+        kv.set_ylabel("KV usage [%]", fontsize=8)
+        kv.set_ylim(bottom=0)
+        ax.set_ylim(bottom=0)
+        if ax is grid.flat[0]:
+            handles = ax.get_legend_handles_labels()
+            extra = kv.get_legend_handles_labels()
+            ax.legend(handles[0] + extra[0], handles[1] + extra[1], fontsize=7)
+    return fig
+
+
 # A character's width as a share of the font size (DejaVu Sans, capitals included, rounded
 # up): how many characters a line of a title may hold.
 CHAR_EM = 0.65

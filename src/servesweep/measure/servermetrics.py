@@ -214,20 +214,42 @@ def read_series(lines: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], lis
 # ------------------------------------------------------------------ deriving
 
 
-def gauge_figures(rounds: Sequence[Scrape], window: tuple[float, float] | None) -> dict[str, float]:
-    """Peak and mean of each GAUGES over the rounds inside `window` (all rounds without one)."""
+def gauge_series(
+    rounds: Sequence[Scrape], window: tuple[float, float] | None
+) -> dict[str, list[tuple[float, float]]]:
+    """Each GAUGES as (time, value) over the rounds inside `window` (all without one), a
+    round's value over the server set's ranks as GAUGES says."""
     inside = [s for s in rounds if window is None or window[0] <= s.t <= window[1]]
-    out: dict[str, float] = {"server_scrapes": float(len(inside))}
+    out: dict[str, list[tuple[float, float]]] = {}
     for name, (fam, how) in GAUGES.items():
-        series = []
+        out[name] = []
         for s in inside:
             found = [promtext.total(sample, fam) for _, sample in s.endpoints.values()]
             found = [v for v in found if not math.isnan(v)]
             if found:
-                series.append(sum(found) if how == "sum" else max(found))
+                out[name].append((s.t, sum(found) if how == "sum" else max(found)))
+    return out
+
+
+def gauge_figures(rounds: Sequence[Scrape], window: tuple[float, float] | None) -> dict[str, float]:
+    """Peak and mean of each GAUGES over the rounds inside `window` (all rounds without one)."""
+    inside = [s for s in rounds if window is None or window[0] <= s.t <= window[1]]
+    out: dict[str, float] = {"server_scrapes": float(len(inside))}
+    for name, points in gauge_series(rounds, window).items():
+        series = [v for _, v in points]
         out[f"server_{name}_peak"] = max(series) if series else math.nan
         out[f"server_{name}_mean"] = sum(series) / len(series) if series else math.nan
     return out
+
+
+def window_series(
+    path: str | Path,
+) -> tuple[tuple[float, float] | None, dict[str, list[tuple[float, float]]]]:
+    """A series file's measured window and its GAUGES inside it (gauge_series)."""
+    header, rounds = read_series(read_lines(path))
+    found = header.get("window")
+    window = (float(found[0]), float(found[1])) if found else None
+    return window, gauge_series(rounds, window)
 
 
 def _histograms(sample: Mapping[str, str]) -> dict[str, dict[str, Any]]:

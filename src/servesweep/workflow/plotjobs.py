@@ -48,3 +48,12 @@ def plot_comparison(*, comparison_json: PathLike, metrics: Sequence[str], out: P
     comparison = json.loads(Path(comparison_json).read_text())
     shown = [m for m in metrics if m in comparison["metrics"]]
     plots.save_figure(plots.plot_comparison(comparison, metrics=shown or None), out)
+
+
+def plot_server_series(
+    *, results_csv: PathLike, metrics: Sequence[PathLike], out: PathLike
+) -> None:
+    """Rule plot_server_series: a panel per cell (its first repeat's /metrics series) of the
+    servers' held requests and KV usage over the client's measured window."""
+    results = read_results_csv(results_csv)
+    plots.save_figure(plots.plot_server_series([Path(p) for p in metrics], results=results), out)
