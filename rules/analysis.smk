@@ -132,6 +132,10 @@ rule plot_results:
             report(p, caption="../report/energy.rst", category="Energy and goodput")
             for p in ENERGY_PLOTS
         ],
+        ttft=[
+            report(p, caption="../report/ttft_breakdown.rst", category="Server side")
+            for p in TTFT_PLOTS
+        ],
     log:
         f"{LOGS}/plot_results.log",
     params:
@@ -191,3 +195,21 @@ rule write_landing_page:
         "report landing page: identity, deltas, warnings, key plots"
     script:
         "../scripts/write_landing_page.py"
+
+
+rule plot_server_series:
+    input:
+        csv=PATHS.results_csv,
+        metrics=server_series,
+    output:
+        png=report(
+            SERVER_SERIES_PLOT,
+            caption="../report/server_series.rst",
+            category="Server side",
+        ),
+    log:
+        f"{LOGS}/plot_server_series.log",
+    message:
+        "plots: the servers' running, queued requests and KV usage over each cell's window"
+    script:
+        "../scripts/plot_server_series.py"

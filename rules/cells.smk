@@ -15,6 +15,10 @@ rule run_cell:
         # The job's log first: a cell whose server fails to start has no bench log.
         job=PATHS.cell_pattern("job"),
         bench=PATHS.cell_pattern("bench"),
+        # The servers' /metrics during the cell: a log, so a record measured before the
+        # series existed is not measured again for want of one (Snakemake reruns a job for a
+        # missing output, never for a missing log).
+        metrics=PATHS.cell_pattern("metrics"),
     priority: cell_priority
     resources:
         **CELL_RESOURCES,

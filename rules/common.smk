@@ -252,6 +252,9 @@ METRIC_VS_PLOTS = (
     {m: f"{RUN_DIR}/plots/{m}_vs_{PLOT_X}.png" for m in PLOT_METRICS} if PLOT_X else {}
 )
 ENERGY_PLOTS = [f"{RUN_DIR}/plots/energy_goodput_vs_{PLOT_X}.png"] if PLOT_X else []
+# PD: where each case's time to first token went (the server's /metrics, docs/outputs.md).
+TTFT_PLOTS = [f"{RUN_DIR}/plots/ttft_breakdown.png"] if EXP.roles else []
+SERVER_SERIES_PLOT = f"{RUN_DIR}/plots/server_series.png"
 KEY_PLOTS = key_plots(deltas=DELTA_PLOTS, metric_vs=METRIC_VS_PLOTS, x=PLOT_X)
 
 
@@ -275,6 +278,13 @@ def service_files(kind):
         return [str(p) for p in PATHS.service_files()[kind]]
 
     return files
+
+
+def server_series(wildcards):
+    """The cells' /metrics series that exist once the cells ran (run_cell's log: a record
+    measured before the series existed has none)."""
+    checkpoints.collect_results.get()
+    return [str(p) for p in PATHS.existing_metrics(AGGREGATED)]
 
 
 def run_events(wildcards):

@@ -12,7 +12,13 @@ rule write_report:
         method=os.path.join(workflow.basedir, "report", "method.rst"),
         key_plots=list(KEY_PLOTS.values()),
         validation=all_case_tables()[1:],
-        plots=[*DELTA_PLOTS.values(), *METRIC_VS_PLOTS.values(), *ENERGY_PLOTS],
+        plots=[
+            *DELTA_PLOTS.values(),
+            *METRIC_VS_PLOTS.values(),
+            *ENERGY_PLOTS,
+            *TTFT_PLOTS,
+            SERVER_SERIES_PLOT,
+        ],
         tables=[
             PATHS.results_csv,
             PATHS.summary_json,

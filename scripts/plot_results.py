@@ -15,4 +15,5 @@ if __name__ == "__main__":
             ),
             x=snakemake.params.x,
             energy=snakemake.output.energy,
+            ttft=snakemake.output.ttft,
         )

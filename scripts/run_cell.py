@@ -15,5 +15,6 @@ if __name__ == "__main__":
             measured_with=snakemake.params.measured_with,
             raw=snakemake.output.raw,
             gpu=snakemake.output.gpu,
+            metrics=snakemake.log.metrics,
             bench_log=snakemake.log.bench,
         )

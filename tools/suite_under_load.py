@@ -24,10 +24,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 # The README's second command (Tests), as a user runs it.
-README_COMMAND = (
-    "pip install -q -c requirements-lock.txt -e '.[test]' && bash .ci/setup_nodes.sh "
-    "&& bash .ci/setup_slurm.sh >/dev/null && pytest"
-)
+INSTALL = "pip install -q -c requirements-lock.txt -e '.[test]' && "
+README_COMMAND = "bash .ci/setup_nodes.sh && bash .ci/setup_slurm.sh >/dev/null && pytest"
 CI_COMMAND = "bash .ci/run"
 SUMMARY = re.compile(r"=+ (.*\b(?:passed|failed|error)\b.*) in ([\d.]+)s")
 
@@ -83,10 +81,17 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--ci", action="store_true", help="time .ci/run instead of the README's")
     ap.add_argument("--no-load", action="store_true", help="no busy loops (a baseline)")
+    ap.add_argument(
+        "--installed",
+        action="store_true",
+        help="skip the README's pip step (PYTHONPATH names the checkout)",
+    )
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "ci.json")
     ap.add_argument("--logs", type=Path, default=Path("/tmp"))
     args = ap.parse_args()
-    command = CI_COMMAND if args.ci else README_COMMAND
+    command = (
+        CI_COMMAND if args.ci else (README_COMMAND if args.installed else INSTALL + README_COMMAND)
+    )
     loops = []
     if not args.no_load:
         loops = [

@@ -477,3 +477,55 @@ def test_energy_page_titles_lie_inside_the_figure_and_do_not_overlap(saturated):
     for i, (text, box) in enumerate(boxes):
         for other, obox in boxes[i + 1 :]:
             assert not box.overlaps(obox), (text, other)
+
+
+def test_ttft_breakdown_stacks_the_parts_per_cell_beside_the_clients_ttft():
+    """PD: one stacked bar per (server, case), its segments the mean parts over repeats."""
+    rows = [
+        {"server_id": "pd", "client_id": case, "repeat": r, "ttft_mean_ms": 100.0 * k,
+         "ttft_bootstrap_ms": 5.0, "ttft_queue_ms": 0.0, "ttft_prefill_ms": 40.0 * k + r,
+         "ttft_transfer_ms": 30.0, "ttft_first_decode_ms": 2.0}
+        for k, case in enumerate(["case~a", "case~b"], start=1)
+        for r in (0, 2)
+    ]  # fmt: skip
+    fig = plots.plot_ttft_breakdown(pd.DataFrame(rows))
+    ax = fig.axes[0]
+    bars = ax.patches
+    assert len(bars) == 2 * 5  # two cells, five parts
+    prefill = bars[4:6]  # bootstrap, queue, then prefill: two bars each
+    assert sorted(b.get_width() for b in prefill) == [41.0, 81.0]  # means over the repeats
+    ends = sorted(b.get_x() + b.get_width() for b in bars[-2:])
+    assert ends == [78.0, 118.0]
+    assert "client's mean TTFT" in [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_ttft_breakdown_without_stages_says_so():
+    fig = plots.plot_ttft_breakdown(pd.DataFrame([{"server_id": "s", "client_id": "c"}]))
+    assert "no TTFT breakdown" in " ".join(t.get_text() for t in fig.axes[0].texts)
+
+
+def test_server_series_has_a_panel_per_cell_over_its_window(tmp_path):
+    """One panel per cell (its first repeat), running/queued and KV usage inside the window."""
+    from servesweep.measure import servermetrics
+
+    def scrape(t, n, running):
+        body = {
+            'sglang:num_running_reqs{m="x"}': str(running),
+            'sglang:token_usage{m="x"}': "0.5",
+            'sglang:num_queue_reqs{m="x"}': "2",
+        }
+        return {"t": t, "n": n, "url": "u", "role": "server", "full": body}
+
+    paths = []
+    for cell in ("c~1", "c~2"):
+        for repeat in (1, 2):
+            path = tmp_path / "metrics" / "s" / cell / f"r{repeat}.jsonl.gz"
+            lines = [scrape(100.0 + i, i, i) for i in range(6)]
+            servermetrics.write_series(path, {"window": [101.0, 104.0]}, lines)
+            paths.append(path)
+    fig = plots.plot_server_series(paths, results=pd.DataFrame())
+    panels = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in panels] == ["s / c~1", "s / c~2"]
+    running = panels[0].get_lines()[0]
+    assert list(running.get_xdata()) == [0.0, 1.0, 2.0, 3.0]  # seconds into the window
+    assert list(running.get_ydata()) == [1.0, 2.0, 3.0, 4.0]

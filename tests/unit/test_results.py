@@ -16,6 +16,7 @@ from servesweep.config.matrix import cell_repeats
 from servesweep.config.schema import SaturationConfig
 from servesweep.core import parallel
 from servesweep.core.errors import CellFailed
+from servesweep.measure import servermetrics
 from servesweep.measure.loadgen import builtin, usage
 from servesweep.measure.loadgen.metrics import RequestResult, build_record
 from servesweep.measure.records import BenchRecord, read_record, write_record
@@ -158,6 +159,7 @@ def test_collect_results_default_matrix(tmp_path):
         "start_load_weight_s",
         "start_cuda_graph_s",
         "start_warmup_s",
+        *servermetrics.COLUMNS,  # the server's side, from each record (blank: none recorded)
         *results.SIM_COLUMNS,
     ]
     assert set(df["run_id"]) == {"moe-prefill-sim"}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import re
 import threading
 import urllib.error
@@ -33,7 +34,7 @@ from tests.unit.test_sim_pd_logs import PREFILL_PD
 
 # --sim-clean: these tests compare text with the output ids word for word (no drift pieces)
 FAST = ["--model", "sim/kimi", "--port", "0", "--sim-time-scale", "0.001", "--sim-startup-s", "1"]
-FAST.append("--sim-clean")
+FAST += ["--sim-clean", "--enable-metrics"]
 PREFILL = [
     *FAST,
     "--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", "0",
@@ -293,3 +294,44 @@ def test_compatibility_check_messages() -> None:
     check_compatible(info={"page_size": None}, page_size=16, kv_cache_dtype="auto")
     with pytest.raises(PDMismatch, match="Page size mismatch: prefill server has page_size=1,"):
         check_compatible(info={"page_size": 1}, page_size=64, kv_cache_dtype="auto")
+
+
+def test_both_roles_export_sglangs_pd_families_with_its_stage_labels(pd: PD) -> None:
+    """The sim's /metrics has what the workflow records and derives from a real PD server:
+    the load and PD queue gauges, and per-stage latencies under SGLang's RequestStage labels,
+    each stage's count one per request of the role."""
+    from servesweep.cluster import promtext
+
+    def read(url: str) -> dict[str, str]:
+        return promtext.parse(urllib.request.urlopen(url + "/metrics", timeout=10).read().decode())
+
+    def count(sample: dict[str, str], stage: str) -> float:
+        family = "sglang:per_stage_req_latency_seconds_count"
+        found = promtext.total(sample, family, where={"stage": stage})
+        return 0.0 if math.isnan(found) else found
+
+    stages = {
+        "prefill": ("prefill_bootstrap", "prefill_forward", "prefill_transfer_kv_cache"),
+        "decode": ("decode_bootstrap", "decode_transferred", "decode_waiting"),
+    }
+    before = {"prefill": read(pd.prefill.url), "decode": read(pd.decode.url)}
+    for _ in range(2):
+        assert post(pd.router.url + "/generate", gen(256, 3, stream=True))[0] == 200
+    after = {"prefill": read(pd.prefill.url), "decode": read(pd.decode.url)}
+    for role, names in stages.items():
+        for stage in names:
+            done = count(after[role], stage) - count(before[role], stage)
+            assert done == 2, (role, stage)
+        sample = after[role]
+        for gauge in (
+            "num_running_reqs", "num_queue_reqs", "token_usage", "cache_hit_rate",
+            "kv_used_tokens", "num_prefill_bootstrap_queue_reqs",
+            "num_prefill_inflight_queue_reqs", "num_decode_prealloc_queue_reqs",
+            "num_decode_transfer_queue_reqs",
+        ):  # fmt: skip
+            assert promtext.total(sample, f"sglang:{gauge}") >= 0, gauge
+        inf = 'le="+Inf"'
+        buckets = [k for k in sample if k.startswith("sglang:per_stage_req_latency_seconds_bucket")]
+        assert any(inf in k for k in buckets) and len(buckets) == 31 * len(
+            {promtext.labels(k)["stage"] for k in buckets}
+        )

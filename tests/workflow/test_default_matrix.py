@@ -58,7 +58,7 @@ def test_every_cell_repeat_has_its_files(run_dir: Path) -> None:
     assert len(samples) and set(samples["status"]) == {"simulated"}, "the sim's power curve"
     for name in ("results.csv", "summary.json", "manifest.json"):
         assert (run_dir / name).stat().st_size > 0
-    assert len(list(run_dir.glob("plots/*.png"))) == 9
+    assert len(list(run_dir.glob("plots/*.png"))) == 10  # server_series.png: the /metrics
     assert (run_dir / "plots" / "energy_goodput_vs_concurrency.png").stat().st_size > 0
 
 
@@ -260,6 +260,7 @@ def test_every_declared_log_is_written(run_dir: Path) -> None:
         "scan_logs.log",
         "summarize.log",
         "plot_results.log",
+        "plot_server_series.log",
         "write_manifest.log",
         "write_landing_page.log",
         "write_report.log",
@@ -331,3 +332,26 @@ def test_the_readme_rerun_refreshes_the_answer_and_a_cell_alone_prints_none_stal
     assert stale.startswith("servesweep: no answer printed:") and forced in stale, stale
     snakefile = REPO / "Snakefile"
     assert f"`snakemake --cores 1 -s {snakefile} -d {tmp_path} all --configfile {cfg}`" in stale
+
+
+def test_every_cell_has_its_servers_metrics_series_and_figures(run_dir: Path) -> None:
+    """Every rank's /metrics during each cell (telemetry.metrics_interval_s), and the load
+    figures over the client's window in results.csv; no PD stages, no TTFT breakdown."""
+    from servesweep.measure import servermetrics
+
+    series = sorted(run_dir.glob("metrics/*/*/r*.jsonl.gz"))
+    assert len(series) == 24
+    lines = servermetrics.read_lines(series[0])
+    header = lines[0]["header"]
+    assert header["window"][0] < header["window"][1]
+    assert [t["role"] for t in header["targets"]] == ["server"]
+    assert "full" in lines[1] and len(lines) > 3
+    df = pd.read_csv(run_dir / "results.csv")
+    assert (df["server_scrapes"] >= 2).all()
+    # One 16K prefill at a time (output 1): the others wait in the queue
+    held = df["server_running_reqs_peak"] + df["server_queue_reqs_peak"]
+    assert held.max() >= 1 and (held <= df["concurrency"]).all()
+    assert (df["server_kv_usage_peak"] >= 0).all() and df["server_kv_usage_peak"].max() > 0
+    assert df["ttft_transfer_ms"].isna().all()
+    assert (run_dir / "plots" / "server_series.png").stat().st_size > 0  # a panel per cell
+    assert "server_series" in (run_dir / "report.html").read_text()

@@ -45,6 +45,14 @@ SUMMARY_METRICS: dict[str, str] = {
     "goodput_rps": "higher",
     "goodput_tps": "higher",
     "slo_pct": "higher",
+    # The server's side (measure/servermetrics.py): a fuller batch, a shorter queue; for PD
+    # the parts of the time to first token
+    "server_running_reqs_mean": "higher",
+    "server_queue_reqs_mean": "lower",
+    "ttft_bootstrap_ms": "lower",
+    "ttft_prefill_ms": "lower",
+    "ttft_transfer_ms": "lower",
+    "ttft_first_decode_ms": "lower",
 }
 
 

@@ -18,6 +18,7 @@ from matplotlib.patches import Patch
 from servesweep.analysis import labels, stats
 from servesweep.analysis.summary import SUMMARY_METRICS
 from servesweep.core.files import atomic_open
+from servesweep.measure import servermetrics
 
 # Figures are built on matplotlib.figure.Figure directly (no pyplot state, no GUI backend);
 # PNGs are rendered by the Agg canvas that savefig picks for the format.
@@ -475,6 +476,84 @@ def plot_energy_goodput(
     return fig
 
 
+def plot_ttft_breakdown(results: pd.DataFrame) -> Figure:
+    """PD: a stacked bar per cell (server, case) of where its mean time to first token went
+    (servermetrics.TTFT_SUMMED, means over repeats), the client's mean TTFT a black tick."""
+    parts = [f"ttft_{p}_ms" for p in servermetrics.TTFT_SUMMED]
+    keys = [k for k in ("server_id", "client_id") if k in results.columns]
+    have = [c for c in (*parts, "ttft_mean_ms") if c in results.columns]
+    data = results.groupby(keys, sort=False)[have].mean().reset_index() if keys else results
+    rows = data.dropna(subset=[c for c in parts if c in data.columns], how="all")
+    fig = Figure(figsize=(9.0, 1.6 + 0.45 * max(1, len(rows))), layout="constrained")
+    ax = fig.subplots()
+    title = "Where the time to first token went (server /metrics, mean per cell)"
+    fig.suptitle(title + _sim_title(labels.engine_of(results)), fontsize=11)
+    if rows.empty or not set(parts) <= set(rows.columns):
+        _message(ax, "no TTFT breakdown: the servers exported no per-stage latencies")
+        return fig
+    names = [" / ".join(str(r[k]) for k in keys) for _, r in rows.iterrows()]
+    left = np.zeros(len(rows))
+    for part in parts:
+        width = rows[part].fillna(0.0).to_numpy(float)
+        ax.barh(names, width, left=left, label=part.removeprefix("ttft_").removesuffix("_ms"))
+        left += width
+    if "ttft_mean_ms" in rows.columns:
+        ax.scatter(rows["ttft_mean_ms"], names, marker="|", s=300, color="black",
+                   label="client's mean TTFT", zorder=3)  # fmt: skip
+    ax.invert_yaxis()
+    ax.set_xlabel("ms")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
+
+
+SERIES_PANELS_MAX = 48
+
+
+def plot_server_series(paths: Sequence[Path], *, results: pd.DataFrame) -> Figure:
+    """A panel per cell (its first repeat's series file, at most SERIES_PANELS_MAX): running
+    and queued requests, and KV usage on a second axis, over the client's measured window."""
+    first: dict[Path, Path] = {}
+    for path in paths:  # metrics/<server>/<client>/r<k>.jsonl.gz
+        first.setdefault(path.parent, path)
+    shown = list(first.values())[:SERIES_PANELS_MAX]
+    ncols = min(4, max(1, len(shown)))
+    nrows = max(1, -(-len(shown) // ncols))
+    width = max(7.0, 3.6 * ncols)
+    fig = Figure(figsize=(width, 2.4 * nrows + 1.2), layout="constrained")
+    grid = fig.subplots(nrows, ncols, squeeze=False)
+    more = f" (the first {len(shown)} of {len(first)} cells)" if len(first) > len(shown) else ""
+    title = "The servers over each cell's measured window (/metrics)" + more
+    title += _sim_title(labels.engine_of(results))
+    fig.suptitle(_fit(title, width_in=width - 0.3, fontsize=11), fontsize=11)
+    for ax in grid.flat[len(shown) :]:
+        ax.set_axis_off()
+    for ax, path in zip(grid.flat, shown, strict=False):
+        window, series = servermetrics.window_series(path)
+        cell = f"{path.parent.parent.name} / {path.parent.name}"
+        ax.set_title(_fit(cell, width_in=width / ncols - 1.0, fontsize=8), fontsize=8)
+        if window is None or not any(series.values()):
+            _message(ax, "no /metrics reads in the window")
+            continue
+        for name, style in (("running_reqs", "-"), ("queue_reqs", "--")):
+            points = series[name]
+            ax.plot([t - window[0] for t, _ in points], [v for _, v in points], style,
+                    label=name.removesuffix("_reqs"))  # fmt: skip
+        ax.set_xlabel("s into the window", fontsize=8)
+        ax.set_ylabel("requests", fontsize=8)
+        kv = ax.twinx()
+        points = series["kv_usage"]
+        kv.plot([t - window[0] for t, _ in points], [100 * v for _, v in points], ":",
+                color="tab:red", label="KV usage")  # fmt: skip
+        kv.set_ylabel("KV usage [%]", fontsize=8)
+        kv.set_ylim(bottom=0)
+        ax.set_ylim(bottom=0)
+        if ax is grid.flat[0]:
+            handles = ax.get_legend_handles_labels()
+            extra = kv.get_legend_handles_labels()
+            ax.legend(handles[0] + extra[0], handles[1] + extra[1], fontsize=7)
+    return fig
+
+
 # A character's width as a share of the font size (DejaVu Sans, capitals included, rounded
 # up): how many characters a line of a title may hold.
 CHAR_EM = 0.65
@@ -512,6 +591,7 @@ def write_run_plots(
     hue: str | None,
     col: str | None,
     energy: str | Path | None = None,
+    ttft: str | Path | None = None,
 ) -> None:
     """Every figure of a run in one process (seaborn is imported once): a delta plot per
     metric in `deltas` and, against client axis `x`, a metric-vs plot per metric in `metric_vs`
@@ -525,3 +605,5 @@ def write_run_plots(
     if energy is not None:
         assert x is not None, "the energy page needs a client axis"
         save_figure(plot_energy_goodput(results, x=x, hue=hue, col=col), energy)
+    if ttft is not None:
+        save_figure(plot_ttft_breakdown(results), ttft)

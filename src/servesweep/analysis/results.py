@@ -30,7 +30,7 @@ from servesweep.core import gpufile
 from servesweep.core.errors import CellFailed
 from servesweep.core.files import atomic_open
 from servesweep.core.parallel import map_chunks
-from servesweep.measure import isolation, provenance, validation
+from servesweep.measure import isolation, provenance, servermetrics, validation
 from servesweep.measure.loadgen import selfcheck, usage
 from servesweep.measure.records import (
     EVIDENCE_COLUMN_PREFIX,
@@ -275,6 +275,7 @@ def hygiene_columns(record: BenchRecord) -> dict[str, Any]:
     return {
         "cache_flushed": math.nan if flushed is None else bool(flushed),
         **{f"start_{phase}": started.get(phase, math.nan) for phase in START_PHASES},
+        **servermetrics.columns(extra.get(servermetrics.KEY)),
         **{f"{EVIDENCE_COLUMN_PREFIX}{name}": int(n) for name, n in counts.items()},
     }
 
@@ -351,6 +352,7 @@ def result_columns(server_axes: Sequence[str], client_axes: Sequence[str]) -> li
         *FIGURE_COLUMNS,
         *HYGIENE_COLUMNS,
         *START_COLUMNS,
+        *servermetrics.COLUMNS,
         *SIM_COLUMNS,
     ]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -13,13 +13,14 @@ from servesweep.config.experiment import Experiment
 from servesweep.config.matrix import CellRepeat, image_key
 from servesweep.core.names import safe_segment
 
-CellFile = Literal["raw", "gpu", "bench", "job"]
+CellFile = Literal["raw", "gpu", "metrics", "bench", "job"]
 # The files of a cell-repeat, relative to the run folder, as Snakemake patterns: the rules take
 # them from here (RunPaths.cell_pattern), the package fills them in (cell_file). `job` is the
 # run_cell job's own log (logsetup.job_logging); `bench` the client's.
 CELL_FILES: dict[CellFile, str] = {
     "raw": "raw/{server}/{client}/r{repeat}.jsonl",
     "gpu": "gpu/{server}/{client}/r{repeat}.csv",
+    "metrics": "metrics/{server}/{client}/r{repeat}.jsonl.gz",  # measure/servermetrics.py
     "bench": "bench/{server}/{client}/r{repeat}.log",
     "job": "logs/run_cell/{server}/{client}/r{repeat}.log",
 }
@@ -100,6 +101,15 @@ class RunPaths:
 
     def gpu(self, cell: CellRepeat) -> Path:
         return self._cell("gpu", cell)
+
+    def metrics(self, cell: CellRepeat) -> Path:
+        """The cell's /metrics series of every server rank (measure/servermetrics.py)."""
+        return self._cell("metrics", cell)
+
+    def existing_metrics(self, cells: Iterable[CellRepeat]) -> list[Path]:
+        """The series of `cells` that exist (a record measured before series were recorded,
+        or with `telemetry.metrics_interval_s: 0`, has none)."""
+        return [p for p in map(self.metrics, cells) if p.exists()]
 
     @property
     def superseded(self) -> Path:

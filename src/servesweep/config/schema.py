@@ -616,10 +616,26 @@ class EquivalenceConfig(Strict):
         return self
 
 
+METRICS_MIN_INTERVAL_S = 0.05
+
+
 class TelemetryConfig(Strict):
     """GPU sampling during a cell (docs/architecture.md, GPU telemetry)."""
 
     gpu_interval_ms: int = Field(default=1000, ge=20, le=60000)
+    # Every server rank's /metrics during a cell (metrics/<server>/<client>/r<k>.jsonl.gz);
+    # 0 records none (the file then holds its header only).
+    metrics_interval_s: float = Field(default=0.5, ge=0, le=60)
+
+    @field_validator("metrics_interval_s")
+    @classmethod
+    def _scrape_not_too_often(cls, value: float) -> float:
+        if 0 < value < METRICS_MIN_INTERVAL_S:
+            raise ValueError(
+                f"telemetry.metrics_interval_s {value:g}: 0 (off) or at least "
+                f"{METRICS_MIN_INTERVAL_S:g} s (each scrape reads every rank's /metrics)"
+            )
+        return value
 
 
 class SloConfig(Strict):

@@ -29,7 +29,7 @@ from servesweep.core.errors import (
     TransportError,
 )
 from servesweep.core.files import keep_failed_copy
-from servesweep.measure import isolation, provenance, validation
+from servesweep.measure import isolation, provenance, servermetrics, validation
 from servesweep.measure.client import (
     CLOCK_KEY,
     REQUESTS_KEY,
@@ -144,6 +144,16 @@ def gpu_sampler(
     )
 
 
+def metrics_recorder(*, exp: Experiment, state: ServerState) -> servermetrics.MetricsRecorder:
+    """The cell's /metrics recorder: every rank with an HTTP endpoint (the router's too), every
+    `telemetry.metrics_interval_s` (the sim's: x its time scale, as its GPU curve)."""
+    interval = exp.telemetry.metrics_interval_s
+    if interval and exp.engine.kind == "sim":
+        interval = max(servermetrics.SIM_MIN_INTERVAL_S, interval * exp.engine.sim.time_scale)
+    targets = [(r.role, r.url) for r in state.ranks if r.url]
+    return servermetrics.MetricsRecorder(targets=targets, interval_s=interval)
+
+
 def warn_gpu_gaps(rows: list[dict[str, object]], *, paths: RunPaths, cell: str) -> None:
     """Say once per run, node and reason that a node's GPU figures are unavailable (e.g.
     nvidia-smi not found): a warning in the first cell's log, kept in RunPaths.gpu_gap.
@@ -239,9 +249,10 @@ def run_cell(
     raw: Path,
     gpu: Path,
     bench_log: Path,
+    metrics: Path | None = None,
 ) -> None:
-    """Run one cell-repeat end to end, writing its raw record, GPU snapshot and bench log;
-    files appear only if everything passed.
+    """Run one cell-repeat end to end, writing its raw record, GPU snapshot, /metrics series
+    and bench log; files appear only if everything passed.
 
     Every error names the cell; a failed client is blamed on its server when that died; files
     this call wrote are removed again if a later step fails (nothing looks finished)."""
@@ -267,6 +278,11 @@ def run_cell(
             )
             window.client_returned(record)
         client_seconds = time.monotonic() - client_started
+        # A non-streamed request's TTFT is its whole latency: no breakdown error stated.
+        server_figures = servermetrics.derive(
+            [{"header": window.series_header}, *window.scrapes],
+            client_ttft_ms=record.mean_ttft_ms if cell.workload.stream else None,
+        )
         manager.check_alive(state)
         counts = _validate(
             exp=exp,
@@ -292,8 +308,12 @@ def run_cell(
                 isolation.CACHE_FLUSHED_KEY: flushed,
                 ENGINE_KEY: engine_label(exp),
                 START_KEY: state.start_phases,
+                servermetrics.KEY: server_figures,
             }
         )
+        if metrics is not None:
+            header, scrapes = window.series_header, window.scrapes
+            _write(metrics, lambda: servermetrics.write_series(metrics, header, scrapes), written)
         _write(gpu_out, lambda: gpufile.write_snapshot(gpu_out, snapshot), written)
         _write(raw_out, lambda: write_record(raw_out, record), written)
         # Inside too: a full disk while logging it removes the files and names the cell.
@@ -331,13 +351,16 @@ def run_cell(
 
 
 class GpuWindow:
-    """A cell's GPU rows around its client: the before snapshot and every node's clock (taken
-    on entering gpu_window), the loop samples while the client runs, then the measured window
-    (from the client's record) and the after snapshot."""
+    """A cell's measured window, GPU and server side, around its client: the before snapshot
+    and every node's clock (taken on entering gpu_window), the loop samples and the servers'
+    /metrics reads while the client runs, then the measured window (from the client's record),
+    the series' header for it and the after snapshot."""
 
     def __init__(self, before: list[dict[str, Any]], clock: list[dict[str, Any]]) -> None:
         self.before, self.clock = before, clock
         self.samples: list[dict[str, Any]] = []
+        self.scrapes: list[dict[str, Any]] = []
+        self.series_header: dict[str, Any] = {}
         self.window: list[dict[str, Any]] = []
         self.after: list[dict[str, Any]] = []
         self.record: BenchRecord | None = None
@@ -357,9 +380,10 @@ class GpuWindow:
 def gpu_window(
     *, exp: Experiment, manager: ServerManager, state: ServerState, cell: CellRepeat
 ) -> Iterator[GpuWindow]:
-    """Snapshot the GPUs and read each node's clock, sample while the body runs the client;
-    after a body that gave the client's record (GpuWindow.client_returned), place its measured
-    window and snapshot the GPUs again. A GPU that roles share is read once (cluster.gpu_ids)."""
+    """Snapshot the GPUs and read each node's clock, sample the GPUs and record the servers'
+    /metrics while the body runs the client; after a body that gave the client's record
+    (GpuWindow.client_returned), place its measured window and snapshot the GPUs again. A GPU
+    that roles share is read once (cluster.gpu_ids)."""
     read = gpu_nodes(exp)
     before = telemetry.take_snapshot(
         transport=manager.transport, nodes=read, phase="before", timeout=SNAPSHOT_TIMEOUT_S
@@ -369,11 +393,14 @@ def gpu_window(
     clocks.warn_offsets(clock, interval_s=exp.telemetry.gpu_interval_ms / 1000, cell=cell.key)
     window = GpuWindow(before, clock)
     sampler = gpu_sampler(exp=exp, manager=manager, state=state, cell=cell)
+    recorder = metrics_recorder(exp=exp, state=state)
+    recorder.start()
     sampler.start()
     try:
         yield window
     finally:
         window.samples = sampler.stop()
+        window.scrapes = recorder.stop()
     record = window.record
     if record is None:
         raise RuntimeError("gpu_window: its body gave no client record (client_returned)")
@@ -386,6 +413,7 @@ def gpu_window(
     offset = next((r.get("clock_offset_s") for r in clock if r["node"] == client_node), None)
     end = written_at - offset if written_at and offset is not None else window.returned_at
     window.window = gpusampling.window_rows(end - (record.duration or 0.0), end)
+    window.series_header = recorder.header((end - (record.duration or 0.0), end))
     window.after = telemetry.take_snapshot(
         transport=manager.transport, nodes=read, phase="after", timeout=SNAPSHOT_TIMEOUT_S
     )

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from servesweep.cluster import http
+from servesweep.cluster import http, promtext
 from servesweep.core.errors import ServerStalled
 
 logger = logging.getLogger(__name__)
@@ -28,9 +27,7 @@ HEALTH_EVERY_MAX_S = 30.0
 _FINISHED = ("generation_tokens_total", "prompt_tokens_total", "num_requests_total")
 _STEPS = ("realtime_tokens_total", "cuda_graph_passes_total", "token_usage", "num_used_tokens")
 _IN_FLIGHT = ("num_running_reqs", "num_queue_reqs")
-_SAMPLE = re.compile(
-    rf"^sglang:({'|'.join(_FINISHED + _STEPS + _IN_FLIGHT)})(\{{[^}}]*\}})?\s+(\S+)", re.M
-)
+_WATCHED = tuple(f"sglang:{name}" for name in _FINISHED + _STEPS + _IN_FLIGHT)
 
 
 @dataclass(frozen=True)
@@ -58,11 +55,12 @@ def progress(urls: list[str], timeout: float = 5.0) -> Progress | None:
     in_flight = 0.0
     for url in urls:
         text = http.text(f"{url}/metrics", timeout)
-        for name, labels, value in _SAMPLE.findall(text or ""):
+        for fam, key, value in promtext.values(promtext.parse(text), _WATCHED):
+            name = fam.removeprefix("sglang:")
             if name in _IN_FLIGHT:
                 in_flight += float(value)
             else:
-                (finished if name in _FINISHED else steps).append((f"{url} {name}{labels}", value))
+                (finished if name in _FINISHED else steps).append((f"{url} {key[7:]}", value))
     if not finished and not steps:
         return None
     return Progress(tuple(finished), tuple(steps), in_flight)

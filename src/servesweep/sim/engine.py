@@ -50,6 +50,7 @@ class RequestStream:
     skip_special_tokens: bool = True  # SGLang's sampling_params default
     tokens: list[int] | None = None  # the sim model's answer (answers.py): these, in order
     inflight: bool = False  # PD prefill: prefilled, its KV cache not yet sent
+    queued_wall: float = 0.0  # when it entered the scheduler's waiting queue
 
     @property
     def rid(self) -> str:
@@ -86,6 +87,27 @@ class DisaggQueues:
     preallocated_tokens: int = 0
 
 
+# SGLang 0.5.17's buckets of sglang:per_stage_req_latency_seconds (0.001 s x 1.62^i).
+STAGE_BUCKETS_S = tuple(0.001 * 1.62**i for i in range(30))
+
+
+@dataclass
+class StageLatency:
+    """One stage label of sglang:per_stage_req_latency_seconds: sum, count, bucket counts."""
+
+    total_s: float = 0.0
+    count: int = 0
+    buckets: list[int] = field(default_factory=lambda: [0] * len(STAGE_BUCKETS_S))
+
+    def observe(self, seconds: float) -> None:
+        self.total_s += seconds
+        self.count += 1
+        for i, le in enumerate(STAGE_BUCKETS_S):
+            if seconds <= le:
+                self.buckets[i] += 1
+                break
+
+
 @dataclass
 class EngineStats:
     """Counters and gauges for /metrics and /server_info."""
@@ -99,6 +121,11 @@ class EngineStats:
     realtime_prefill_tokens: int = 0
     realtime_decode_tokens: int = 0
     last_gen_throughput: float = 0.0
+    # SGLang's RequestStage latencies (wall seconds, as the client's): counted requests only.
+    stages: dict[str, StageLatency] = field(default_factory=dict)
+
+    def observe_stage(self, stage: str, seconds: float) -> None:
+        self.stages.setdefault(stage, StageLatency()).observe(max(0.0, seconds))
 
 
 class Engine:
@@ -181,6 +208,7 @@ class Engine:
             first_token=first_token,
             skip_special_tokens=skip_special_tokens,
             tokens=tokens,
+            queued_wall=self._loop.time(),
         )
         self._seq += 1
         self.counted_arrivals += counted
@@ -293,6 +321,12 @@ class Engine:
             if stream is None or req.aborted:
                 continue
             new = range(len(stream.output_ids), req.generated)
+            if stream.counted and not stream.output_ids and new:
+                # Its first token: a decode server's first step after the KV cache came
+                # (SGLang's decode_waiting), else the end of its prefill (prefill_forward).
+                decode = self.disagg is not None and self.disagg.mode == "decode"
+                stage = "decode_waiting" if decode else "prefill_forward"
+                self.stats.observe_stage(stage, now - stream.queued_wall)
             for k in new:
                 if stream.tokens is not None and k < len(stream.tokens):
                     token = stream.tokens[k]

@@ -22,7 +22,7 @@ except ImportError:  # pragma: no cover - orjson is a test extra
     _loads = json.loads
 
 from servesweep.sim.answers import Greedy, content_key, greedy
-from servesweep.sim.engine import Engine, RequestStream
+from servesweep.sim.engine import STAGE_BUCKETS_S, Engine, RequestStream, StageLatency
 from servesweep.sim.logs import (
     DECODE_HANDSHAKE_FRAMES,
     disconnect_traceback,
@@ -273,7 +273,7 @@ class SimServer:
     async def metrics(self, request: web.Request) -> web.Response:
         if not self.args.get("enable_metrics"):
             return web.Response(status=404, text="Not Found")
-        sched, stats = self.engine.scheduler, self.engine.stats
+        sched, stats, disagg = self.engine.scheduler, self.engine.stats, self.engine.disagg
         label = f'{{model_name="{self.model_name}"}}'
         rows = [
             ("num_running_reqs", "gauge", "The number of running requests.", len(sched.running)),
@@ -283,6 +283,15 @@ class SimServer:
              stats.last_gen_throughput),
             ("token_usage", "gauge", "The token usage.", sched.token_usage),
             ("cache_hit_rate", "gauge", "The prefix cache hit rate.", 0.0),
+            ("kv_used_tokens", "gauge", "KV cache tokens in use.", sched.kv_used),
+            ("num_prefill_bootstrap_queue_reqs", "gauge", "Requests in the bootstrap queue.",
+             disagg.bootstrap if disagg else 0),
+            ("num_prefill_inflight_queue_reqs", "gauge", "Requests in the inflight queue.",
+             disagg.inflight if disagg else 0),
+            ("num_decode_prealloc_queue_reqs", "gauge", "Requests in the prealloc queue.",
+             disagg.prealloc if disagg else 0),
+            ("num_decode_transfer_queue_reqs", "gauge", "Requests in the transfer queue.",
+             disagg.transfer if disagg else 0),
             ("prompt_tokens_total", "counter", "Number of prefill tokens processed.",
              stats.prompt_tokens_total),
             ("generation_tokens_total", "counter", "Number of generation tokens processed.",
@@ -306,6 +315,7 @@ class SimServer:
             lines.append(
                 f'sglang:realtime_tokens_total{{mode="{mode}",{label[1:-1]}}} {float(value)}'
             )
+        lines += stage_histogram(stats.stages, labels=label[1:-1])
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     # ------------------------------------------------------------------ generation
@@ -468,6 +478,10 @@ class SimServer:
                 )
             finally:
                 queues.prealloc -= 1
+            loop = asyncio.get_running_loop()
+            bootstrapped = loop.time()
+            if prompt.answer is None:
+                self.engine.stats.observe_stage("decode_bootstrap", bootstrapped - arrival)
             queues.transfer += 1
             queues.preallocated_tokens += prompt.prompt_tokens
             try:
@@ -478,6 +492,8 @@ class SimServer:
             finally:
                 queues.transfer -= 1
                 queues.preallocated_tokens -= prompt.prompt_tokens
+            if prompt.answer is None:
+                self.engine.stats.observe_stage("decode_transferred", loop.time() - bootstrapped)
             first_token = outcome.get("first_token_id")
         try:
             return self.engine.submit(
@@ -698,6 +714,8 @@ class SimServer:
                 return _error(500, message, openai=openai)
             finally:
                 queues.bootstrap -= 1
+            if prompt.answer is None:
+                self.engine.stats.observe_stage("prefill_bootstrap", loop.time() - arrival)
         try:
             stream = self.engine.submit(
                 prompt_tokens=prompt.prompt_tokens,
@@ -722,12 +740,16 @@ class SimServer:
             first = stream.output_ids[0] if stream.output_ids else None
             if room is not None:
                 assert self.pd.sender is not None and bootstrap is not None
+                sending = loop.time()
                 await self.pd.sender.send(
                     room=bootstrap.room,
                     tokens=prompt.prompt_tokens,
                     peer=room.peer,
                     decode_tp=room.decode_tp,
                 )
+                if stream.counted:
+                    stats = self.engine.stats
+                    stats.observe_stage("prefill_transfer_kv_cache", loop.time() - sending)
                 room.resolve(
                     {
                         "status": "ok",
@@ -781,6 +803,23 @@ class SimServer:
 
 # SGLang's auth (srt/utils/auth.py): probes and scraping need no key.
 OPEN_PREFIXES = ("/health", "/ready", "/metrics")
+
+
+def stage_histogram(stages: dict[str, StageLatency], *, labels: str) -> list[str]:
+    """sglang:per_stage_req_latency_seconds as SGLang prints it: per stage label, cumulative
+    buckets (STAGE_BUCKETS_S, then +Inf), _sum and _count."""
+    name = "sglang:per_stage_req_latency_seconds"
+    lines = [f"# HELP {name} The latency of each stage of requests.", f"# TYPE {name} histogram"]
+    for stage, hist in sorted(stages.items()):
+        tags = f'{labels},stage="{stage}"'
+        held = 0
+        for le, n in zip(STAGE_BUCKETS_S, hist.buckets, strict=True):
+            held += n
+            lines.append(f'{name}_bucket{{{tags},le="{le!r}"}} {float(held)}')
+        lines.append(f'{name}_bucket{{{tags},le="+Inf"}} {float(hist.count)}')
+        lines.append(f"{name}_sum{{{tags}}} {hist.total_s!r}")
+        lines.append(f"{name}_count{{{tags}}} {float(hist.count)}")
+    return lines
 
 
 def api_key_middleware(key: str) -> Any:

@@ -73,6 +73,7 @@ def run_cell(
     raw: PathLike,
     gpu: PathLike,
     bench_log: PathLike,
+    metrics: PathLike | None = None,
 ) -> None:
     """Rule run_cell: one cell-repeat, given by its wildcards (server, client, repeat) and
     params (the fingerprint its server must have, its workload as JSON)."""
@@ -137,6 +138,7 @@ def run_cell(
                 raw=Path(raw),
                 gpu=Path(gpu),
                 bench_log=Path(bench_log),
+                metrics=Path(metrics) if metrics else None,
             )
         except BaseException as exc:
             if multi_pool:

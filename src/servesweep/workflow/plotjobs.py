@@ -22,9 +22,11 @@ def plot_results(
     metric_vs: Mapping[str, PathLike],
     x: str | None,
     energy: Sequence[PathLike] = (),
+    ttft: Sequence[PathLike] = (),
 ) -> None:
     """Rule plot_results: every figure of the run in one job (metric -> file); `energy`: the
-    energy and goodput page's file, if the run has a client axis."""
+    energy and goodput page's file, if the run has a client axis; `ttft`: a PD run's TTFT
+    breakdown file."""
     exp, _ = experiment(config)
     hue, col = plots.series_axes(list(exp.matrix.server), exp.baseline)
     col = exp.plots.facet or col
@@ -37,6 +39,7 @@ def plot_results(
         hue=hue,
         col=col,
         energy=energy[0] if energy else None,
+        ttft=ttft[0] if ttft else None,
     )
 
 
@@ -45,3 +48,12 @@ def plot_comparison(*, comparison_json: PathLike, metrics: Sequence[str], out: P
     comparison = json.loads(Path(comparison_json).read_text())
     shown = [m for m in metrics if m in comparison["metrics"]]
     plots.save_figure(plots.plot_comparison(comparison, metrics=shown or None), out)
+
+
+def plot_server_series(
+    *, results_csv: PathLike, metrics: Sequence[PathLike], out: PathLike
+) -> None:
+    """Rule plot_server_series: a panel per cell (its first repeat's /metrics series) of the
+    servers' held requests and KV usage over the client's measured window."""
+    results = read_results_csv(results_csv)
+    plots.save_figure(plots.plot_server_series([Path(p) for p in metrics], results=results), out)
