@@ -67,7 +67,7 @@ def run_once(command: str, log: Path) -> dict:
         "command": command,
         "rc": rc,
         "wall_s": round(wall, 1),
-        "load_mean": round(sum(samples) / len(samples), 2) if samples else None,
+        "load": round(sum(samples) / len(samples), 2) if samples else None,
         "load_max": max(samples) if samples else None,
         "passed": found.get("passed", 0),
         "failed": found.get("failed", 0) + found.get("error", 0) + found.get("errors", 0),

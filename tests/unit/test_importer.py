@@ -20,6 +20,7 @@ from servesweep.analysis.results import (
     SIM_COLUMNS,
     START_COLUMNS,
 )
+from servesweep.measure import servermetrics
 from servesweep.workflow.cli import main
 from tests.helpers import REPO
 from tests.unit.test_compare import MARLIN, MATRIX_A, detailed_record, write_run
@@ -82,6 +83,7 @@ def test_real_records_import_with_a_record_field_axis(tmp_path, capsys):
         *FIGURE_COLUMNS,
         *HYGIENE_COLUMNS,
         *START_COLUMNS,
+        *servermetrics.COLUMNS,
         *SIM_COLUMNS,
     ]
     assert set(df["engine_kind"]) == {"sglang"}
