@@ -82,11 +82,17 @@ def slurm_config(
     }
 
 
+# An allocation in these states was released: scancel was accepted and slurmd is ending its
+# steps (COMPLETING lasts up to Slurm's KillWait, 30 s by default, longer on a loaded machine).
+RELEASED_STATES = ("COMPLETING", "COMPLETED", "CANCELLED")
+
+
 def slurm_left(run_id: str) -> list[str]:
-    """Allocations and steps of `run_id` still in squeue (names `servesweep-...-<run>-...`)."""
+    """Allocations and steps of `run_id` still held in squeue (names `servesweep-...-<run>-...`),
+    not counting an allocation already released (RELEASED_STATES)."""
     found = []
     for alloc in squeue_jobs():
-        if f"-{run_id}-" in alloc.name:
+        if f"-{run_id}-" in alloc.name and alloc.state not in RELEASED_STATES:
             found.append(f"allocation {alloc.job_id} {alloc.name} {alloc.state}")
             found += [f"step {s} {n}" for s, n in squeue_steps(alloc.job_id).items()]
     return found

@@ -64,9 +64,12 @@ def test_a_failed_pool_lets_the_other_finish_and_reruns_in_its_own_pool(tmp_path
     assert "not ready" in missing or "exited" in missing
     events = read_events(log)
     starts = [(f["server"], f["pool"]) for _, e, f in events if e == "start"]
-    # pool 1 tried its server once (its equivalence probe, the config's first job): its cells
-    # did not start after the failure
-    assert sorted(starts) == sorted([(good, "0"), (bad, "1")])
+    fired = sorted(f["server"] for _, e, f in events if e == "dry-fire")
+    # Multi-node server sets dry-fire before their start (preflight.dry_fire): pool 1 tried
+    # its server once (its equivalence probe, the config's first job), its dry fire failed,
+    # and its cells did not start after the failure; pool 0 fired, then started
+    assert fired == sorted([good, bad])
+    assert starts == [(good, "0")]
     assert [e for _, e, _ in events].count("cell-skipped") == 2
     assert "after its equivalence probe failed" in missing
     assert node_overlaps(events) == []

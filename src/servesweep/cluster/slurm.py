@@ -436,8 +436,11 @@ def remove_head_files(prefix: str, *, names: list[str], kept: list[str]) -> None
     its allocation `names`, each step's srun log: `prefix` + a launch's 12-digit digest) go,
     so nothing of the run stays under /tmp. While an allocation stays (`kept`: a service's),
     its lock and every srun log of the run stay."""
-    folder = head_dir()
-    if not folder.is_dir() or folder.is_symlink():
+    if not head_dir().is_dir() or head_dir().is_symlink():
+        return
+    try:
+        folder = private_head()  # a folder another user planted: nothing in it is touched
+    except TransportError:
         return
     gone = {f"{name}.lock" for name in names if name not in kept}
     log = re.compile(re.escape(prefix) + r"[0-9a-f]{12}-.*\.srun\.log")

@@ -437,7 +437,10 @@ def _client_record(
             tag=cell.key,
             bench_log=bench_log,
         )
-    except (ClientError, TransportError) as exc:
+    except (ClientError, TransportError, Terminated) as exc:
+        # A client killed with its server (a Slurm allocation cancelled or out of time takes
+        # both steps) is the server's death, with what Slurm says; a client stopped while its
+        # server lives (Ctrl-C, SIGTERM to the run) stays the interruption.
         cause = _server_cause(manager, state)
         if cause is None:
             raise
