@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import json
 import os
 import re
 import shlex
@@ -489,6 +490,28 @@ def check_stopped_cleanly(
         f"done {done}, files {sorted(kept)}",
     )
     return line
+
+
+def check_later_run_reuses_the_service(checks: Checks, run: Run, later: str) -> None:
+    """A run under RUN_ID `later` in `run`'s folder, while `run`'s `servesweep up` service is
+    up: it succeeds, reuses the service (no start), and its cells sent the service's key with
+    the server counting exactly their requests."""
+    proc = run.snakemake("--cores", "1", f"results/{later}/results.csv", env={"RUN_ID": later})
+    checks.check("the later run succeeds", proc.returncode == 0, output(proc)[-3000:])
+    events = read_events(run.workdir / "results" / later / "orchestrator.log")
+    checks.check(
+        "it reuses the service (no start)",
+        any(e == "reuse" and f.get("service") for _, e, f in events)
+        and not any(e == "start" for _, e, _ in events),
+        str(events),
+    )
+    raws = list((run.workdir / "results" / later / "raw").rglob("*.jsonl"))
+    counts = [json.loads(p.read_text()).get("servesweep_requests") or {} for p in raws]
+    checks.check(
+        "its cell sent the service's key and the server counted exactly its requests",
+        bool(counts) and all(c.get("api_key") and c.get("difference") == 0 for c in counts),
+        str(counts),
+    )
 
 
 def stable(results: pd.DataFrame) -> pd.DataFrame:

@@ -24,7 +24,6 @@ import pandas as pd
 import pytest
 import yaml
 
-from servesweep.core.events import read_events
 from servesweep.serving.engines import API_KEY_ENV
 from tests.reliability.harness import (
     ACROSS,
@@ -34,6 +33,7 @@ from tests.reliability.harness import (
     Checks,
     FaultShim,
     Run,
+    check_later_run_reuses_the_service,
     check_rerun,
     check_stopped_cleanly,
     descendants,
@@ -685,22 +685,7 @@ def test_service_key_found_by_a_later_run(checks: Checks, make_run: Callable[...
         keys = [e.split("=", 1)[1] for e in environ if e.startswith(f"{API_KEY_ENV}=")]
         checks.check("the service has a key (in its environment only)", bool(keys), str(pid))
         later = f"{run.run_id}-later"
-        proc = run.snakemake("--cores", "1", f"results/{later}/results.csv", env={"RUN_ID": later})
-        checks.check("the later run succeeds", proc.returncode == 0, output(proc)[-3000:])
-        events = read_events(run.workdir / "results" / later / "orchestrator.log")
-        checks.check(
-            "it reuses the service (no start)",
-            any(e == "reuse" and f.get("service") for _, e, f in events)
-            and not any(e == "start" for _, e, _ in events),
-            str(events),
-        )
-        raws = list((run.workdir / "results" / later / "raw").rglob("*.jsonl"))
-        counts = [json.loads(p.read_text()).get("servesweep_requests") or {} for p in raws]
-        checks.check(
-            "its cell sent the key and the server counted exactly its requests",
-            bool(counts) and all(c.get("api_key") and c.get("difference") == 0 for c in counts),
-            str(counts),
-        )
+        check_later_run_reuses_the_service(checks, run, later)
         checks.check(
             "the key is in no file (results, service records, logs)",
             not _files_holding(run.workdir, keys[0]),

@@ -4,7 +4,6 @@ has its own run id, ports and allocation names; it cancels only the allocations 
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
 import signal
@@ -23,7 +22,6 @@ from servesweep.cluster.runtime import owner_dir
 from servesweep.cluster.slurm import allocation_name, squeue_jobs, squeue_steps
 from servesweep.config.load import load_experiment
 from servesweep.config.matrix import server_specs
-from servesweep.core.events import read_events
 from tests.helpers import deep_update
 from tests.integration.test_slurm_steps import slurm_cluster  # noqa: F401  (skip/fail: no Slurm)
 from tests.reliability.harness import (
@@ -35,6 +33,7 @@ from tests.reliability.harness import (
     Checks,
     FaultShim,
     Run,
+    check_later_run_reuses_the_service,
     check_stopped_cleanly,
     error_lines,
     file_contains,
@@ -189,22 +188,7 @@ def test_service_reused_by_a_run_under_another_run_id(
         checks.check("`servesweep up` succeeds", up.returncode == 0, output(up)[-3000:])
         held = slurm_left(run.run_id)
         checks.check("the service holds its allocation and step", len(held) >= 2, str(held))
-        proc = run.snakemake("--cores", "1", f"results/{later}/results.csv", env={"RUN_ID": later})
-        checks.check("the later run succeeds", proc.returncode == 0, output(proc)[-3000:])
-        events = read_events(run.workdir / "results" / later / "orchestrator.log")
-        checks.check(
-            "it reuses the service (no start)",
-            any(e == "reuse" and f.get("service") for _, e, f in events)
-            and not any(e == "start" for _, e, _ in events),
-            str(events),
-        )
-        raws = list((run.workdir / "results" / later / "raw").rglob("*.jsonl"))
-        counts = [json.loads(p.read_text()).get("servesweep_requests") or {} for p in raws]
-        checks.check(
-            "its cell sent the service's key and the server counted exactly its requests",
-            bool(counts) and all(c.get("api_key") and c.get("difference") == 0 for c in counts),
-            str(counts),
-        )
+        check_later_run_reuses_the_service(checks, run, later)
         checks.check(
             "the later run left no allocation of its own",
             not slurm_left(later),

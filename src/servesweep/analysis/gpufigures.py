@@ -32,19 +32,6 @@ GPU_FIGURES = (
     "gpu_util_mean_pct",
     "gpu_status",
 )
-# Figures from the samples over the measured window (results.csv columns).
-SAMPLE_FIGURES = (
-    "gpu_energy_j",
-    "gpu_power_mean_w",
-    "gpu_power_peak_w",
-    "gpu_mem_used_peak_mib",
-    "gpu_util_mean_pct",
-    "gpu_samples",
-    "gpu_node_power_w",
-    "gpu_source",
-    "gpu_clock_offset_s",
-    "gpu_clock_skewed",
-)
 # Sample figures that depend on where the samples fall against the measured window.
 WINDOW_FIGURES = (
     "gpu_energy_j",
@@ -55,6 +42,8 @@ WINDOW_FIGURES = (
     "gpu_samples",
     "gpu_node_power_w",
 )
+# Figures from the samples over the measured window (results.csv columns).
+SAMPLE_FIGURES = (*WINDOW_FIGURES, "gpu_source", "gpu_clock_offset_s", "gpu_clock_skewed")
 # The roles of the cell's server set whose processes share a GPU (`prefill+decode`, from
 # cluster.gpu_ids; empty: none). A cell reads a shared GPU once, under its first node
 # (measure.cells.gpu_nodes): its figures count once and cannot be split between the roles.

@@ -269,7 +269,8 @@ class ProcessRuntime:
         argv = " ".join(shlex.quote(a) for a in launch.argv)
         log = shlex.quote(launch.log_path)
         return (
-            f"{read_secret_line(launch)}{node_dir_prep(launch.log_path)} && {_cache_prep(launch)}"
+            f"{read_secret_line(launch)}{node_dir_prep(launch.log_path)} && "
+            f"{launch_cache_prep(launch)}"
             f"env {assigns} setsid {argv} > {log} 2>&1 < /dev/null & echo $!"
         )
 
@@ -395,7 +396,7 @@ class ProcessRuntime:
         return found
 
 
-def _cache_prep(launch: Launch) -> str:
+def launch_cache_prep(launch: Launch) -> str:
     """Shell: `cache_dir_prep && ` for a launch with a compile-cache folder ("" without)."""
     return "" if launch.cache_dir is None else f"{cache_dir_prep(launch.cache_dir)} && "
 
@@ -495,7 +496,7 @@ class DockerRuntime:
 
     def command_line(self, launch: Launch) -> str:
         run = shlex.join(self._run_args(launch, detach=True, gpus=True))
-        return f"{_cache_prep(launch)}{self._prefix()} {run}"
+        return f"{launch_cache_prep(launch)}{self._prefix()} {run}"
 
     def docker_prefix(self) -> str:
         """How docker is called on the nodes (`docker`, or sudo's form of it)."""

@@ -35,12 +35,12 @@ from servesweep.cluster.runtime import (
     CommandResult,
     Labelled,
     Launch,
-    _cache_prep,
     _has_all,
     cache_dir_prep,
     env_assigns,
     env_value,
     label_env,
+    launch_cache_prep,
     node_dir_prep,
     private_root,
     read_secret_line,
@@ -618,7 +618,7 @@ class SlurmRuntime:
         assigns = env_assigns({**self.runtime.env, **launch.env, **label_env(launch.labels)})
         log = shlex.quote(launch.log_path)
         # pyxis mounts the cache before this shell runs (in the container): start() makes it
-        cache = "" if self.runtime.kind == "pyxis" else _cache_prep(launch)
+        cache = "" if self.runtime.kind == "pyxis" else launch_cache_prep(launch)
         prep = f"{read_secret_line(launch)}{node_dir_prep(launch.log_path)} && {cache}"
         if not copy:
             return f"{prep}exec env {assigns} {shlex.join(argv)} > {log} 2>&1 < /dev/null"
